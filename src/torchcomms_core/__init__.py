@@ -1,0 +1,62 @@
+"""torchcomms-core: communicators over pluggable backends for PyTorch.
+
+The public face is the ``torchcomms`` package, which re-exports these names.
+Importing this package touches no ``torch.distributed`` attribute and loads no plugin.
+"""
+
+from __future__ import annotations
+
+from .c10d_adapter import C10dBackend
+from .comm import BatchSendRecv, P2POp, RemovableHandle, TorchComm, new_comm
+from .errors import (
+    BackendLoadError,
+    BackendNotFoundError,
+    BootstrapError,
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+    CommTypeError,
+    TorchCommError,
+)
+from .op_args import OpArgs, OpName
+from .options import CommOptions
+from .reduce_op import RedOpType, ReduceOp
+from .registry import available_backends, get_backend_class, register_backend, unregister_backend
+from .spec import SPEC_VERSION, TorchCommBackend, method_support
+from .work import TorchWork, WorkStatus
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SPEC_VERSION",
+    "BackendLoadError",
+    "BackendNotFoundError",
+    "BatchSendRecv",
+    "BootstrapError",
+    "C10dBackend",
+    "CommInputError",
+    "CommOperationError",
+    "CommOptions",
+    "CommStateError",
+    "CommTimeoutError",
+    "CommTypeError",
+    "OpArgs",
+    "OpName",
+    "P2POp",
+    "RedOpType",
+    "ReduceOp",
+    "RemovableHandle",
+    "TorchComm",
+    "TorchCommBackend",
+    "TorchCommError",
+    "TorchWork",
+    "WorkStatus",
+    "__version__",
+    "available_backends",
+    "get_backend_class",
+    "method_support",
+    "new_comm",
+    "register_backend",
+    "unregister_backend",
+]

@@ -1,0 +1,103 @@
+"""Every environment variable torchcomms reads, in one place.
+
+Names follow Meta's torchcomms where it defines one; new ones take ``TORCHCOMM_``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+#: Default operation timeout in seconds (Meta's torchcomms name).
+TIMEOUT_SECONDS = "TORCHCOMM_TIMEOUT_SECONDS"
+#: Rank and world size set explicitly for torchcomms (highest precedence).
+RANK = "TORCHCOMM_RANK"
+SIZE = "TORCHCOMM_SIZE"
+
+#: Launcher variables read by the bootstrap, in order of precedence.
+LAUNCHER_RANK_SIZE: tuple[tuple[str, str, str], ...] = (
+    (RANK, SIZE, "torchcomms (TORCHCOMM_RANK/TORCHCOMM_SIZE)"),
+    ("RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OpenMPI"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),
+    ("PMI_RANK", "PMI_SIZE", "PMI"),
+)
+LOCAL_RANK_VARS: tuple[str, ...] = (
+    "TORCHCOMM_LOCAL_RANK",
+    "LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+    "MPI_LOCALRANKID",
+)
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+#: torchrun sets this when its agent hosts the rendezvous store.
+USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+DEFAULT_TIMEOUT = timedelta(seconds=600)
+
+
+def default_timeout() -> timedelta:
+    """Return the communicator timeout from ``TORCHCOMM_TIMEOUT_SECONDS`` (600 s if unset)."""
+    raw = os.environ.get(TIMEOUT_SECONDS)
+    if raw is None or raw == "":
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{TIMEOUT_SECONDS}={raw!r} is not a number; set it to the timeout in seconds, e.g. 600"
+        ) from None
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_SECONDS}={raw!r} must be a positive number of seconds")
+    return timedelta(seconds=seconds)
+
+
+def rank_and_size() -> tuple[int, int, str] | None:
+    """Return ``(rank, size, source)`` from the first launcher whose variables are set."""
+    env = os.environ
+    for rank_var, size_var, source in LAUNCHER_RANK_SIZE:
+        if rank_var in env and size_var in env:
+            try:
+                rank, size = int(env[rank_var]), int(env[size_var])
+            except ValueError:
+                raise ValueError(
+                    f"{rank_var}={env[rank_var]!r} and {size_var}={env[size_var]!r} must be "
+                    f"integers (read from {source})"
+                ) from None
+            if size < 1 or not 0 <= rank < size:
+                raise ValueError(
+                    f"{rank_var}={rank} and {size_var}={size} from {source} are inconsistent: "
+                    f"need 0 <= rank < size"
+                )
+            return rank, size, source
+    return None
+
+
+def local_rank() -> int | None:
+    """Return the node-local rank from the launcher, if it sets one."""
+    for var in LOCAL_RANK_VARS:
+        value = os.environ.get(var)
+        if value not in (None, ""):
+            return int(value)
+    return None
+
+
+def master_addr_port() -> tuple[str, int] | None:
+    addr = os.environ.get(MASTER_ADDR)
+    port = os.environ.get(MASTER_PORT)
+    if not addr or not port:
+        return None
+    try:
+        return addr, int(port)
+    except ValueError:
+        raise ValueError(f"{MASTER_PORT}={port!r} is not a port number") from None
+
+
+def use_agent_store() -> bool:
+    return os.environ.get(USE_AGENT_STORE, "").lower() in ("1", "true", "yes")
+
+
+def restart_count() -> int:
+    return int(os.environ.get(RESTART_COUNT, "0") or 0)

@@ -1,0 +1,882 @@
+"""``TorchComm`` and ``new_comm``: the communicator users hold.
+
+Each operation validates its arguments, resolves what the backend lacks (non-contiguous
+tensors, AVG, PREMUL_SUM), runs the hooks, calls the backend and returns a ``TorchWork``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import warnings
+import weakref
+from datetime import timedelta
+from typing import Any, Callable, NamedTuple, Sequence
+
+import torch
+
+from . import _env
+from .bootstrap import default_store, resolve_rank_size
+from .errors import (
+    BackendLoadError,
+    CommInputError,
+    CommStateError,
+    CommTypeError,
+    TorchCommError,
+)
+from .op_args import OpName, args_class
+from .options import CommOptions
+from .reduce_op import RedOpType, ReduceOp
+from .registry import get_backend_class
+from .spec import TorchCommBackend, method_support
+from .validation import Checker, split_sizes
+from .work import TorchWork
+
+_OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
+_auto_names = itertools.count()
+
+
+class P2POp(NamedTuple):
+    """One entry of a batch: ``kind`` is ``"send"`` or ``"recv"``."""
+
+    kind: str
+    tensor: torch.Tensor
+    peer: int
+
+
+class RemovableHandle:
+    """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
+
+    __slots__ = ("_table", "_key")
+    _ids = itertools.count()
+
+    def __init__(self, table: dict[int, Callable[..., Any]], fn: Callable[..., Any]) -> None:
+        self._table = table
+        self._key = next(self._ids)
+        table[self._key] = fn
+
+    def remove(self) -> None:
+        self._table.pop(self._key, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _contiguous_in(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _release_dropped(backend: TorchCommBackend, name: str) -> None:
+    warnings.warn(
+        f"torchcomms communicator {name!r} was garbage-collected without finalize(); its "
+        f"resources were released. Call comm.finalize() when you are done with it",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    try:
+        backend.finalize()
+    except Exception:  # the engine may already be broken; never fail in a finalizer
+        pass
+
+
+class TorchComm:
+    """An eagerly initialised communicator over one backend and one device."""
+
+    def __init__(self, backend: TorchCommBackend, device: torch.device, name: str,
+                 options: CommOptions, store: Any) -> None:
+        self._backend = backend
+        self._device = device
+        self._name = name
+        self._options = options
+        self._store = store
+        self._rank = backend.get_rank()
+        self._size = backend.get_size()
+        self._timeout: timedelta = options.timeout or _env.default_timeout()
+        self._hints: dict[str, str] = dict(options.hints)
+        self._state = _OK
+        self._failure: BaseException | None = None
+        self._op_ids = itertools.count()
+        self._pre_hooks: dict[int, Callable[..., Any]] = {}
+        self._post_hooks: dict[int, Callable[..., Any]] = {}
+        self._abort_hooks: dict[int, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        cls = type(backend)
+        self._native_ops = frozenset(cls.supported_reduce_ops)
+        self._check = Checker(name, device, self._rank, self._size, cls.supported_dtypes,
+                              self._native_ops)
+        self._support = method_support(cls)
+        self._finalizer = weakref.finalize(self, _release_dropped, backend, name)
+        self._finalizer.atexit = False
+
+    # -- identity --------------------------------------------------------------------
+
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_size(self) -> int:
+        return self._size
+
+    def get_name(self) -> str:
+        return self._name
+
+    def get_device(self) -> torch.device:
+        return self._device
+
+    def get_backend(self) -> str:
+        return self._backend.get_backend_name()
+
+    def get_options(self) -> CommOptions:
+        return self._options
+
+    def get_backend_impl(self) -> TorchCommBackend:
+        """The backend object (a ``TorchCommBackend``)."""
+        return self._backend
+
+    def unsafe_get_backend(self) -> Any:
+        """The engine under the backend (e.g. ``ProcessGroupGloo``); bypasses every check."""
+        return getattr(self._backend, "engine", self._backend)
+
+    def method_support(self) -> dict[str, str]:
+        """Which operations the backend runs natively and which the core derives."""
+        return dict(self._support)
+
+    def get_timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Set the default timeout of every later operation."""
+        self._timeout = _check_timeout(timeout, "set_timeout")
+        self._options.timeout = self._timeout
+        self._backend.set_timeout(self._timeout)
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._hints = dict(_check_hints(hints, "set_hints"))
+
+    def __repr__(self) -> str:
+        return (f"<TorchComm {self._name!r} backend={self.get_backend()} rank={self._rank}/"
+                f"{self._size} device={self._device} {self._state}>")
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """Release the communicator. Idempotent; every later operation raises."""
+        if self._state is _FINALIZED or self._state is _ABORTED:
+            return
+        self._state = _FINALIZED
+        self._finalizer.detach()
+        self._backend.finalize()
+
+    def abort(self) -> None:
+        """Tear the communicator down now, abandoning operations in flight; runs abort hooks."""
+        if self._state is _FINALIZED or self._state is _ABORTED:
+            return
+        self._state = _ABORTED
+        self._finalizer.detach()
+        self._run_abort_hooks()
+        if self.is_abort_supported():
+            self._backend.abort()
+        else:
+            self._backend.finalize()
+
+    def is_aborted(self) -> bool:
+        return self._state is _ABORTED
+
+    def is_finalized(self) -> bool:
+        return self._state is _FINALIZED
+
+    def is_abort_supported(self) -> bool:
+        return self._support.get("abort") == "native"
+
+    def get_init_handle(self) -> str:
+        """An opaque handle naming this rank's endpoint of the communicator."""
+        return f"{self.get_backend()}://{self._name}/{self._rank}"
+
+    def _ensure_usable(self, op: str) -> None:
+        state = self._state
+        if state is _FINALIZED:
+            raise CommStateError(
+                f"{op}: communicator {self._name!r} was finalized; create a new one with "
+                f"torchcomms.new_comm()"
+            )
+        if state is _ABORTED:
+            raise CommStateError(
+                f"{op}: communicator {self._name!r} was aborted; create a new one with "
+                f"torchcomms.new_comm()"
+            )
+        raise CommStateError(
+            f"{op}: communicator {self._name!r} failed earlier ({self._failure}) and cannot run "
+            f"more operations; finalize it and create a new communicator"
+        ) from self._failure
+
+    def _on_work_failure(self, work: TorchWork, error: BaseException) -> None:
+        with self._lock:
+            if self._state is not _OK:
+                return
+            self._state = _FAILED
+            self._failure = error
+        self._run_abort_hooks()
+        if self._options.abort_process_on_timeout_or_error:
+            sys.stderr.write(
+                f"torchcomms: aborting the process: {error} "
+                f"(abort_process_on_timeout_or_error=True)\n"
+            )
+            sys.stderr.flush()
+            os.abort()
+
+    def _run_abort_hooks(self) -> None:
+        for hook in tuple(self._abort_hooks.values()):
+            try:
+                hook()
+            except Exception as exc:  # an abort hook must not mask the original failure
+                warnings.warn(f"torchcomms abort hook {hook!r} raised {exc!r}", RuntimeWarning,
+                              stacklevel=2)
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def register_pre_hook(self, fn: Callable[[OpName, int, Any], None]) -> RemovableHandle:
+        """Call ``fn(op_name, op_id, args)`` before each operation is issued."""
+        return RemovableHandle(self._pre_hooks, _callable(fn, "register_pre_hook"))
+
+    def register_post_hook(self, fn: Callable[[int, Any], None]) -> RemovableHandle:
+        """Call ``fn(op_id, args)`` after each operation is issued (``args.work`` is set)."""
+        return RemovableHandle(self._post_hooks, _callable(fn, "register_post_hook"))
+
+    def register_abort_hook(self, fn: Callable[[], None]) -> RemovableHandle:
+        """Call ``fn()`` when the communicator aborts or an operation fails or times out."""
+        return RemovableHandle(self._abort_hooks, _callable(fn, "register_abort_hook"))
+
+    # -- the engine room -------------------------------------------------------------
+
+    def _issue(self, name: str, method: Callable[..., Any], bargs: tuple[Any, ...],
+               async_op: bool, timeout: timedelta | None, hints: dict[str, str] | None,
+               finishers: list[Callable[[], None]] | None, hook_values: tuple[Any, ...]
+               ) -> TorchWork:
+        op_id = next(self._op_ids)
+        args = None
+        if self._pre_hooks or self._post_hooks:
+            args = args_class(name)(name, op_id, hook_values, async_op, timeout, hints)
+            op_name = OpName(name) if name in OpName.__members__ else name
+            for hook in tuple(self._pre_hooks.values()):
+                hook(op_name, op_id, args)
+        if timeout is None:
+            timeout = self._timeout
+        if hints is None:
+            hints = self._hints
+        try:
+            inner = method(*bargs, async_op, timeout=timeout, hints=hints)
+        except Exception as exc:
+            work = TorchWork(None, None, self, name)
+            work._status = work._status.INPROGRESS
+            work._fail(exc)
+            if work.error is exc:
+                raise
+            raise work.error from exc  # type: ignore[misc]
+        work = TorchWork(inner, finishers, self, name)
+        if not async_op and (inner is not None or finishers):
+            work.wait()
+        if args is not None:
+            args.work = work
+            for hook in tuple(self._post_hooks.values()):
+                hook(op_id, args)
+        return work
+
+    def _inout(self, t: torch.Tensor, finishers: list[Callable[[], None]]) -> torch.Tensor:
+        """A contiguous stand-in for an in-place tensor, copied back on completion."""
+        if t.is_contiguous():
+            return t
+        tmp = t.contiguous()
+        finishers.append(lambda: t.copy_(tmp))
+        return tmp
+
+    def _out(self, t: torch.Tensor, finishers: list[Callable[[], None]]) -> torch.Tensor:
+        """A contiguous stand-in for an output tensor, copied back on completion."""
+        if t.is_contiguous():
+            return t
+        tmp = torch.empty_like(t, memory_format=torch.contiguous_format)
+        finishers.append(lambda: t.copy_(tmp))
+        return tmp
+
+    def _resolve_op(self, op: ReduceOp, out: torch.Tensor, finishers: list[Callable[[], None]],
+                    divide: bool = True) -> ReduceOp:
+        """Map AVG/PREMUL_SUM onto SUM when the backend lacks them; the caller pre-scales."""
+        t = op.type
+        if t in self._native_ops:
+            return op
+        if t is RedOpType.AVG:
+            if divide:
+                size = self._size
+                finishers.insert(0, lambda: out.div_(size))
+            return ReduceOp.SUM
+        return ReduceOp.SUM  # PREMUL_SUM: the caller multiplied the inputs by the factor
+
+    @staticmethod
+    def _premul(op: ReduceOp) -> Any:
+        if op.type is RedOpType.PREMUL_SUM:
+            return op.factor
+        return None
+
+    def _scaled(self, t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+        factor = self._premul(op) if op.type not in self._native_ops else None
+        if factor is None:
+            return t
+        return t * factor
+
+    # -- point to point --------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False, *,
+             hints: dict[str, str] | None = None,
+             timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("send")
+        c = self._check
+        c.tensor("send", "tensor", tensor)
+        dst = c.peer("send", "dst", dst, allow_self=False)
+        b = self._backend
+        return self._issue("send", b.send, (_contiguous_in(tensor), dst), async_op, timeout,
+                           hints, None, (tensor, dst))
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False, *,
+             hints: dict[str, str] | None = None,
+             timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("recv")
+        c = self._check
+        c.tensor("recv", "tensor", tensor)
+        src = c.peer("recv", "src", src, allow_self=False)
+        fin: list[Callable[[], None]] = []
+        buf = self._out(tensor, fin)
+        return self._issue("recv", self._backend.recv, (buf, src), async_op, timeout, hints,
+                           fin or None, (tensor, src))
+
+    def batch_op_create(self) -> BatchSendRecv:
+        """Start a batch of sends and receives, issued together by ``issue()``."""
+        if self._state is not _OK:
+            self._ensure_usable("batch_op_create")
+        return BatchSendRecv(self)
+
+    def _batch_issue(self, ops: list[P2POp], async_op: bool, timeout: timedelta | None,
+                     hints: dict[str, str] | None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("batch_op_issue")
+        fin: list[Callable[[], None]] = []
+        prepared = []
+        for kind, tensor, peer in ops:
+            if kind == "send":
+                prepared.append(P2POp(kind, _contiguous_in(tensor), peer))
+            else:
+                prepared.append(P2POp(kind, self._out(tensor, fin), peer))
+        if not prepared:
+            return TorchWork(None, None, self, "batch_op_issue")
+        return self._issue("batch_op_issue", self._backend.batch_op_issue, (prepared,),
+                           async_op, timeout, hints, fin or None, (list(ops),))
+
+    # -- collectives -----------------------------------------------------------------
+
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False, *,
+                  hints: dict[str, str] | None = None,
+                  timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("broadcast")
+        c = self._check
+        c.tensor("broadcast", "tensor", tensor)
+        root = c.peer("broadcast", "root", root)
+        fin: list[Callable[[], None]] = []
+        buf = self._inout(tensor, fin)
+        return self._issue("broadcast", self._backend.broadcast, (buf, root), async_op, timeout,
+                           hints, fin or None, (tensor, root))
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool = False, *,
+                   hints: dict[str, str] | None = None,
+                   timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_reduce")
+        c = self._check
+        c.tensor("all_reduce", "tensor", tensor)
+        red = c.reduce_op("all_reduce", op, tensor.dtype)
+        fin: list[Callable[[], None]] = []
+        buf = self._inout(tensor, fin)
+        if red.type not in self._native_ops:
+            factor = self._premul(red)
+            if factor is not None:
+                buf.mul_(factor)
+            bop = self._resolve_op(red, buf, fin)
+        else:
+            bop = red
+        return self._issue("all_reduce", self._backend.all_reduce, (buf, bop), async_op,
+                           timeout, hints, fin or None, (tensor, red))
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool = False, *,
+               hints: dict[str, str] | None = None,
+               timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("reduce")
+        c = self._check
+        c.tensor("reduce", "tensor", tensor)
+        root = c.peer("reduce", "root", root)
+        red = c.reduce_op("reduce", op, tensor.dtype)
+        fin: list[Callable[[], None]] = []
+        is_root = self._rank == root
+        buf = self._inout(tensor, fin) if is_root else _contiguous_in(tensor)
+        bop = red
+        if red.type not in self._native_ops:
+            factor = self._premul(red)
+            if factor is not None:
+                buf = buf.mul_(factor) if is_root else buf * factor
+            bop = self._resolve_op(red, buf, fin, divide=is_root)
+        return self._issue("reduce", self._backend.reduce, (buf, root, bop), async_op, timeout,
+                           hints, fin or None, (tensor, root, red))
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                   async_op: bool = False, *, hints: dict[str, str] | None = None,
+                   timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_gather")
+        c = self._check
+        c.tensor("all_gather", "tensor", tensor)
+        outs = c.tensor_list("all_gather", "tensor_list", tensor_list, self._size)
+        for i, t in enumerate(outs):
+            c.same_dtype("all_gather", f"tensor_list[{i}]", t, "tensor", tensor)
+            c.numel("all_gather", f"tensor_list[{i}]", t, tensor.numel(),
+                    "the same as the input tensor")
+        fin: list[Callable[[], None]] = []
+        bufs = [self._out(t, fin) for t in outs]
+        return self._issue("all_gather", self._backend.all_gather,
+                           (bufs, _contiguous_in(tensor)), async_op, timeout, hints, fin or None,
+                           (tensor_list, tensor))
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                     async_op: bool = False, *, hints: dict[str, str] | None = None,
+                     timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_gather_v")
+        c = self._check
+        c.tensor("all_gather_v", "tensor", tensor)
+        outs = c.tensor_list("all_gather_v", "tensor_list", tensor_list, self._size)
+        for i, t in enumerate(outs):
+            c.same_dtype("all_gather_v", f"tensor_list[{i}]", t, "tensor", tensor)
+        c.numel("all_gather_v", f"tensor_list[{self._rank}]", outs[self._rank], tensor.numel(),
+                "this rank's own entry receives its input tensor")
+        fin: list[Callable[[], None]] = []
+        bufs = [self._out(t, fin) for t in outs]
+        return self._issue("all_gather_v", self._backend.all_gather_v,
+                           (bufs, _contiguous_in(tensor)), async_op, timeout, hints, fin or None,
+                           (tensor_list, tensor))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          async_op: bool = False, *, hints: dict[str, str] | None = None,
+                          timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_gather_single")
+        c = self._check
+        c.tensor("all_gather_single", "output", output)
+        c.tensor("all_gather_single", "input", input)
+        c.same_dtype("all_gather_single", "output", output, "input", input)
+        c.numel("all_gather_single", "output", output, input.numel() * self._size,
+                f"input.numel() * size = {input.numel()} * {self._size}")
+        fin: list[Callable[[], None]] = []
+        out = self._out(output, fin)
+        return self._issue("all_gather_single", self._backend.all_gather_single,
+                           (out, _contiguous_in(input)), async_op, timeout, hints, fin or None,
+                           (output, input))
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor],
+                       op: ReduceOp, async_op: bool = False, *,
+                       hints: dict[str, str] | None = None,
+                       timeout: timedelta | None = None) -> TorchWork:
+        return self._reduce_scatter_lists("reduce_scatter", self._backend.reduce_scatter, output,
+                                          input_list, op, async_op, hints, timeout, True)
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
+                         op: ReduceOp, async_op: bool = False, *,
+                         hints: dict[str, str] | None = None,
+                         timeout: timedelta | None = None) -> TorchWork:
+        return self._reduce_scatter_lists("reduce_scatter_v", self._backend.reduce_scatter_v,
+                                          output, input_list, op, async_op, hints, timeout, False)
+
+    def _reduce_scatter_lists(self, name: str, method: Callable[..., Any], output: torch.Tensor,
+                              input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
+                              hints: dict[str, str] | None, timeout: timedelta | None,
+                              uniform: bool) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable(name)
+        c = self._check
+        c.tensor(name, "output", output)
+        ins = c.tensor_list(name, "input_list", input_list, self._size)
+        for i, t in enumerate(ins):
+            c.same_dtype(name, f"input_list[{i}]", t, "output", output)
+            if uniform or i == self._rank:
+                c.numel(name, f"input_list[{i}]", t, output.numel(),
+                        "the same as the output tensor")
+        red = c.reduce_op(name, op, output.dtype)
+        fin: list[Callable[[], None]] = []
+        out = self._out(output, fin)
+        bins = [self._scaled(_contiguous_in(t), red) for t in ins]
+        bop = self._resolve_op(red, out, fin)
+        return self._issue(name, method, (out, bins, bop), async_op, timeout, hints,
+                           fin or None, (output, input_list, red))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
+                              async_op: bool = False, *, hints: dict[str, str] | None = None,
+                              timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("reduce_scatter_single")
+        c = self._check
+        c.tensor("reduce_scatter_single", "output", output)
+        c.tensor("reduce_scatter_single", "input", input)
+        c.same_dtype("reduce_scatter_single", "output", output, "input", input)
+        c.numel("reduce_scatter_single", "input", input, output.numel() * self._size,
+                f"output.numel() * size = {output.numel()} * {self._size}")
+        red = c.reduce_op("reduce_scatter_single", op, output.dtype)
+        fin: list[Callable[[], None]] = []
+        out = self._out(output, fin)
+        bin_ = self._scaled(_contiguous_in(input), red)
+        bop = self._resolve_op(red, out, fin)
+        return self._issue("reduce_scatter_single", self._backend.reduce_scatter_single,
+                           (out, bin_, bop), async_op, timeout, hints, fin or None,
+                           (output, input, red))
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor],
+                   input_tensor_list: list[torch.Tensor], async_op: bool = False, *,
+                   hints: dict[str, str] | None = None,
+                   timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_to_all")
+        c = self._check
+        outs = c.tensor_list("all_to_all", "output_tensor_list", output_tensor_list, self._size)
+        ins = c.tensor_list("all_to_all", "input_tensor_list", input_tensor_list, self._size)
+        for i in range(self._size):
+            c.same_dtype("all_to_all", f"output_tensor_list[{i}]", outs[i],
+                         "input_tensor_list[0]", ins[0])
+            c.same_dtype("all_to_all", f"input_tensor_list[{i}]", ins[i],
+                         "input_tensor_list[0]", ins[0])
+        me = self._rank
+        c.numel("all_to_all", f"output_tensor_list[{me}]", outs[me], ins[me].numel(),
+                f"this rank sends input_tensor_list[{me}] to itself")
+        fin: list[Callable[[], None]] = []
+        bouts = [self._out(t, fin) for t in outs]
+        bins = [_contiguous_in(t) for t in ins]
+        return self._issue("all_to_all", self._backend.all_to_all, (bouts, bins), async_op,
+                           timeout, hints, fin or None, (output_tensor_list, input_tensor_list))
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          async_op: bool = False, *, hints: dict[str, str] | None = None,
+                          timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_to_all_single")
+        c = self._check
+        c.tensor("all_to_all_single", "output", output)
+        c.tensor("all_to_all_single", "input", input)
+        c.same_dtype("all_to_all_single", "output", output, "input", input)
+        c.numel("all_to_all_single", "output", output, input.numel(),
+                "the same as the input")
+        rows = input.shape[0] if input.dim() else 1
+        if rows % self._size:
+            raise CommInputError(
+                f"all_to_all_single: input dim 0 ({rows}) must be divisible by the communicator "
+                f"size {self._size}; use all_to_all_v_single for uneven splits"
+            )
+        fin: list[Callable[[], None]] = []
+        out = self._out(output, fin)
+        return self._issue("all_to_all_single", self._backend.all_to_all_single,
+                           (out, _contiguous_in(input)), async_op, timeout, hints, fin or None,
+                           (output, input))
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
+                            output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                            async_op: bool = False, *, hints: dict[str, str] | None = None,
+                            timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("all_to_all_v_single")
+        op = "all_to_all_v_single"
+        c = self._check
+        c.tensor(op, "output", output)
+        c.tensor(op, "input", input)
+        c.same_dtype(op, "output", output, "input", input)
+        if input.dim() == 0 or output.dim() == 0:
+            raise CommInputError(f"{op}: input and output need at least one dimension to split")
+        if output.shape[1:] != input.shape[1:]:
+            raise CommInputError(
+                f"{op}: output rows have shape {tuple(output.shape[1:])} but input rows have "
+                f"{tuple(input.shape[1:])}; all dimensions but the first must match"
+            )
+        n = self._size
+        osz = split_sizes(op, "output_split_sizes", output_split_sizes, n, output.shape[0])
+        isz = split_sizes(op, "input_split_sizes", input_split_sizes, n, input.shape[0])
+        me = self._rank
+        if osz[me] != isz[me]:
+            raise CommInputError(
+                f"{op}: output_split_sizes[{me}]={osz[me]} must equal input_split_sizes[{me}]="
+                f"{isz[me]} (this rank's block to itself)"
+            )
+        fin: list[Callable[[], None]] = []
+        out = self._out(output, fin)
+        return self._issue(op, self._backend.all_to_all_v_single,
+                           (out, _contiguous_in(input), osz, isz), async_op, timeout, hints,
+                           fin or None, (output, input, list(osz), list(isz)))
+
+    def barrier(self, async_op: bool = False, *, hints: dict[str, str] | None = None,
+                timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("barrier")
+        return self._issue("barrier", self._backend.barrier, (), async_op, timeout, hints, None,
+                           ())
+
+    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
+                root: int, async_op: bool = False, *, hints: dict[str, str] | None = None,
+                timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("scatter")
+        c = self._check
+        c.tensor("scatter", "output_tensor", output_tensor)
+        root = c.peer("scatter", "root", root)
+        bins: list[torch.Tensor] = []
+        if self._rank == root:
+            ins = c.tensor_list("scatter", "input_tensor_list", input_tensor_list, self._size)
+            for i, t in enumerate(ins):
+                c.same_dtype("scatter", f"input_tensor_list[{i}]", t, "output_tensor",
+                             output_tensor)
+                c.numel("scatter", f"input_tensor_list[{i}]", t, output_tensor.numel(),
+                        "the same as output_tensor")
+            bins = [_contiguous_in(t) for t in ins]
+        fin: list[Callable[[], None]] = []
+        out = self._out(output_tensor, fin)
+        return self._issue("scatter", self._backend.scatter, (out, bins, root), async_op,
+                           timeout, hints, fin or None, (output_tensor, input_tensor_list, root))
+
+    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
+               root: int, async_op: bool = False, *, hints: dict[str, str] | None = None,
+               timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("gather")
+        c = self._check
+        c.tensor("gather", "input_tensor", input_tensor)
+        root = c.peer("gather", "root", root)
+        fin: list[Callable[[], None]] = []
+        bouts: list[torch.Tensor] = []
+        if self._rank == root:
+            outs = c.tensor_list("gather", "output_tensor_list", output_tensor_list, self._size)
+            for i, t in enumerate(outs):
+                c.same_dtype("gather", f"output_tensor_list[{i}]", t, "input_tensor",
+                             input_tensor)
+                c.numel("gather", f"output_tensor_list[{i}]", t, input_tensor.numel(),
+                        "the same as input_tensor")
+            bouts = [self._out(t, fin) for t in outs]
+        return self._issue("gather", self._backend.gather,
+                           (bouts, _contiguous_in(input_tensor), root), async_op, timeout, hints,
+                           fin or None, (output_tensor_list, input_tensor, root))
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
+                      async_op: bool = False, *, hints: dict[str, str] | None = None,
+                      timeout: timedelta | None = None) -> TorchWork:
+        if self._state is not _OK:
+            self._ensure_usable("gather_single")
+        c = self._check
+        c.tensor("gather_single", "input", input)
+        root = c.peer("gather_single", "root", root)
+        fin: list[Callable[[], None]] = []
+        out = output
+        if self._rank == root:
+            c.tensor("gather_single", "output", output)
+            c.same_dtype("gather_single", "output", output, "input", input)
+            c.numel("gather_single", "output", output, input.numel() * self._size,
+                    f"input.numel() * size = {input.numel()} * {self._size}")
+            out = self._out(output, fin)
+        return self._issue("gather_single", self._backend.gather_single,
+                           (out, _contiguous_in(input), root), async_op, timeout, hints,
+                           fin or None, (output, input, root))
+
+    # -- sub-communicators -----------------------------------------------------------
+
+    def split(self, ranks: Sequence[int], name: str, hints: dict[str, str] | None = None,
+              timeout: timedelta | None = None) -> TorchComm | None:
+        """Create a sub-communicator of ``ranks`` (parent-local); non-members pass ``[]``.
+
+        Members get a ``TorchComm`` whose ranks follow the sorted order of ``ranks``;
+        non-members get ``None``. Every member must pass the same list.
+        """
+        if self._state is not _OK:
+            self._ensure_usable("split")
+        if not isinstance(ranks, (list, tuple, range)):
+            raise CommTypeError(f"split: ranks must be a list of ints, got {type(ranks).__name__}")
+        if not isinstance(name, str) or not name:
+            raise CommInputError(f"split: name must be a non-empty string, got {name!r}")
+        c = self._check
+        members = [c.peer("split", f"ranks[{i}]", r) for i, r in enumerate(ranks)]
+        hints = _check_hints(hints, "split") if hints is not None else None
+        timeout = _check_timeout(timeout, "split") if timeout is not None else self._timeout
+        if len(set(members)) != len(members):
+            dupes = sorted({r for r in members if members.count(r) > 1})
+            raise CommInputError(f"split: ranks {list(ranks)} contain duplicates {dupes}; "
+                                 f"list each rank once")
+        if members and self._rank not in members:
+            raise CommInputError(
+                f"split: ranks {list(ranks)} do not include this rank ({self._rank}); pass the "
+                f"group this rank belongs to, or [] if it joins none"
+            )
+        self._run_plain_hooks("split", (list(ranks), name))
+        from torch.distributed import PrefixStore
+
+        members.sort()
+        key = "_".join(map(str, members)) if members else "none"
+        store = PrefixStore(f"split/{name}/{key}/", self._store)
+        options = self._options.replace(
+            name=name, store=store, timeout=timeout,
+            hints={**self._hints, **(hints or {})},
+            rank=members.index(self._rank) if members else -1,
+            size=len(members),
+        )
+        if not members:
+            # Backends with a collective native split need every parent rank to take part.
+            if self._support["split"] == "native":
+                self._backend.split([], name, options)
+            return None
+        _claim_name(self._store, f"split/{name}", self._rank, self._name)
+        child = self._backend.split(members, name, options)
+        if child is None:
+            raise TorchCommError(f"split: backend {self.get_backend()!r} returned no "
+                                 f"communicator for members {members}")
+        return TorchComm(child, self._device, name, options, store)
+
+    def _run_plain_hooks(self, name: str, values: tuple[Any, ...]) -> None:
+        if not (self._pre_hooks or self._post_hooks):
+            return
+        op_id = next(self._op_ids)
+        args = args_class(name)(name, op_id, values, False, None, None)
+        for hook in tuple(self._pre_hooks.values()):
+            hook(OpName(name), op_id, args)
+        for hook in tuple(self._post_hooks.values()):
+            hook(op_id, args)
+
+
+class BatchSendRecv:
+    """Sends and receives collected with ``send``/``recv`` and issued together."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        self._comm = comm
+        self.ops: list[P2POp] = []
+
+    def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
+        c = self._comm._check
+        c.tensor("batch send", "tensor", tensor)
+        self.ops.append(P2POp("send", tensor, c.peer("batch send", "dst", dst, allow_self=False)))
+        return self
+
+    def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
+        c = self._comm._check
+        c.tensor("batch recv", "tensor", tensor)
+        self.ops.append(P2POp("recv", tensor, c.peer("batch recv", "src", src, allow_self=False)))
+        return self
+
+    def issue(self, async_op: bool = False, *, hints: dict[str, str] | None = None,
+              timeout: timedelta | None = None) -> TorchWork:
+        """Issue every operation before waiting on any, so rings cannot deadlock."""
+        return self._comm._batch_issue(self.ops, async_op, timeout, hints)
+
+
+# -- construction ----------------------------------------------------------------------
+
+
+def _callable(fn: Any, where: str) -> Callable[..., Any]:
+    if not callable(fn):
+        raise CommTypeError(f"{where}: expected a callable, got {type(fn).__name__}")
+    return fn
+
+
+def _check_timeout(timeout: Any, where: str) -> timedelta:
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = timedelta(seconds=timeout)
+    if not isinstance(timeout, timedelta):
+        raise CommTypeError(f"{where}: timeout must be a datetime.timedelta, got {timeout!r}")
+    if timeout <= timedelta(0):
+        raise CommInputError(f"{where}: timeout must be positive, got {timeout}")
+    return timeout
+
+
+def _check_hints(hints: Any, where: str) -> dict[str, str]:
+    if not isinstance(hints, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in hints.items()
+    ):
+        raise CommTypeError(f"{where}: hints must be a dict[str, str], got {hints!r}")
+    return hints
+
+
+def _claim_name(store: Any, key: str, rank: int, parent: str | None = None) -> None:
+    """Refuse a communicator name this rank already used with this store."""
+    if store.add(f"names/{key}/{rank}", 1) > 1:
+        where = f"split of {parent!r}" if parent else "this job"
+        name = key.split("/", 1)[-1]
+        raise CommInputError(
+            f"a communicator named {name!r} already exists in {where} (rank {rank}); every "
+            f"communicator needs a unique name: pass a different name="
+        )
+
+
+def new_comm(
+    backend: str,
+    device: torch.device | str,
+    name: str | None = None,
+    *,
+    store: Any = None,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+    abort_process_on_timeout_or_error: bool | None = None,
+    enable_reconfigure: bool = False,
+) -> TorchComm:
+    """Create a communicator on ``backend`` and ``device``; returns once it is ready.
+
+    Without ``store``, rank and size come from the launcher's environment and the
+    rendezvous store from ``MASTER_ADDR``/``MASTER_PORT``.
+    """
+    if not isinstance(backend, str) or not backend:
+        raise CommTypeError(f"new_comm: backend must be a backend name such as 'gloo', "
+                            f"got {backend!r}")
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise CommTypeError(f"new_comm: device {device!r} is not a torch.device: {exc}") from None
+    if name is not None and (not isinstance(name, str) or not name or "/" in name):
+        raise CommInputError(f"new_comm: name must be a non-empty string without '/', got "
+                             f"{name!r}")
+    timeout = _check_timeout(timeout, "new_comm") if timeout is not None else (
+        _env.default_timeout())
+    hints = dict(_check_hints(hints, "new_comm")) if hints is not None else {}
+    if enable_reconfigure:
+        raise CommInputError("new_comm: enable_reconfigure=True is not supported by this "
+                             "version of torchcomms; leave it False")
+
+    cls = get_backend_class(backend)
+    ok, reason = cls.is_available()
+    if not ok:
+        raise BackendLoadError(f"new_comm: backend {backend!r} cannot run here: {reason}")
+    if device.type not in cls.devices:
+        raise CommInputError(
+            f"new_comm: backend {backend!r} runs on {', '.join(cls.devices)} devices, not "
+            f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
+        )
+    rank, size, _source = resolve_rank_size()
+    if name is None:
+        name = f"comm_{next(_auto_names)}"
+    root = store if store is not None else default_store(rank, size, timeout)
+    from torch.distributed import PrefixStore
+
+    _claim_name(root, name, rank)
+    comm_store = PrefixStore(f"comm/{name}/", root)
+    options = CommOptions(
+        abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
+        timeout=timeout,
+        store=comm_store,
+        name=name,
+        enable_reconfigure=enable_reconfigure,
+        hints=hints,
+        rank=rank,
+        size=size,
+    )
+    instance = cls()
+    instance._bind(device, name, options)
+    instance.init(device, name, options)
+    return TorchComm(instance, device, name, options, comm_store)

@@ -1,0 +1,154 @@
+"""Reduction operators: ``ReduceOp`` values and their ``RedOpType``.
+
+``ReduceOp.PREMUL_SUM(factor)`` carries a scalar or one-element tensor factor.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, ClassVar
+
+import torch
+
+from .errors import CommInputError, CommTypeError
+
+
+class RedOpType(enum.Enum):
+    """The kind of a reduction, without its parameters."""
+
+    SUM = 0
+    PRODUCT = 1
+    MIN = 2
+    MAX = 3
+    BAND = 4
+    BOR = 5
+    BXOR = 6
+    AVG = 7
+    PREMUL_SUM = 8
+
+    def __repr__(self) -> str:
+        return f"RedOpType.{self.name}"
+
+
+_BITWISE = frozenset({RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR})
+
+
+class ReduceOp:
+    """A reduction operator: ``ReduceOp.SUM`` ... or ``ReduceOp.PREMUL_SUM(factor)``."""
+
+    __slots__ = ("_type", "_factor")
+
+    SUM: ClassVar[ReduceOp]
+    PRODUCT: ClassVar[ReduceOp]
+    MIN: ClassVar[ReduceOp]
+    MAX: ClassVar[ReduceOp]
+    BAND: ClassVar[ReduceOp]
+    BOR: ClassVar[ReduceOp]
+    BXOR: ClassVar[ReduceOp]
+    AVG: ClassVar[ReduceOp]
+    RedOpType: ClassVar[type[RedOpType]] = RedOpType
+
+    def __init__(self, op_type: RedOpType, factor: float | torch.Tensor | None = None) -> None:
+        if not isinstance(op_type, RedOpType):
+            raise CommTypeError(f"ReduceOp(op_type) needs a RedOpType, got {op_type!r}")
+        if op_type is RedOpType.PREMUL_SUM:
+            if factor is None:
+                raise CommInputError("ReduceOp.PREMUL_SUM needs a factor: ReduceOp.PREMUL_SUM(0.5)")
+            if isinstance(factor, torch.Tensor):
+                if factor.numel() != 1:
+                    raise CommInputError(
+                        f"ReduceOp.PREMUL_SUM factor tensor must have one element, "
+                        f"got shape {tuple(factor.shape)}"
+                    )
+            elif isinstance(factor, (int, float)) and not isinstance(factor, bool):
+                factor = float(factor)
+            else:
+                raise CommTypeError(
+                    f"ReduceOp.PREMUL_SUM factor must be a float or a one-element tensor, "
+                    f"got {type(factor).__name__}"
+                )
+        elif factor is not None:
+            raise CommInputError(f"ReduceOp.{op_type.name} takes no factor")
+        self._type = op_type
+        self._factor = factor
+
+    @staticmethod
+    def PREMUL_SUM(factor: float | torch.Tensor) -> ReduceOp:  # noqa: N802 (public API name)
+        """Multiply each input by ``factor``, then sum."""
+        return ReduceOp(RedOpType.PREMUL_SUM, factor)
+
+    @property
+    def type(self) -> RedOpType:
+        return self._type
+
+    @property
+    def factor(self) -> float | torch.Tensor | None:
+        return self._factor
+
+    @property
+    def is_bitwise(self) -> bool:
+        return self._type in _BITWISE
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RedOpType):
+            return self._type is other
+        if not isinstance(other, ReduceOp):
+            return NotImplemented
+        if self._type is not other._type:
+            return False
+        a, b = self._factor, other._factor
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            return (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and (a is b or bool(torch.equal(a, b)))
+            )
+        return a == b
+
+    def __hash__(self) -> int:
+        if isinstance(self._factor, torch.Tensor):
+            return hash((self._type, id(self._factor)))
+        return hash((self._type, self._factor))
+
+    def __repr__(self) -> str:
+        if self._type is RedOpType.PREMUL_SUM:
+            return f"ReduceOp.PREMUL_SUM({self._factor!r})"
+        return f"ReduceOp.{self._type.name}"
+
+    def __copy__(self) -> ReduceOp:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReduceOp:
+        if isinstance(self._factor, torch.Tensor):
+            return ReduceOp(self._type, self._factor.clone())
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ReduceOp, (self._type, self._factor))
+
+
+for _t in RedOpType:
+    if _t is not RedOpType.PREMUL_SUM:
+        setattr(ReduceOp, _t.name, ReduceOp(_t))
+del _t
+
+
+def coerce_reduce_op(op: object, arg: str = "op") -> ReduceOp:
+    """Accept our ``ReduceOp``, a ``RedOpType`` or a ``torch.distributed.ReduceOp``."""
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, RedOpType):
+        if op is RedOpType.PREMUL_SUM:
+            raise CommInputError(f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM")
+        return getattr(ReduceOp, op.name)
+    name = getattr(op, "name", None)  # c10d's RedOpType enum members have .name
+    if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":
+        return getattr(ReduceOp, name)
+    c10d_type = getattr(op, "op", None)  # a c10d ReduceOp instance wraps a RedOpType
+    name = getattr(c10d_type, "name", None)
+    if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":
+        return getattr(ReduceOp, name)
+    raise CommTypeError(
+        f"{arg} must be a torchcomms.ReduceOp such as ReduceOp.SUM, got {op!r} "
+        f"({type(op).__name__})"
+    )

@@ -1,0 +1,487 @@
+"""The backend spec: ``TorchCommBackend``, the contract every backend plugin implements.
+
+A backend writes the required primitives (lifecycle, ``send``, ``recv``); every other
+operation has a portable default here, written against those primitives. Overriding a
+default makes it *native*; :func:`method_support` tells which is which.
+"""
+
+from __future__ import annotations
+
+import abc
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+
+import torch
+
+from .reduce_op import RedOpType, ReduceOp
+
+if TYPE_CHECKING:
+    from .options import CommOptions
+
+#: Version of this spec. A backend declares the version it targets in ``spec_version``.
+#: Same major and a minor no newer than the core's: compatible.
+SPEC_VERSION = "1.0"
+
+#: What a backend must implement itself.
+REQUIRED_METHODS: tuple[str, ...] = (
+    "init",
+    "finalize",
+    "get_rank",
+    "get_size",
+    "get_backend_name",
+    "get_comm_name",
+    "send",
+    "recv",
+)
+
+#: Operations with a portable default in the spec (native when a backend overrides them).
+DERIVABLE_METHODS: tuple[str, ...] = (
+    "broadcast",
+    "all_reduce",
+    "reduce",
+    "all_gather",
+    "all_gather_v",
+    "all_gather_single",
+    "reduce_scatter",
+    "reduce_scatter_v",
+    "reduce_scatter_single",
+    "all_to_all",
+    "all_to_all_single",
+    "all_to_all_v_single",
+    "barrier",
+    "scatter",
+    "gather",
+    "gather_single",
+    "batch_op_issue",
+    "split",
+)
+
+#: Capabilities a backend may offer; absent ones are reported as unsupported.
+OPTIONAL_METHODS: tuple[str, ...] = ("abort",)
+
+DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+)
+
+BASIC_REDUCE_OPS = frozenset(
+    {
+        RedOpType.SUM,
+        RedOpType.PRODUCT,
+        RedOpType.MIN,
+        RedOpType.MAX,
+        RedOpType.BAND,
+        RedOpType.BOR,
+        RedOpType.BXOR,
+    }
+)
+
+#: One point-to-point operation of a batch: ``("send" | "recv", tensor, peer)``.
+P2POp = tuple[str, torch.Tensor, int]
+
+
+class TorchCommBackend(abc.ABC):
+    """Abstract backend. Subclass it, implement the required methods, register it.
+
+    Collectives take the public API's positional arguments plus ``async_op``, and keyword
+    ``timeout`` (a ``timedelta``, already resolved by the core) and ``hints``. They return
+    ``None`` when the operation is complete, or an object with ``wait()`` (optionally
+    ``is_completed()``) when it is still running; ``wait()`` raises if it failed.
+    The core validates every argument, makes tensors contiguous and resolves
+    ``AVG``/``PREMUL_SUM`` before a backend sees them.
+    """
+
+    #: Spec version this backend was written against.
+    spec_version: ClassVar[str] = SPEC_VERSION
+    #: Device types this backend runs on.
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    #: Reductions the backend performs natively (the core derives AVG and PREMUL_SUM).
+    supported_reduce_ops: ClassVar[frozenset[RedOpType]] = BASIC_REDUCE_OPS
+    #: Element types the backend accepts.
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
+
+    device: torch.device
+    comm_name: str
+    options: CommOptions
+
+    # -- availability -----------------------------------------------------------------
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        """Return ``(runnable here, reason)`` without creating a communicator."""
+        return True, "ok"
+
+    # -- lifecycle (required) ---------------------------------------------------------
+
+    def _bind(self, device: torch.device, name: str, options: CommOptions) -> None:
+        """Record device, name and options; the core calls this right before ``init``."""
+        self.device = device
+        self.comm_name = name
+        self.options = options
+
+    @abc.abstractmethod
+    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        """Create the engine's communicator; ``options`` carries store, rank and size."""
+
+    @abc.abstractmethod
+    def finalize(self) -> None:
+        """Release the engine's resources. Called once; no operation follows."""
+
+    @abc.abstractmethod
+    def get_rank(self) -> int: ...
+
+    @abc.abstractmethod
+    def get_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def get_backend_name(self) -> str: ...
+
+    @abc.abstractmethod
+    def get_comm_name(self) -> str: ...
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the default timeout (the core passes a timeout with every call anyway)."""
+        self.options.timeout = timeout
+
+    # -- point to point (required) ----------------------------------------------------
+
+    @abc.abstractmethod
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
+             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        """Send ``tensor`` to ``dst``. With ``async_op=True`` it must not block on the peer."""
+
+    @abc.abstractmethod
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
+             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        """Receive into ``tensor`` from ``src``. With ``async_op=True`` it must not block."""
+
+    # -- portable defaults ------------------------------------------------------------
+
+    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+                       timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        """Issue every send and receive of ``ops`` before waiting for any of them."""
+        works = []
+        for kind, tensor, peer in ops:
+            method = self.send if kind == "send" else self.recv
+            work = method(tensor, peer, True, timeout=timeout, hints=hints)
+            if work is not None:
+                works.append(work)
+        return _settle(MultiWork(works) if works else None, async_op)
+
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
+                  timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        me, n = self.get_rank(), self.get_size()
+        if me == root:
+            ops = [("send", tensor, peer) for peer in range(n) if peer != me]
+        else:
+            ops = [("recv", tensor, root)]
+        return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                     async_op: bool, *, timeout: timedelta | None = None,
+                     hints: dict[str, str] | None = None) -> Any:
+        me, n = self.get_rank(), self.get_size()
+        tensor_list[me].copy_(tensor)
+        ops: list[P2POp] = []
+        for peer in range(n):
+            if peer != me:
+                ops.append(("send", tensor, peer))
+                ops.append(("recv", tensor_list[peer], peer))
+        return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                   async_op: bool, *, timeout: timedelta | None = None,
+                   hints: dict[str, str] | None = None) -> Any:
+        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
+                          timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+        chunks = list(output.view(-1).chunk(self.get_size())) if output.numel() else [
+            output.view(-1) for _ in range(self.get_size())
+        ]
+        return self.all_gather(chunks, input.view(-1), async_op, timeout=timeout, hints=hints)
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor],
+                   input_tensor_list: list[torch.Tensor], async_op: bool, *,
+                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        me, n = self.get_rank(), self.get_size()
+        output_tensor_list[me].copy_(input_tensor_list[me])
+        ops: list[P2POp] = []
+        for peer in range(n):
+            if peer != me:
+                ops.append(("send", input_tensor_list[peer], peer))
+                ops.append(("recv", output_tensor_list[peer], peer))
+        return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
+                            output_split_sizes: list[int], input_split_sizes: list[int],
+                            async_op: bool, *, timeout: timedelta | None = None,
+                            hints: dict[str, str] | None = None) -> Any:
+        n = self.get_size()
+        outs = split_dim0(output, output_split_sizes, n)
+        ins = split_dim0(input, input_split_sizes, n)
+        return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
+                          timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+        return self.all_to_all_v_single(output, input, [], [], async_op, timeout=timeout,
+                                        hints=hints)
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
+                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        # Every rank gathers every contribution and reduces them in rank order, so the
+        # result is bit-identical on all ranks.
+        n = self.get_size()
+        flat = tensor.view(-1)
+        gathered = torch.empty((n, flat.numel()), dtype=tensor.dtype, device=tensor.device)
+        work = self.all_gather_single(gathered, flat, async_op, timeout=timeout, hints=hints)
+
+        def reduce_locally() -> None:
+            flat.copy_(reduce_rows(gathered, op.type))
+
+        return then(work, reduce_locally)
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
+               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        target = tensor if self.get_rank() == root else tensor.clone()
+        return self.all_reduce(target, op, async_op, timeout=timeout, hints=hints)
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
+                         op: ReduceOp, async_op: bool, *, timeout: timedelta | None = None,
+                         hints: dict[str, str] | None = None) -> Any:
+        # Each rank receives every peer's block for it and reduces them in rank order.
+        n = self.get_size()
+        flat_out = output.view(-1)
+        received = torch.empty((n, flat_out.numel()), dtype=output.dtype, device=output.device)
+        work = self.all_to_all(list(received.unbind(0)), [t.view(-1) for t in input_list],
+                               async_op, timeout=timeout, hints=hints)
+
+        def reduce_locally() -> None:
+            flat_out.copy_(reduce_rows(received, op.type))
+
+        return then(work, reduce_locally)
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
+                       async_op: bool, *, timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout,
+                                     hints=hints)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
+                              async_op: bool, *, timeout: timedelta | None = None,
+                              hints: dict[str, str] | None = None) -> Any:
+        n = self.get_size()
+        blocks = list(input.view(-1).chunk(n)) if input.numel() else [
+            input.view(-1) for _ in range(n)
+        ]
+        return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
+
+    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
+                root: int, async_op: bool, *, timeout: timedelta | None = None,
+                hints: dict[str, str] | None = None) -> Any:
+        me, n = self.get_rank(), self.get_size()
+        if me != root:
+            return self.batch_op_issue([("recv", output_tensor, root)], async_op,
+                                       timeout=timeout, hints=hints)
+        output_tensor.copy_(input_tensor_list[me])
+        ops = [("send", input_tensor_list[p], p) for p in range(n) if p != me]
+        return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
+
+    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
+               root: int, async_op: bool, *, timeout: timedelta | None = None,
+               hints: dict[str, str] | None = None) -> Any:
+        me, n = self.get_rank(), self.get_size()
+        if me != root:
+            return self.batch_op_issue([("send", input_tensor, root)], async_op,
+                                       timeout=timeout, hints=hints)
+        output_tensor_list[me].copy_(input_tensor)
+        ops = [("recv", output_tensor_list[p], p) for p in range(n) if p != me]
+        return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
+                      async_op: bool, *, timeout: timedelta | None = None,
+                      hints: dict[str, str] | None = None) -> Any:
+        n = self.get_size()
+        if self.get_rank() != root:
+            return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
+        chunks = list(output.view(-1).chunk(n)) if output.numel() else [
+            output.view(-1) for _ in range(n)
+        ]
+        return self.gather(chunks, input.view(-1), root, async_op, timeout=timeout, hints=hints)
+
+    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
+                hints: dict[str, str] | None = None) -> Any:
+        token = torch.zeros(1, dtype=torch.float32, device=self.device)
+        return self.all_reduce(token, ReduceOp.SUM, async_op, timeout=timeout, hints=hints)
+
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> TorchCommBackend | None:
+        """Create the backend of a sub-communicator; ``options`` holds its store, rank, size.
+
+        The default builds a fresh instance of the same class on the child's store.
+        Non-members (``ranks == []``) get ``None``.
+        """
+        if not ranks:
+            return None
+        child = type(self)()
+        child._bind(self.device, name, options)
+        child.init(self.device, name, options)
+        return child
+
+    def abort(self) -> None:
+        """Tear the engine down at once, abandoning operations in flight (optional)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support abort()")
+
+
+# -- helpers shared by the defaults, the core and backends ------------------------------
+
+
+class MultiWork:
+    """Completion handle over several works; ``wait()`` waits for all of them."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = works
+
+    def wait(self) -> bool:
+        first_error: BaseException | None = None
+        for work in self._works:
+            try:
+                work.wait()
+            except Exception as exc:  # keep waiting: every work must be settled
+                if first_error is None:
+                    first_error = exc
+        if first_error is not None:
+            raise first_error
+        return True
+
+    def is_completed(self) -> bool:
+        return all(getattr(w, "is_completed", lambda: False)() for w in self._works)
+
+
+class ThenWork:
+    """Runs ``step`` after ``inner`` completes (a local post-processing stage)."""
+
+    __slots__ = ("_inner", "_step", "_done")
+
+    def __init__(self, inner: Any, step: Callable[[], None]) -> None:
+        self._inner = inner
+        self._step = step
+        self._done = False
+
+    def wait(self) -> bool:
+        if not self._done:
+            self._inner.wait()
+            self._step()
+            self._done = True
+        return True
+
+    def is_completed(self) -> bool:
+        probe = getattr(self._inner, "is_completed", None)
+        return self._done or (probe is not None and bool(probe()))
+
+
+def then(work: Any, step: Callable[[], None]) -> Any:
+    """Run ``step`` now if ``work`` is ``None`` (already done), else after it completes."""
+    if work is None:
+        step()
+        return None
+    return ThenWork(work, step)
+
+
+def _settle(work: Any, async_op: bool) -> Any:
+    if work is not None and not async_op:
+        work.wait()
+        return None
+    return work
+
+
+def split_dim0(tensor: torch.Tensor, split_sizes: Sequence[int], n: int) -> list[torch.Tensor]:
+    """Split ``tensor`` along dim 0 into ``n`` views (equal parts when ``split_sizes`` is empty)."""
+    if tensor.dim() == 0:
+        tensor = tensor.view(1)
+    if not split_sizes:
+        rows = tensor.shape[0] // n if n else 0
+        split_sizes = [rows] * n
+    return list(torch.split(tensor, list(split_sizes), dim=0))
+
+
+def reduce_rows(rows: torch.Tensor, op_type: RedOpType) -> torch.Tensor:
+    """Reduce the rows of a 2-D tensor in row order with a basic reduction."""
+    acc = rows[0].clone()
+    for i in range(1, rows.shape[0]):
+        x = rows[i]
+        if op_type is RedOpType.SUM:
+            if acc.dtype == torch.bool:
+                acc.logical_or_(x)
+            else:
+                acc.add_(x)
+        elif op_type is RedOpType.PRODUCT:
+            if acc.dtype == torch.bool:
+                acc.logical_and_(x)
+            else:
+                acc.mul_(x)
+        elif op_type is RedOpType.MIN:
+            torch.minimum(acc, x, out=acc)
+        elif op_type is RedOpType.MAX:
+            torch.maximum(acc, x, out=acc)
+        elif op_type is RedOpType.BAND:
+            acc.bitwise_and_(x)
+        elif op_type is RedOpType.BOR:
+            acc.bitwise_or_(x)
+        elif op_type is RedOpType.BXOR:
+            acc.bitwise_xor_(x)
+        else:
+            raise ValueError(f"reduce_rows cannot apply {op_type!r}; the core resolves it first")
+    return acc
+
+
+def method_support(backend: type[TorchCommBackend] | TorchCommBackend) -> dict[str, str]:
+    """Map each operation to ``"native"``, ``"derived"`` or ``"unsupported"`` for a backend."""
+    cls = backend if isinstance(backend, type) else type(backend)
+    report: dict[str, str] = {}
+    for name in REQUIRED_METHODS:
+        report[name] = "native"
+    for name in DERIVABLE_METHODS:
+        report[name] = "native" if _overrides(cls, name) else "derived"
+    for name in OPTIONAL_METHODS:
+        report[name] = "native" if _overrides(cls, name) else "unsupported"
+    return report
+
+
+def _overrides(cls: type, name: str) -> bool:
+    return getattr(cls, name, None) is not getattr(TorchCommBackend, name)
+
+
+def check_spec_version(declared: str, who: str) -> None:
+    """Raise if a backend's declared spec version is incompatible with this core."""
+    from .errors import BackendLoadError
+
+    try:
+        major, minor = (int(p) for p in str(declared).split(".")[:2])
+    except ValueError:
+        raise BackendLoadError(
+            f"{who} declares spec_version={declared!r}; expected 'MAJOR.MINOR' such as "
+            f"{SPEC_VERSION!r}"
+        ) from None
+    core_major, core_minor = (int(p) for p in SPEC_VERSION.split("."))
+    if major != core_major or minor > core_minor:
+        hint = (
+            "upgrade torchcomms-core" if (major, minor) > (core_major, core_minor)
+            else "upgrade the backend plugin"
+        )
+        raise BackendLoadError(
+            f"{who} targets backend spec {declared}, but this torchcomms-core implements "
+            f"spec {SPEC_VERSION}; {hint} so that both agree"
+        )

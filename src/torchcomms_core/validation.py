@@ -1,0 +1,152 @@
+"""Argument checks run before any communication, with messages that say what to fix."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+
+from .errors import CommInputError, CommTypeError
+from .reduce_op import RedOpType, ReduceOp, coerce_reduce_op
+
+
+class Checker:
+    """Validates arguments for one communicator (its device, size and dtypes)."""
+
+    __slots__ = ("comm_name", "device", "device_type", "device_index", "size", "rank", "dtypes",
+                 "native_ops")
+
+    def __init__(self, comm_name: str, device: torch.device, rank: int, size: int,
+                 dtypes: Sequence[torch.dtype], native_ops: frozenset[RedOpType]) -> None:
+        self.comm_name = comm_name
+        self.device = device
+        self.device_type = device.type
+        self.device_index = device.index
+        self.rank = rank
+        self.size = size
+        self.dtypes = frozenset(dtypes)
+        self.native_ops = native_ops
+
+    # -- tensors ---------------------------------------------------------------------
+
+    def tensor(self, op: str, arg: str, t: Any) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise CommTypeError(f"{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+        dev = t.device
+        if dev.type != self.device_type or (
+            self.device_index is not None and dev.index != self.device_index
+        ):
+            raise CommInputError(
+                f"{op}: {arg} is on device {dev}, but communicator {self.comm_name!r} owns "
+                f"device {self.device}; move it with .to({str(self.device)!r})"
+            )
+        if t.dtype not in self.dtypes:
+            supported = ", ".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
+            raise CommInputError(
+                f"{op}: {arg} has dtype {str(t.dtype).replace('torch.', '')}, which this "
+                f"backend does not support (supported: {supported})"
+            )
+        if t.layout is not torch.strided:
+            raise CommInputError(f"{op}: {arg} must be a dense (strided) tensor, got {t.layout}; "
+                                 f"call .to_dense() first")
+        return t
+
+    def tensor_list(self, op: str, arg: str, ts: Any, length: int | None = None
+                    ) -> list[torch.Tensor]:
+        if not isinstance(ts, (list, tuple)):
+            raise CommTypeError(f"{op}: {arg} must be a list of tensors, got {type(ts).__name__}")
+        if length is not None and len(ts) != length:
+            raise CommInputError(
+                f"{op}: {arg} has {len(ts)} tensors but must have one per rank "
+                f"(communicator size {length})"
+            )
+        return [self.tensor(op, f"{arg}[{i}]", t) for i, t in enumerate(ts)]
+
+    def same_dtype(self, op: str, a_name: str, a: torch.Tensor, b_name: str,
+                   b: torch.Tensor) -> None:
+        if a.dtype != b.dtype:
+            raise CommInputError(
+                f"{op}: {a_name} has dtype {str(a.dtype).replace('torch.', '')} but {b_name} "
+                f"has dtype {str(b.dtype).replace('torch.', '')}; they must match"
+            )
+
+    def numel(self, op: str, arg: str, t: torch.Tensor, expected: int, why: str) -> None:
+        if t.numel() != expected:
+            raise CommInputError(
+                f"{op}: {arg} has {t.numel()} elements (shape {tuple(t.shape)}) but must have "
+                f"{expected} ({why})"
+            )
+
+    # -- ranks -----------------------------------------------------------------------
+
+    def peer(self, op: str, arg: str, r: Any, allow_self: bool = True) -> int:
+        try:
+            value = operator.index(r)
+        except TypeError:
+            raise CommTypeError(f"{op}: {arg} must be an int rank, got {r!r}") from None
+        if not 0 <= value < self.size:
+            raise CommInputError(
+                f"{op}: {arg}={value} is out of range for communicator {self.comm_name!r} of "
+                f"size {self.size}; valid ranks are 0..{self.size - 1}"
+            )
+        if not allow_self and value == self.rank:
+            raise CommInputError(
+                f"{op}: {arg}={value} is this rank itself; copy the tensor locally instead"
+            )
+        return value
+
+    # -- reductions ------------------------------------------------------------------
+
+    def reduce_op(self, op_name: str, op: Any, dtype: torch.dtype) -> ReduceOp:
+        red = coerce_reduce_op(op, f"{op_name}: op")
+        t = red.type
+        if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
+            if dtype.is_floating_point or dtype.is_complex:
+                raise CommInputError(
+                    f"{op_name}: ReduceOp.{t.name} is bitwise and needs an integer or bool "
+                    f"tensor, got {str(dtype).replace('torch.', '')}"
+                )
+        elif t in (RedOpType.AVG, RedOpType.PREMUL_SUM) and t not in self.native_ops:
+            if not dtype.is_floating_point:
+                raise CommInputError(
+                    f"{op_name}: ReduceOp.{t.name} needs a floating-point tensor, got "
+                    f"{str(dtype).replace('torch.', '')}; use SUM and divide yourself"
+                )
+            factor = red.factor
+            if isinstance(factor, torch.Tensor) and factor.device.type != self.device_type:
+                raise CommInputError(
+                    f"{op_name}: PREMUL_SUM factor is on {factor.device}, communicator "
+                    f"{self.comm_name!r} owns {self.device}"
+                )
+        return red
+
+
+def split_sizes(op: str, arg: str, sizes: Any, n: int, rows: int) -> list[int]:
+    """Check an all_to_all_v split list: ``n`` non-negative ints summing to ``rows``."""
+    if not isinstance(sizes, (list, tuple)):
+        raise CommTypeError(f"{op}: {arg} must be a list of ints, got {type(sizes).__name__}")
+    if len(sizes) == 0:
+        if rows % n:
+            raise CommInputError(
+                f"{op}: {arg} is empty (equal split), so dim 0 ({rows}) must be divisible by "
+                f"the communicator size {n}"
+            )
+        return [rows // n] * n
+    if len(sizes) != n:
+        raise CommInputError(f"{op}: {arg} has {len(sizes)} entries but must have one per rank "
+                             f"({n})")
+    out = []
+    for i, s in enumerate(sizes):
+        try:
+            v = operator.index(s)
+        except TypeError:
+            raise CommTypeError(f"{op}: {arg}[{i}] must be an int, got {s!r}") from None
+        if v < 0:
+            raise CommInputError(f"{op}: {arg}[{i}]={v} is negative")
+        out.append(v)
+    if sum(out) != rows:
+        raise CommInputError(
+            f"{op}: {arg} sums to {sum(out)} but the tensor has {rows} rows along dim 0"
+        )
+    return out

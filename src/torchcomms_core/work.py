@@ -1,0 +1,149 @@
+"""``TorchWork``: the handle every operation returns.
+
+It wraps whatever the backend returned (``None`` when done, else an object with
+``wait()``), runs the core's completion steps, and records status and error.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import CommOperationError, CommTimeoutError, TorchCommError
+
+if TYPE_CHECKING:
+    from .comm import TorchComm
+
+
+class WorkStatus(enum.Enum):
+    NOT_STARTED = 0
+    INPROGRESS = 1
+    COMPLETED = 2
+    TIMEDOUT = 3
+    ERROR = 4
+
+
+_TIMEOUT_MARKERS = ("timed out", "timeout", "deadline")
+
+
+def is_timeout_error(exc: BaseException) -> bool:
+    """Tell whether an engine exception reports an expired timeout."""
+    if isinstance(exc, TimeoutError):
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _TIMEOUT_MARKERS)
+
+
+class TorchWork:
+    """Handle of an issued operation: ``wait()``, ``is_completed()``, ``status``, ``error``."""
+
+    __slots__ = ("_inner", "_status", "_error", "_finishers", "_comm", "_op", "__weakref__")
+
+    def __init__(
+        self,
+        inner: Any = None,
+        finishers: list[Callable[[], None]] | None = None,
+        comm: TorchComm | None = None,
+        op: str = "",
+    ) -> None:
+        self._inner = inner
+        self._finishers = finishers
+        self._comm = comm
+        self._op = op
+        self._error: BaseException | None = None
+        if inner is None and not finishers:
+            self._status = WorkStatus.COMPLETED
+        else:
+            self._status = WorkStatus.INPROGRESS
+
+    @property
+    def status(self) -> WorkStatus:
+        return self._status
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that ended this work, or ``None``."""
+        return self._error
+
+    def get_status(self) -> WorkStatus:
+        return self._status
+
+    def wait(self) -> bool:
+        """Block until the operation is done on the host (CPU) or queued (GPU streams).
+
+        Raises :class:`CommTimeoutError` or :class:`CommOperationError` if it failed.
+        """
+        status = self._status
+        if status is WorkStatus.COMPLETED:
+            return True
+        if status is not WorkStatus.INPROGRESS:
+            raise self._error  # type: ignore[misc]
+        inner = self._inner
+        try:
+            if inner is not None:
+                inner.wait()
+            self._finish()
+        except Exception as exc:  # classified, recorded and re-raised as a TorchCommError
+            self._fail(exc)
+            if self._error is exc:
+                raise
+            raise self._error from exc  # type: ignore[misc]
+        return True
+
+    def wait_blocking(self) -> bool:
+        """Block the calling host thread until the operation has completed."""
+        return self.wait()
+
+    def is_completed(self) -> bool:
+        """Return ``True`` once the operation has finished (completion steps included)."""
+        status = self._status
+        if status is WorkStatus.COMPLETED:
+            return True
+        if status is not WorkStatus.INPROGRESS:
+            return True
+        inner = self._inner
+        probe = getattr(inner, "is_completed", None)
+        if inner is not None and probe is not None and not probe():
+            return False
+        # The engine is done: run the completion steps now, so the result is readable.
+        try:
+            self.wait()
+        except TorchCommError:
+            pass
+        return True
+
+    def _finish(self) -> None:
+        finishers = self._finishers
+        if finishers:
+            self._finishers = None
+            for step in finishers:
+                step()
+        self._inner = None
+        self._status = WorkStatus.COMPLETED
+
+    def _fail(self, exc: BaseException) -> None:
+        comm_name = self._comm.get_name() if self._comm is not None else "?"
+        if isinstance(exc, CommTimeoutError):
+            self._status, err = WorkStatus.TIMEDOUT, exc
+        elif isinstance(exc, TorchCommError):
+            self._status, err = WorkStatus.ERROR, exc
+        elif is_timeout_error(exc):
+            self._status = WorkStatus.TIMEDOUT
+            err = CommTimeoutError(
+                f"{self._op} on communicator {comm_name!r} timed out: {exc}. "
+                f"A peer may have died, hung, or called a different operation; raise the "
+                f"timeout with timeout=... or TORCHCOMM_TIMEOUT_SECONDS if it is just slow"
+            )
+        else:
+            self._status = WorkStatus.ERROR
+            err = CommOperationError(f"{self._op} on communicator {comm_name!r} failed: {exc}")
+        if err is not exc:
+            err.__cause__ = exc
+        self._error = err
+        self._inner = None
+        self._finishers = None
+        if self._comm is not None:
+            self._comm._on_work_failure(self, err)
+
+    def __repr__(self) -> str:
+        return f"<TorchWork {self._op} {self._status.name}>"
