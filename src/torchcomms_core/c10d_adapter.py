@@ -228,6 +228,11 @@ class C10dBackend(TorchCommBackend):
     def all_to_all(self, output_tensor_list: list[torch.Tensor],
                    input_tensor_list: list[torch.Tensor], async_op: bool, *,
                    timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        sizes = {t.numel() for t in output_tensor_list} | {t.numel() for t in input_tensor_list}
+        if len(sizes) > 1:
+            # c10d engines such as gloo need equal blocks; uneven ones go point to point.
+            return TorchCommBackend.all_to_all(self, output_tensor_list, input_tensor_list,
+                                               async_op, timeout=timeout, hints=hints)
         opts = self._opts("AllToAllOptions", timeout)
         return self._done(self._engine.alltoall(output_tensor_list, input_tensor_list, opts),
                           async_op, timeout)

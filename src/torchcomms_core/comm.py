@@ -718,7 +718,7 @@ class TorchComm:
                 f"split: ranks {list(ranks)} do not include this rank ({self._rank}); pass the "
                 f"group this rank belongs to, or [] if it joins none"
             )
-        self._run_plain_hooks("split", (list(ranks), name))
+        hook_args = self._pre_plain("split", (list(ranks), name))
         from torch.distributed import PrefixStore
 
         members.sort()
@@ -734,23 +734,33 @@ class TorchComm:
             # Backends with a collective native split need every parent rank to take part.
             if self._support["split"] == "native":
                 self._backend.split([], name, options)
+            self._post_plain(hook_args)
             return None
         _claim_name(self._store, f"split/{name}", self._rank, self._name)
         child = self._backend.split(members, name, options)
         if child is None:
             raise TorchCommError(f"split: backend {self.get_backend()!r} returned no "
                                  f"communicator for members {members}")
-        return TorchComm(child, self._device, name, options, store)
+        comm = TorchComm(child, self._device, name, options, store)
+        self._post_plain(hook_args)
+        return comm
 
-    def _run_plain_hooks(self, name: str, values: tuple[Any, ...]) -> None:
+    def _pre_plain(self, name: str, values: tuple[Any, ...]) -> Any:
+        """Run pre hooks for an operation that returns no work (split); returns its args."""
         if not (self._pre_hooks or self._post_hooks):
-            return
+            return None
         op_id = next(self._op_ids)
         args = args_class(name)(name, op_id, values, False, None, None)
         for hook in tuple(self._pre_hooks.values()):
             hook(OpName(name), op_id, args)
+        return args
+
+    def _post_plain(self, args: Any) -> None:
+        if args is None:
+            return
+        args.work = TorchWork(None, None, self, args.op_name)
         for hook in tuple(self._post_hooks.values()):
-            hook(op_id, args)
+            hook(args.op_id, args)
 
 
 class BatchSendRecv:

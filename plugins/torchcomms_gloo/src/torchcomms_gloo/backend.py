@@ -19,6 +19,18 @@ class GlooBackend(C10dBackend):
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     # Gloo has no uneven all-gather or reduce-scatter: the spec's defaults provide them.
     engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
+    # Gloo's reductions have no int16 kernels ("Invalid scalar type"), so refuse it up front.
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+    )
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:
