@@ -29,6 +29,8 @@ LOCAL_RANK_VARS: tuple[str, ...] = (
     "SLURM_LOCALID",
     "MPI_LOCALRANKID",
 )
+#: Verify before each collective that all ranks issue the same call (debug; costs a round).
+CHECK_COLLECTIVES = "TORCHCOMM_CHECK_COLLECTIVES"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 #: torchrun sets this when its agent hosts the rendezvous store.
@@ -101,3 +103,7 @@ def use_agent_store() -> bool:
 
 def restart_count() -> int:
     return int(os.environ.get(RESTART_COUNT, "0") or 0)
+
+
+def check_collectives() -> bool:
+    return os.environ.get(CHECK_COLLECTIVES, "").lower() in ("1", "true", "yes")

@@ -65,6 +65,6 @@ def default_store(rank: int, size: int, timeout: timedelta) -> Any:
                 f"{size}): {exc}. Check {_env.MASTER_ADDR}/{_env.MASTER_PORT} and that rank 0 "
                 f"is running"
             ) from exc
-        store = PrefixStore(f"torchcomms/attempt_{_env.restart_count()}/", tcp)
+        store = PrefixStore(f"torchcomms/attempt_{_env.restart_count()}", tcp)
         _stores[addr_port] = store
         return store

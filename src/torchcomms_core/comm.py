@@ -19,10 +19,13 @@ import torch
 
 from . import _env
 from .bootstrap import default_store, resolve_rank_size
+from .consistency import UNCHECKED, verify_same_call
 from .errors import (
     BackendLoadError,
     CommInputError,
+    CommOperationError,
     CommStateError,
+    CommTimeoutError,
     CommTypeError,
     TorchCommError,
 )
@@ -32,7 +35,7 @@ from .reduce_op import RedOpType, ReduceOp
 from .registry import get_backend_class
 from .spec import TorchCommBackend, method_support
 from .validation import Checker, split_sizes
-from .work import TorchWork
+from .work import TorchWork, is_timeout_error
 
 _OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
 _auto_names = itertools.count()
@@ -110,6 +113,7 @@ class TorchComm:
         self._check = Checker(name, device, self._rank, self._size, cls.supported_dtypes,
                               self._native_ops)
         self._support = method_support(cls)
+        self._check_calls = _env.check_collectives()
         self._finalizer = weakref.finalize(self, _release_dropped, backend, name)
         self._finalizer.atexit = False
 
@@ -268,6 +272,8 @@ class TorchComm:
         if hints is None:
             hints = self._hints
         try:
+            if self._check_calls and name not in UNCHECKED:
+                verify_same_call(self._backend, name, hook_values, self._size, timeout)
             inner = method(*bargs, async_op, timeout=timeout, hints=hints)
         except Exception as exc:
             work = TorchWork(None, None, self, name)
@@ -723,7 +729,7 @@ class TorchComm:
 
         members.sort()
         key = "_".join(map(str, members)) if members else "none"
-        store = PrefixStore(f"split/{name}/{key}/", self._store)
+        store = PrefixStore(f"split/{name}/{key}", self._store)
         options = self._options.replace(
             name=name, store=store, timeout=timeout,
             hints={**self._hints, **(hints or {})},
@@ -875,7 +881,7 @@ def new_comm(
     from torch.distributed import PrefixStore
 
     _claim_name(root, name, rank)
-    comm_store = PrefixStore(f"comm/{name}/", root)
+    comm_store = PrefixStore(f"comm/{name}", root)
     options = CommOptions(
         abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
         timeout=timeout,
@@ -888,5 +894,17 @@ def new_comm(
     )
     instance = cls()
     instance._bind(device, name, options)
-    instance.init(device, name, options)
+    try:
+        instance.init(device, name, options)
+    except TorchCommError:
+        raise
+    except Exception as exc:
+        what = (f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
+                f"{rank} of {size}")
+        if is_timeout_error(exc):
+            raise CommTimeoutError(
+                f"{what} within {timeout}: {exc}. Every rank must call new_comm with the same "
+                f"name; check that all {size} ranks are running and can reach each other"
+            ) from exc
+        raise CommOperationError(f"{what}: {exc}") from exc
     return TorchComm(instance, device, name, options, comm_store)

@@ -6,8 +6,9 @@ One :class:`BenchOp` subclass per operation; adding it to ``OPS`` makes it bench
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator
+from typing import Any, ClassVar
 
 import torch
 

@@ -24,6 +24,13 @@ _task_id = 0
 _name_counter = itertools.count()
 
 
+def _reset_names() -> None:
+    # Every body starts counting afresh, so ranks agree on names even after a body in
+    # which they created different numbers of communicators.
+    global _name_counter
+    _name_counter = itertools.count()
+
+
 def unique_name(prefix: str = "comm") -> str:
     """A communicator name unique to the running body, identical on every rank."""
     return f"{prefix}-t{_task_id}-{next(_name_counter)}"
@@ -90,6 +97,7 @@ def _worker_main(rank: int, size: int, env: dict[str, str], conn: Any, stack_fil
             return
         task_id, fn, args, kwargs = msg
         _task_id = task_id
+        _reset_names()
         try:
             value = fn(*args, **kwargs)
             reply: tuple[Any, ...] = ("ok", value)
