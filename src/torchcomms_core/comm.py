@@ -6,6 +6,7 @@ tensors, AVG, PREMUL_SUM), runs the hooks, calls the backend and returns a ``Tor
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import sys
@@ -39,6 +40,18 @@ from .work import TorchWork, is_timeout_error
 
 _OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
 _auto_names = itertools.count()
+# Live communicators, released in order at interpreter exit: engines torn down during
+# module teardown can abort the process (joinable C++ threads), so they go first.
+_live: weakref.WeakSet[TorchComm] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_live_at_exit() -> None:
+    for comm in list(_live):
+        try:
+            comm._release_quietly()
+        except Exception:  # exiting anyway; never turn a clean exit into a failure
+            pass
 
 
 class P2POp(NamedTuple):
@@ -116,6 +129,7 @@ class TorchComm:
         self._check_calls = _env.check_collectives()
         self._finalizer = weakref.finalize(self, _release_dropped, backend, name)
         self._finalizer.atexit = False
+        _live.add(self)
 
     # -- identity --------------------------------------------------------------------
 
@@ -174,6 +188,12 @@ class TorchComm:
         self._state = _FINALIZED
         self._finalizer.detach()
         self._backend.finalize()
+
+    def _release_quietly(self) -> None:
+        if self._state is _OK or self._state is _FAILED:
+            self._state = _FINALIZED
+            self._finalizer.detach()
+            self._backend.finalize()
 
     def abort(self) -> None:
         """Tear the communicator down now, abandoning operations in flight; runs abort hooks."""

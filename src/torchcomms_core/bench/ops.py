@@ -75,7 +75,7 @@ class Case:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def reduce_op(self) -> ReduceOp:

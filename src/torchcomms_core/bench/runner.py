@@ -127,7 +127,7 @@ class TextReport:
 
     _COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
     _UNITS = ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
-    _WIDTHS = (12, 14, 9, 7, 6, 11, 8, 8, 8)
+    _WIDTHS = (12, 14, 10, 7, 6, 11, 8, 8, 8)
 
     def __init__(self, out: TextIO | None = None) -> None:
         self._out = out if out is not None else sys.stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from .. import _env
 from ..bench.launch import launch
@@ -28,7 +29,7 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _int_at_least(minimum: int) -> type:
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -38,8 +39,7 @@ def _int_at_least(minimum: int) -> type:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {minimum}"
-    return parse  # type: ignore[return-value]
+    return parse
 
 
 def _op_list(text: str) -> tuple[str, ...]:
