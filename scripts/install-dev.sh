@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install torch (CPU build, pinned), the core and every plugin in editable mode, plus the
+# test dependencies, into the active Python environment.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+plugins=()
+for dir in plugins/*/; do
+    plugins+=(-e "./${dir%/}")
+done
+python -m pip install --quiet torch==2.13.0 -e ".[test]" "${plugins[@]}"
