@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -382,6 +383,9 @@ class NcclEngineBackend(C10dBackend):
 
     def _reduction(self, op: ReduceOp, tensor: torch.Tensor) -> tuple[Any, Any]:
         """The c10d op for ``op`` on ``tensor`` and what must outlive the operation."""
+        if op.type is RedOpType.AVG and tensor.dtype == torch.bool:
+            # c10d refuses AVG on bools; the mean cast back to bool is "any", i.e. MAX.
+            return to_c10d_reduce_op(ReduceOp.MAX), None
         if op.type is RedOpType.PREMUL_SUM:
             factor = op.factor
             if isinstance(factor, torch.Tensor):
