@@ -7,6 +7,7 @@ Importing this package touches no ``torch.distributed`` attribute and loads no p
 from __future__ import annotations
 
 from .c10d_adapter import C10dBackend
+from .collectives import Collective
 from .comm import BatchSendRecv, P2POp, RemovableHandle, TorchComm, new_comm
 from .errors import (
     BackendLoadError,
@@ -19,8 +20,17 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
+from .hookspecs import hookimpl
 from .op_args import OpArgs, OpName
 from .options import CommOptions
+from .plugins import (
+    PluginError,
+    get_plugin_manager,
+    list_collectives,
+    load_plugins,
+    register_plugin,
+    unregister_plugin,
+)
 from .reduce_op import RedOpType, ReduceOp
 from .registry import available_backends, get_backend_class, register_backend, unregister_backend
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
@@ -35,6 +45,7 @@ __all__ = [
     "BatchSendRecv",
     "BootstrapError",
     "C10dBackend",
+    "Collective",
     "CommInputError",
     "CommOperationError",
     "CommOptions",
@@ -44,6 +55,7 @@ __all__ = [
     "OpArgs",
     "OpName",
     "P2POp",
+    "PluginError",
     "RedOpType",
     "ReduceOp",
     "RemovableHandle",
@@ -55,8 +67,14 @@ __all__ = [
     "__version__",
     "available_backends",
     "get_backend_class",
+    "get_plugin_manager",
+    "hookimpl",
+    "list_collectives",
+    "load_plugins",
     "method_support",
     "new_comm",
     "register_backend",
+    "register_plugin",
     "unregister_backend",
+    "unregister_plugin",
 ]

@@ -31,6 +31,9 @@ LOCAL_RANK_VARS: tuple[str, ...] = (
 )
 #: Verify before each collective that all ranks issue the same call (debug; costs a round).
 CHECK_COLLECTIVES = "TORCHCOMM_CHECK_COLLECTIVES"
+#: Plugin loading: a kill switch for entry-point plugins, and an allow-list of their names.
+DISABLE_PLUGIN_AUTOLOAD = "TORCHCOMM_DISABLE_PLUGIN_AUTOLOAD"
+PLUGINS = "TORCHCOMM_PLUGINS"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 #: torchrun sets this when its agent hosts the rendezvous store.
@@ -107,3 +110,15 @@ def restart_count() -> int:
 
 def check_collectives() -> bool:
     return os.environ.get(CHECK_COLLECTIVES, "").lower() in ("1", "true", "yes")
+
+
+def plugin_autoload_disabled() -> bool:
+    return os.environ.get(DISABLE_PLUGIN_AUTOLOAD, "").lower() in ("1", "true", "yes")
+
+
+def plugin_allow_list() -> set[str] | None:
+    """Entry-point plugin names to load, or ``None`` for all."""
+    raw = os.environ.get(PLUGINS)
+    if raw is None:
+        return None
+    return {name.strip() for name in raw.split(",") if name.strip()}

@@ -31,6 +31,7 @@ from .errors import (
     TorchCommError,
 )
 from .op_args import OpName, args_class
+from .plugins import call_lifecycle, failed_plugins, load_plugins
 from .options import CommOptions
 from .reduce_op import RedOpType, ReduceOp
 from .registry import get_backend_class
@@ -175,6 +176,19 @@ class TorchComm:
     def set_hints(self, hints: dict[str, str]) -> None:
         self._hints = dict(_check_hints(hints, "set_hints"))
 
+    def __getattr__(self, item: str) -> Any:
+        # Only reached for unknown attributes: plugin collectives are installed on the
+        # class when plugins load, so load them once and look again.
+        if item.startswith("_"):
+            raise AttributeError(item)
+        load_plugins()
+        if item in type(self).__dict__:
+            return getattr(self, item)
+        failed = failed_plugins()
+        hint = ("; plugins that failed to load: " + "; ".join(r.error for r in failed)
+                if failed else "; torchcomms.list_collectives() lists what is available")
+        raise AttributeError(f"TorchComm has no attribute {item!r}{hint}")
+
     def __repr__(self) -> str:
         return (f"<TorchComm {self._name!r} backend={self.get_backend()} rank={self._rank}/"
                 f"{self._size} device={self._device} {self._state}>")
@@ -188,6 +202,7 @@ class TorchComm:
         self._state = _FINALIZED
         self._finalizer.detach()
         self._backend.finalize()
+        call_lifecycle("torchcomms_comm_finalized", comm=self)
 
     def _release_quietly(self) -> None:
         if self._state is _OK or self._state is _FAILED:
@@ -206,6 +221,7 @@ class TorchComm:
             self._backend.abort()
         else:
             self._backend.finalize()
+        call_lifecycle("torchcomms_comm_aborted", comm=self, reason="abort")
 
     def is_aborted(self) -> bool:
         return self._state is _ABORTED
@@ -244,6 +260,7 @@ class TorchComm:
             self._state = _FAILED
             self._failure = error
         self._run_abort_hooks()
+        call_lifecycle("torchcomms_comm_aborted", comm=self, reason=str(error))
         if self._options.abort_process_on_timeout_or_error:
             sys.stderr.write(
                 f"torchcomms: aborting the process: {error} "
@@ -278,8 +295,8 @@ class TorchComm:
 
     def _issue(self, name: str, method: Callable[..., Any], bargs: tuple[Any, ...],
                async_op: bool, timeout: timedelta | None, hints: dict[str, str] | None,
-               finishers: list[Callable[[], None]] | None, hook_values: tuple[Any, ...]
-               ) -> TorchWork:
+               finishers: list[Callable[[], None]] | None, hook_values: tuple[Any, ...],
+               extra: dict[str, Any] | None = None) -> TorchWork:
         op_id = next(self._op_ids)
         args = None
         if self._pre_hooks or self._post_hooks:
@@ -294,7 +311,10 @@ class TorchComm:
         try:
             if self._check_calls and name not in UNCHECKED:
                 verify_same_call(self._backend, name, hook_values, self._size, timeout)
-            inner = method(*bargs, async_op, timeout=timeout, hints=hints)
+            if extra:
+                inner = method(*bargs, async_op, timeout=timeout, hints=hints, **extra)
+            else:
+                inner = method(*bargs, async_op, timeout=timeout, hints=hints)
         except Exception as exc:
             work = TorchWork(None, None, self, name)
             work._status = work._status.INPROGRESS
@@ -769,6 +789,7 @@ class TorchComm:
                                  f"communicator for members {members}")
         comm = TorchComm(child, self._device, name, options, store)
         self._post_plain(hook_args)
+        call_lifecycle("torchcomms_comm_created", comm=comm)
         return comm
 
     def _pre_plain(self, name: str, values: tuple[Any, ...]) -> Any:
@@ -885,6 +906,7 @@ def new_comm(
         raise CommInputError("new_comm: enable_reconfigure=True is not supported by this "
                              "version of torchcomms; leave it False")
 
+    load_plugins()
     cls = get_backend_class(backend)
     ok, reason = cls.is_available()
     if not ok:
@@ -927,4 +949,10 @@ def new_comm(
                 f"name; check that all {size} ranks are running and can reach each other"
             ) from exc
         raise CommOperationError(f"{what}: {exc}") from exc
-    return TorchComm(instance, device, name, options, comm_store)
+    # A backend may pin the device further (cuda -> cuda:<local rank>).
+    bound = getattr(instance, "device", None)
+    if isinstance(bound, torch.device) and bound.type == device.type:
+        device = bound
+    comm = TorchComm(instance, device, name, options, comm_store)
+    call_lifecycle("torchcomms_comm_created", comm=comm)
+    return comm

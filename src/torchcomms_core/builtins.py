@@ -1,0 +1,70 @@
+"""Collectives the core ships as a plugin, registered through the same path as others.
+
+``all_reduce_coalesced`` reduces several tensors in one engine call.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .collectives import Collective
+from .hookspecs import hookimpl
+from .reduce_op import ReduceOp
+from .spec import TorchCommBackend, then
+
+
+def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor], op: ReduceOp,
+                          async_op: bool, *, timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+    if not tensors:
+        return None
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    work = backend.all_reduce(flat, op, async_op, timeout=timeout, hints=hints)
+
+    def unflatten() -> None:
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+    return then(work, unflatten)
+
+
+def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    tensors, op = args
+    checked = comm._check.tensor_list("all_reduce_coalesced", "tensors", tensors)
+    for i, t in enumerate(checked):
+        comm._check.same_dtype("all_reduce_coalesced", f"tensors[{i}]", t, "tensors[0]",
+                               checked[0])
+    red = comm._check.reduce_op("all_reduce_coalesced", op,
+                                checked[0].dtype if checked else torch.float32)
+    if checked and red.type not in comm._native_ops:
+        raise comm_input_error(red)
+    return (checked, red), kwargs
+
+
+def comm_input_error(red: ReduceOp) -> Exception:
+    from .errors import CommInputError
+
+    return CommInputError(f"all_reduce_coalesced: {red!r} is not native to this backend; "
+                          f"use all_reduce on each tensor")
+
+
+@hookimpl
+def torchcomms_register_collectives() -> list[Collective]:
+    return [
+        Collective(
+            name="all_reduce_coalesced",
+            impl=_all_reduce_coalesced,
+            args=("tensors", "op"),
+            defaults={"op": ReduceOp.SUM},
+            validate=_validate_coalesced,
+            doc="all_reduce_coalesced(tensors, op=ReduceOp.SUM, async_op=False): reduce a "
+                "list of tensors of one dtype in a single engine call.",
+        )
+    ]

@@ -1,0 +1,58 @@
+"""Every hook a torchcomms plugin can implement (pluggy project name ``torchcomms``).
+
+Plugins are found through the ``torchcomms.plugins`` entry-point group. Hooks run at
+load time and on communicator lifecycle events, never on each operation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from .collectives import Collective
+    from .comm import TorchComm
+
+hookspec = pluggy.HookspecMarker("torchcomms")
+hookimpl = pluggy.HookimplMarker("torchcomms")
+
+
+# -- collectives ---------------------------------------------------------------------------
+
+
+@hookspec
+def torchcomms_register_collectives() -> list[Collective]:
+    """Return the collectives this plugin adds to every communicator.
+
+    Called once, when plugins are loaded. Each result becomes a method of
+    ``TorchComm`` named ``Collective.name``.
+    """
+
+
+# -- communicator lifecycle ----------------------------------------------------------------
+
+
+@hookspec
+def torchcomms_comm_created(comm: TorchComm) -> None:
+    """Observe a communicator right after ``new_comm`` or ``split`` created it.
+
+    :param comm: the new communicator, ready for operations.
+    """
+
+
+@hookspec
+def torchcomms_comm_finalized(comm: TorchComm) -> None:
+    """Observe a communicator that was just finalized.
+
+    :param comm: the communicator; it accepts no more operations.
+    """
+
+
+@hookspec
+def torchcomms_comm_aborted(comm: TorchComm, reason: str) -> None:
+    """Observe a communicator that was aborted or failed (timeout, dead peer).
+
+    :param comm: the communicator.
+    :param reason: ``"abort"`` for ``comm.abort()``, else the error's message.
+    """

@@ -1,0 +1,211 @@
+"""The plugin manager: built-ins first, then ``torchcomms.plugins`` entry points.
+
+``TORCHCOMM_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points; ``TORCHCOMM_PLUGINS=a,b``
+loads only the named ones. Collectives are collected once and installed on
+``TorchComm``; no operation goes through pluggy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata as metadata
+import threading
+import warnings
+from typing import Any
+
+import pluggy
+
+from . import _env, hookspecs
+from .collectives import Collective, make_method
+from .errors import TorchCommError
+
+PLUGINS_GROUP = "torchcomms.plugins"
+BUILTIN = "torchcomms-core"
+
+
+class PluginError(TorchCommError):
+    """Plugins conflict (e.g. two register the same collective name)."""
+
+
+@dataclasses.dataclass
+class PluginRecord:
+    """What ``torchcomms plugins`` reports about one plugin."""
+
+    name: str
+    distribution: str
+    version: str
+    status: str  # "loaded", "failed", "disabled", "not allowed"
+    collectives: list[str] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+
+_lock = threading.RLock()
+_manager: pluggy.PluginManager | None = None
+_records: dict[str, PluginRecord] = {}
+_collectives: dict[str, Collective] = {}
+_loaded = False
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process's plugin manager (created with the hookspecs, nothing loaded yet)."""
+    global _manager
+    with _lock:
+        if _manager is None:
+            pm = pluggy.PluginManager("torchcomms")
+            pm.add_hookspecs(hookspecs)
+            _manager = pm
+        return _manager
+
+
+def load_plugins() -> None:
+    """Register built-ins and load entry-point plugins, once per process."""
+    global _loaded
+    with _lock:
+        if _loaded:
+            return
+        _loaded = True
+        pm = get_plugin_manager()
+        from . import builtins
+
+        _register(pm, builtins, "builtins", BUILTIN, _core_version())
+        if _env.plugin_autoload_disabled():
+            for ep in metadata.entry_points(group=PLUGINS_GROUP):
+                dist, version = _dist_of(ep)
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "disabled")
+        else:
+            allowed = _env.plugin_allow_list()
+            for ep in metadata.entry_points(group=PLUGINS_GROUP):
+                dist, version = _dist_of(ep)
+                if allowed is not None and ep.name not in allowed:
+                    _records[ep.name] = PluginRecord(ep.name, dist, version, "not allowed")
+                    continue
+                if pm.has_plugin(ep.name):
+                    continue
+                try:
+                    plugin = ep.load()
+                except Exception as exc:  # contained: other plugins and backends keep working
+                    message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                               f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
+                               f"or uninstall {dist}")
+                    _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
+                                                     error=message)
+                    warnings.warn(message, RuntimeWarning, stacklevel=2)
+                    continue
+                _register(pm, plugin, ep.name, dist, version)
+        pm.check_pending()
+
+
+def register_plugin(plugin: Any, name: str | None = None, *, provider: str = "in-process"
+                    ) -> str:
+    """Register a plugin object (module or instance with hookimpls) in this process."""
+    with _lock:
+        load_plugins()
+        pm = get_plugin_manager()
+        name = name or getattr(plugin, "__name__", None) or repr(plugin)
+        _register(pm, plugin, name, provider, "")
+        pm.check_pending()
+        return name
+
+
+def unregister_plugin(name: str) -> None:
+    """Remove an in-process plugin and the collectives it added."""
+    from .comm import TorchComm
+
+    with _lock:
+        pm = get_plugin_manager()
+        plugin = pm.get_plugin(name)
+        if plugin is not None:
+            pm.unregister(plugin)
+        record = _records.pop(name, None)
+        for coll in record.collectives if record else []:
+            _collectives.pop(coll, None)
+            if coll in TorchComm.__dict__:
+                delattr(TorchComm, coll)
+
+
+def _register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str, version: str) -> None:
+    pm.register(plugin, name=name)
+    record = PluginRecord(name, dist, version, "loaded")
+    _records[name] = record
+    impl = getattr(plugin, "torchcomms_register_collectives", None)
+    if impl is None:
+        return
+    provider = f"{dist} {version}".strip()
+    for coll in impl() or []:
+        if not isinstance(coll, Collective):
+            pm.unregister(plugin)
+            raise PluginError(f"plugin {name!r} from {provider} returned {coll!r} from "
+                              f"torchcomms_register_collectives; return Collective objects")
+        _install(dataclasses.replace(coll, provider=provider), name)
+        record.collectives.append(coll.name)
+
+
+def _install(coll: Collective, plugin_name: str) -> None:
+    from .comm import TorchComm
+
+    existing = _collectives.get(coll.name)
+    if existing is not None:
+        raise PluginError(
+            f"collective {coll.name!r} is registered twice: by {existing.provider} and by "
+            f"{coll.provider}; uninstall one of them or disable one with "
+            f"TORCHCOMM_PLUGINS=<names to load>"
+        )
+    if hasattr(TorchComm, coll.name):
+        raise PluginError(f"{coll.provider} registers collective {coll.name!r}, which is "
+                          f"already a built-in TorchComm method; pick another name")
+    _collectives[coll.name] = coll
+    setattr(TorchComm, coll.name, make_method(coll))
+
+
+def list_collectives() -> dict[str, str]:
+    """Every collective a ``TorchComm`` offers, mapped to who provides it."""
+    from .op_args import OP_FIELDS
+
+    load_plugins()
+    names = {op: BUILTIN for op in OP_FIELDS if op not in ("split", "finalize",
+                                                           "batch_op_issue")}
+    with _lock:
+        names.update({n: c.provider for n, c in _collectives.items()})
+    return dict(sorted(names.items()))
+
+
+def get_collective(name: str) -> Collective | None:
+    load_plugins()
+    return _collectives.get(name)
+
+
+def plugin_records() -> list[PluginRecord]:
+    load_plugins()
+    with _lock:
+        return list(_records.values())
+
+
+def failed_plugins() -> list[PluginRecord]:
+    with _lock:
+        return [r for r in _records.values() if r.status == "failed"]
+
+
+def call_lifecycle(hook: str, **kwargs: Any) -> None:
+    """Run a lifecycle hook; a failing observer warns instead of breaking the communicator."""
+    pm = _manager
+    if pm is None:
+        return
+    try:
+        getattr(pm.hook, hook)(**kwargs)
+    except Exception as exc:
+        warnings.warn(f"torchcomms plugin hook {hook} raised {type(exc).__name__}: {exc}",
+                      RuntimeWarning, stacklevel=3)
+
+
+def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return "an unknown distribution", ""
+    return dist.metadata["Name"], dist.version
+
+
+def _core_version() -> str:
+    try:
+        return metadata.version(BUILTIN)
+    except metadata.PackageNotFoundError:
+        return ""
