@@ -8,134 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rank_bodies import DTYPES, check, ops_for, product_values, reference, values
 
 import torchcomms
 from torchcomms import ReduceOp, WorkStatus
 from torchcomms_core.testing import unique_name
+from torchcomms_core.testing.contracts import body_every_op
+from torchcomms_core.testing.reference import DTYPES, check
 
 
 def _comm():
     return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("coll"))
-
-
-def body_every_op(dtype_name: str, count: int) -> int:
-    """Run every operation of the API once at ``count`` elements; return #checks."""
-    dtype = DTYPES[dtype_name]
-    comm = _comm()
-    r, n = comm.get_rank(), comm.get_size()
-    checks = 0
-    inputs = [values(k, count, dtype) for k in range(n)]
-
-    # all_reduce with every ReduceOp (sync), then async.
-    for op in ops_for(dtype):
-        src = [product_values(k, count, dtype) for k in range(n)] if op == ReduceOp.PRODUCT \
-            else inputs
-        t = src[r].clone()
-        work = comm.all_reduce(t, op, async_op=False)
-        assert work.status is WorkStatus.COMPLETED
-        check(f"all_reduce {op}", t, reference(src, op))
-        checks += 1
-    t = inputs[r].clone()
-    work = comm.all_reduce(t, ReduceOp.MAX, async_op=True)
-    work.wait()
-    assert work.is_completed() and work.status is WorkStatus.COMPLETED
-    check("all_reduce async", t, reference(inputs, ReduceOp.MAX))
-
-    # reduce: only the root's result is defined.
-    for op in (ReduceOp.SUM, ReduceOp.MIN):
-        t = inputs[r].clone()
-        comm.reduce(t, n - 1, op, async_op=bool(r % 2)).wait()
-        if r == n - 1:
-            check(f"reduce {op}", t, reference(inputs, op))
-    if dtype.is_floating_point:
-        t = inputs[r].clone()
-        comm.reduce(t, 0, ReduceOp.AVG)
-        if r == 0:
-            check("reduce AVG", t, reference(inputs, ReduceOp.AVG))
-
-    t = inputs[r].clone()
-    comm.broadcast(t, 1 % n)
-    check("broadcast", t, inputs[1 % n])
-
-    outs = [torch.empty(count, dtype=dtype) for _ in range(n)]
-    comm.all_gather(outs, inputs[r])
-    for k in range(n):
-        check(f"all_gather[{k}]", outs[k], inputs[k])
-    flat = torch.empty(n * count, dtype=dtype)
-    comm.all_gather_single(flat, inputs[r], async_op=True).wait()
-    check("all_gather_single", flat, torch.cat(inputs))
-    v_inputs = [values(k, count + k, dtype, salt=1) for k in range(n)]
-    v_outs = [torch.empty(count + k, dtype=dtype) for k in range(n)]
-    comm.all_gather_v(v_outs, v_inputs[r])
-    for k in range(n):
-        check(f"all_gather_v[{k}]", v_outs[k], v_inputs[k])
-
-    # reduce_scatter: block k of every rank's input is reduced into rank k.
-    blocks = {k: [values(k, count, dtype, salt=j) for j in range(n)] for k in range(n)}
-    for op in (ReduceOp.SUM, ReduceOp.MAX):
-        out = torch.empty(count, dtype=dtype)
-        comm.reduce_scatter(out, [b.clone() for b in blocks[r]], op)
-        check(f"reduce_scatter {op}", out, reference([blocks[k][r] for k in range(n)], op))
-        out = torch.empty(count, dtype=dtype)
-        comm.reduce_scatter_single(out, torch.cat(blocks[r]), op)
-        check(f"reduce_scatter_single {op}", out,
-              reference([blocks[k][r] for k in range(n)], op))
-    if dtype.is_floating_point:
-        out = torch.empty(count, dtype=dtype)
-        comm.reduce_scatter_single(out, torch.cat(blocks[r]), ReduceOp.AVG)
-        check("reduce_scatter_single AVG", out,
-              reference([blocks[k][r] for k in range(n)], ReduceOp.AVG))
-    v_blocks = {k: [values(k, count + j, dtype, salt=j) for j in range(n)] for k in range(n)}
-    out = torch.empty(count + r, dtype=dtype)
-    comm.reduce_scatter_v(out, v_blocks[r], ReduceOp.SUM)
-    check("reduce_scatter_v", out, reference([v_blocks[k][r] for k in range(n)], ReduceOp.SUM))
-
-    # all_to_all: block j of rank k lands in slot k of rank j.
-    outs = [torch.empty(count, dtype=dtype) for _ in range(n)]
-    comm.all_to_all(outs, [b.clone() for b in blocks[r]])
-    for k in range(n):
-        check(f"all_to_all[{k}]", outs[k], blocks[k][r])
-    a2a_out = torch.empty(n * count, dtype=dtype)
-    comm.all_to_all_single(a2a_out, torch.cat(blocks[r]))
-    check("all_to_all_single", a2a_out, torch.cat([blocks[k][r] for k in range(n)]))
-    in_splits = [count + j for j in range(n)]
-    out_splits = [count + r for _ in range(n)]
-    a2av_out = torch.empty(sum(out_splits), dtype=dtype)
-    comm.all_to_all_v_single(a2av_out, torch.cat(v_blocks[r]), out_splits, in_splits)
-    check("all_to_all_v_single", a2av_out, torch.cat([v_blocks[k][r] for k in range(n)]))
-
-    root = n - 1
-    out = torch.empty(count, dtype=dtype)
-    comm.scatter(out, [b.clone() for b in blocks[root]] if r == root else [], root)
-    check("scatter", out, blocks[root][r])
-    gathered = [torch.empty(count, dtype=dtype) for _ in range(n)] if r == 0 else []
-    comm.gather(gathered, inputs[r], 0)
-    if r == 0:
-        for k in range(n):
-            check(f"gather[{k}]", gathered[k], inputs[k])
-    gs = torch.empty(n * count, dtype=dtype) if r == 0 else torch.empty(0, dtype=dtype)
-    comm.gather_single(gs, inputs[r], 0)
-    if r == 0:
-        check("gather_single", gs, torch.cat(inputs))
-
-    # Point to point: a ring, async sends and blocking receives.
-    right, left = (r + 1) % n, (r - 1) % n
-    got = torch.empty(count, dtype=dtype)
-    sw = comm.send(inputs[r], right, async_op=True)
-    comm.recv(got, left)
-    sw.wait()
-    check("send/recv ring", got, inputs[left])
-    got = torch.empty(count, dtype=dtype)
-    batch = comm.batch_op_create()
-    batch.send(inputs[r], right).recv(got, left)
-    batch.issue(async_op=True).wait()
-    check("batch ring", got, inputs[left])
-
-    comm.barrier()
-    comm.barrier(async_op=True).wait()
-    comm.finalize()
-    return checks
 
 
 GLOO_DTYPES = [name for name, dt in DTYPES.items()
@@ -144,13 +26,13 @@ GLOO_DTYPES = [name for name, dt in DTYPES.items()
 
 @pytest.mark.parametrize("dtype_name", GLOO_DTYPES)
 def test_every_op_every_dtype(pool, dtype_name) -> None:
-    results = pool.run(body_every_op, dtype_name, 7)
+    results = pool.run(body_every_op, "gloo", "cpu", dtype_name, 7)
     assert all(c >= 6 for c in results)
 
 
 @pytest.mark.parametrize("count", [0, 1, 1 << 20], ids=["empty", "one", "1Mi"])
 def test_every_op_at_edge_counts(pool, count) -> None:
-    pool.run(body_every_op, "float32", count, timeout=120)
+    pool.run(body_every_op, "gloo", "cpu", "float32", count, timeout=120)
 
 
 def body_large(count: int) -> float:

@@ -109,6 +109,6 @@ def test_quickstart_under_mpi_style_environment() -> None:
                                       env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
         assert "every element is 2 (expected 2)" in out

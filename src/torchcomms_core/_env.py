@@ -122,3 +122,35 @@ def plugin_allow_list() -> set[str] | None:
     if raw is None:
         return None
     return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+# -- PyTorch bridge ----------------------------------------------------------------------
+
+#: File name prefix of flight-recorder dumps; the global rank is appended (Meta's name).
+FR_DUMP_TEMP_FILE = "TORCHCOMM_FR_DUMP_TEMP_FILE"
+#: ``pickle`` lets object collectives unpickle arbitrary objects (Meta's name).
+SERIALIZATION = "TORCHCOMMS_SERIALIZATION"
+
+
+def fr_dump_prefix() -> str:
+    """Return the flight-recorder dump prefix (``<tmpdir>/torchcomm_fr_trace_rank_`` if unset)."""
+    raw = os.environ.get(FR_DUMP_TEMP_FILE)
+    if raw:
+        return raw
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "torchcomm_fr_trace_rank_")
+
+
+def serialization_allows_pickle() -> bool:
+    """Tell whether ``TORCHCOMMS_SERIALIZATION`` opts object collectives into full pickle."""
+    raw = os.environ.get(SERIALIZATION, "").strip().lower()
+    if raw in ("", "weights_only"):
+        return False
+    if raw == "pickle":
+        return True
+    raise ValueError(
+        f"{SERIALIZATION}={raw!r} is not understood; set it to 'pickle' to accept arbitrary "
+        f"objects from peers or 'weights_only' (the default) to accept only tensors and "
+        f"plain data"
+    )

@@ -8,8 +8,9 @@ in ``engine_unsupported`` and fall back to the spec's portable defaults.
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 

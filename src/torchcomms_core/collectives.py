@@ -7,7 +7,8 @@ backend has one, else the plugin's portable implementation written against the s
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import CommTypeError
 

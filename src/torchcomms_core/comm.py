@@ -13,8 +13,9 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,8 +32,8 @@ from .errors import (
     TorchCommError,
 )
 from .op_args import OpName, args_class
-from .plugins import call_lifecycle, failed_plugins, load_plugins
 from .options import CommOptions
+from .plugins import call_lifecycle, failed_plugins, load_plugins
 from .reduce_op import RedOpType, ReduceOp
 from .registry import get_backend_class
 from .spec import TorchCommBackend, method_support

@@ -54,7 +54,7 @@ class OpArgs:
         self.timeout = timeout
         self.hints = hints
         self.work = None
-        self._fields = dict(zip(self.fields, values))
+        self._fields = dict(zip(self.fields, values, strict=False))
 
     def __getattr__(self, item: str) -> Any:
         try:

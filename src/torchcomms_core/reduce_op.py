@@ -139,7 +139,8 @@ def coerce_reduce_op(op: object, arg: str = "op") -> ReduceOp:
         return op
     if isinstance(op, RedOpType):
         if op is RedOpType.PREMUL_SUM:
-            raise CommInputError(f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM")
+            raise CommInputError(
+                f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM")
         return getattr(ReduceOp, op.name)
     name = getattr(op, "name", None)  # c10d's RedOpType enum members have .name
     if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":

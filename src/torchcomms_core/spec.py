@@ -8,8 +8,9 @@ default makes it *native*; :func:`method_support` tells which is which.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 

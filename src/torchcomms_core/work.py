@@ -7,7 +7,8 @@ It wraps whatever the backend returned (``None`` when done, else an object with
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .errors import CommOperationError, CommTimeoutError, TorchCommError
 

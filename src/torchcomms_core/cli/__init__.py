@@ -12,6 +12,8 @@ from collections.abc import Sequence
 #: Subcommands by module name in this package; the module name is the command name.
 SUBCOMMANDS: tuple[str, ...] = (
     "bench",
+    "backends",
+    "plugins",
 )
 
 

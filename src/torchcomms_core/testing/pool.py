@@ -17,8 +17,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 _task_id = 0
 _name_counter = itertools.count()

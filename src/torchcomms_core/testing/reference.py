@@ -1,4 +1,4 @@
-"""Helpers shared by the multi-process test bodies: deterministic inputs and references.
+"""Deterministic per-rank inputs and exact references for checking collectives.
 
 Every rank can compute every other rank's input, so each rank checks results locally.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torchcomms import RedOpType, ReduceOp
+from ..reduce_op import RedOpType, ReduceOp
 
 DTYPES = {
     "float32": torch.float32,
@@ -77,16 +77,20 @@ def reference(inputs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
     return out.to(dtype)
 
 
-def ops_for(dtype: torch.dtype) -> list[ReduceOp]:
-    ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+def ops_for(dtype: torch.dtype, native: frozenset[RedOpType] | None = None) -> list[ReduceOp]:
+    """Reductions to test on ``dtype``: the backend's basic ones, plus AVG/PREMUL_SUM on floats."""
+    basic = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX]
+    if not dtype.is_floating_point:
+        basic += [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+    ops = [op for op in basic if native is None or op.type in native]
     if dtype.is_floating_point:
         ops += [ReduceOp.AVG, ReduceOp.PREMUL_SUM(0.5)]
-    else:
-        ops += [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
     return ops
 
 
 def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    """Raise ``AssertionError`` describing where ``got`` differs from ``want`` (exactly)."""
+    got, want = got.detach().cpu(), want.detach().cpu()
     if got.shape != want.shape or not torch.equal(got, want.to(got.dtype)):
         bad = (got.reshape(-1) != want.reshape(-1).to(got.dtype)).nonzero()
         raise AssertionError(

@@ -1,0 +1,84 @@
+"""List installed backends: distribution, version, spec, devices, and whether they run here.
+
+Each backend's plugin is imported to ask it; one that fails to import is listed as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+HELP = "list installed backends and whether they can run on this machine"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def describe_backends() -> list[dict[str, Any]]:
+    """One record per backend name (entry points and in-process registrations)."""
+    from .. import registry
+    from ..spec import method_support
+
+    entries = registry.entry_points()
+    rows = []
+    for name in registry.available_backends():
+        entry = entries.get(name)
+        row: dict[str, Any] = {
+            "name": name,
+            "distribution": entry.distribution if entry else "(registered in-process)",
+            "version": entry.version if entry else "",
+            "entry_point": entry.value if entry else "",
+        }
+        try:
+            cls = registry.get_backend_class(name)
+        except Exception as exc:  # report it; other backends keep working
+            row.update(spec_version="?", devices=[], runnable=False,
+                       reason=f"failed to load: {exc}", native=[], derived=[])
+            rows.append(row)
+            continue
+        try:
+            runnable, reason = cls.is_available()
+        except Exception as exc:
+            runnable, reason = False, f"is_available() raised {exc!r}"
+        support = method_support(cls)
+        row.update(
+            spec_version=cls.spec_version,
+            devices=list(cls.devices),
+            runnable=bool(runnable),
+            reason="" if runnable else reason,
+            native=sorted(m for m, v in support.items() if v == "native"),
+            derived=sorted(m for m, v in support.items() if v == "derived"),
+        )
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = describe_backends()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        print("no torchcomms backends installed; try `pip install torchcomms-gloo`")
+        return 0
+    table = [("backend", "distribution", "version", "spec", "devices", "runs here",
+              "operations")]
+    for r in rows:
+        runs = "yes" if r["runnable"] else f"no: {r['reason']}"
+        ops = f"{len(r['native'])} native, {len(r['derived'])} derived" if r["native"] else "-"
+        table.append((r["name"], r["distribution"] or "?", r["version"] or "", r["spec_version"],
+                      ",".join(r["devices"]) or "-", runs, ops))
+    print_table(table)
+    return 0
+
+
+def print_table(rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for k, row in enumerate(rows):
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if k == 0:
+            print("  ".join("-" * w for w in widths))

@@ -1,0 +1,123 @@
+"""Registering wrapped communicators in ``torch.distributed``'s world state.
+
+A registered wrapper is a full process group: ``dist.*(group=pg)``, functional
+collectives (resolved by group name), ``get_process_group_ranks`` and ``DeviceMesh``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import _env
+from ..comm import TorchComm
+from ..errors import CommInputError, CommTypeError
+from .backend_wrapper import _BackendWrapper
+
+
+def find_group(comm: TorchComm) -> _BackendWrapper | None:
+    """The registered process group over ``comm``, if there is one."""
+    from torch.distributed import distributed_c10d
+
+    for pg in distributed_c10d._world.pg_map:
+        if isinstance(pg, _BackendWrapper) and pg.get_comm() is comm:
+            return pg
+    return None
+
+
+def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _BackendWrapper:
+    """Return ``comm`` as a registered ``torch.distributed`` process group (one per comm).
+
+    Collective over ``comm`` the first time (it learns the members' global ranks). If
+    ``torch.distributed`` has no default group yet, ``comm`` must span the whole job and
+    becomes the default (``dist.group.WORLD``), as ``DeviceMesh`` and FSDP2 need one.
+    """
+    if not isinstance(comm, TorchComm):
+        raise CommTypeError(f"as_process_group: expected a torchcomms TorchComm, got "
+                            f"{type(comm).__name__}")
+    existing = find_group(comm)
+    if existing is not None:
+        return existing
+    import torch.distributed as dist
+
+    size = comm.get_size()
+    if not dist.is_initialized():
+        found = _env.rank_and_size()
+        world = found[1] if found is not None else size
+        if size != world:
+            raise CommInputError(
+                f"as_process_group: torch.distributed has no default process group and "
+                f"communicator {comm.get_name()!r} has {size} of the job's {world} ranks. "
+                f"Wrap the communicator that spans every rank first (it becomes the default "
+                f"group), or call torch.distributed.init_process_group()"
+            )
+        pg = _new_wrapper(comm, group_desc or "default_pg")
+        register(pg, list(range(size)), default=True)
+        return pg
+    global_ranks = _global_ranks(comm)
+    pg = _new_wrapper(comm, group_desc or "undefined")
+    register(pg, global_ranks)
+    return pg
+
+
+def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = False) -> None:
+    """Enter ``pg`` into c10d's maps (and make it the default group if ``default``)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    backend = pg.getBackendName()
+    device = pg._device_types[0].type
+    c10d._register_pg_in_world(
+        pg,
+        backend_name=backend,
+        store=pg.get_group_store(),
+        group_name=pg.group_name,
+        backend_config=f"{device}:{backend}",
+        rank_mapping={g: i for i, g in enumerate(global_ranks)},
+        add_to_default_tag=default,
+    )
+    if default:
+        c10d._update_default_pg(pg)
+
+
+def _new_wrapper(comm: TorchComm, desc: str) -> _BackendWrapper:
+    from torch.distributed import distributed_c10d
+
+    taken = set(distributed_c10d._world.pg_names.values())
+    name, k = comm.get_name(), 1
+    while name in taken:
+        k += 1
+        name = f"{comm.get_name()}#{k}"
+    pg = _BackendWrapper(comm)
+    pg._set_group_name(name)
+    pg._set_group_desc(desc)
+    return pg
+
+
+def _global_ranks(comm: TorchComm) -> list[int]:
+    """Each member's rank in the default group, in ``comm``'s rank order."""
+    import torch.distributed as dist
+
+    me = torch.tensor([dist.get_rank()], dtype=torch.int64, device=comm.get_device())
+    everyone = torch.empty(comm.get_size(), dtype=torch.int64, device=comm.get_device())
+    comm.all_gather_single(everyone, me)
+    return [int(r) for r in everyone.tolist()]
+
+
+def global_ranks_of(comm: TorchComm) -> list[int] | None:
+    """The global ranks of ``comm``'s members if it is registered, else ``None``."""
+    pg = find_group(comm)
+    if pg is None:
+        return None
+    from torch.distributed import distributed_c10d
+
+    mapping: dict[int, int] = distributed_c10d._world.pg_group_ranks.get(pg, {})
+    return [g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
+
+
+def describe(comm: TorchComm) -> tuple[str, str, Any]:
+    """``(group name, description, global ranks or None)`` of ``comm`` as c10d knows it."""
+    pg = find_group(comm)
+    if pg is None:
+        return comm.get_name(), "undefined", None
+    return pg.group_name, pg.group_desc, global_ranks_of(comm)

@@ -1,0 +1,249 @@
+"""The API contracts every backend must meet, as bodies run on N rank processes.
+
+The conformance suite (``test_conformance.py``) and the project's own tests run them;
+each body checks its results on every rank and raises on the first difference.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+
+from ..comm import new_comm
+from ..errors import CommInputError, CommStateError, CommTimeoutError, CommTypeError
+from ..reduce_op import ReduceOp
+from ..work import WorkStatus
+from .pool import unique_name
+from .reference import DTYPES, check, ops_for, product_values, reference, values
+
+
+def body_every_op(backend: str, device: str, dtype_name: str, count: int) -> int:
+    """Run every operation of the API once at ``count`` elements; return #checks."""
+    dtype = DTYPES[dtype_name]
+    comm = new_comm(backend, device, name=unique_name("contract"))
+    dev = comm.get_device()
+    native = frozenset(type(comm.get_backend_impl()).supported_reduce_ops)
+    r, n = comm.get_rank(), comm.get_size()
+    checks = 0
+    inputs = [values(k, count, dtype).to(dev) for k in range(n)]
+
+    # all_reduce with every ReduceOp (sync), then async.
+    for op in ops_for(dtype, native):
+        if op == ReduceOp.PRODUCT:
+            src = [product_values(k, count, dtype).to(dev) for k in range(n)]
+        else:
+            src = inputs
+        t = src[r].clone()
+        work = comm.all_reduce(t, op, async_op=False)
+        assert work.status is WorkStatus.COMPLETED
+        check(f"all_reduce {op}", t, reference(src, op))
+        checks += 1
+    t = inputs[r].clone()
+    work = comm.all_reduce(t, ReduceOp.MAX, async_op=True)
+    work.wait()
+    assert work.is_completed() and work.status is WorkStatus.COMPLETED
+    check("all_reduce async", t, reference(inputs, ReduceOp.MAX))
+
+    # reduce: only the root's result is defined.
+    for op in (ReduceOp.SUM, ReduceOp.MIN):
+        t = inputs[r].clone()
+        comm.reduce(t, n - 1, op, async_op=bool(r % 2)).wait()
+        if r == n - 1:
+            check(f"reduce {op}", t, reference(inputs, op))
+    if dtype.is_floating_point:
+        t = inputs[r].clone()
+        comm.reduce(t, 0, ReduceOp.AVG)
+        if r == 0:
+            check("reduce AVG", t, reference(inputs, ReduceOp.AVG))
+
+    t = inputs[r].clone()
+    comm.broadcast(t, 1 % n)
+    check("broadcast", t, inputs[1 % n])
+
+    outs = [torch.empty(count, dtype=dtype, device=dev) for _ in range(n)]
+    comm.all_gather(outs, inputs[r])
+    for k in range(n):
+        check(f"all_gather[{k}]", outs[k], inputs[k])
+    flat = torch.empty(n * count, dtype=dtype, device=dev)
+    comm.all_gather_single(flat, inputs[r], async_op=True).wait()
+    check("all_gather_single", flat, torch.cat(inputs))
+    v_inputs = [values(k, count + k, dtype, salt=1).to(dev) for k in range(n)]
+    v_outs = [torch.empty(count + k, dtype=dtype, device=dev) for k in range(n)]
+    comm.all_gather_v(v_outs, v_inputs[r])
+    for k in range(n):
+        check(f"all_gather_v[{k}]", v_outs[k], v_inputs[k])
+
+    # reduce_scatter: block k of every rank's input is reduced into rank k.
+    blocks = {k: [values(k, count, dtype, salt=j).to(dev) for j in range(n)] for k in range(n)}
+    for op in (ReduceOp.SUM, ReduceOp.MAX):
+        out = torch.empty(count, dtype=dtype, device=dev)
+        comm.reduce_scatter(out, [b.clone() for b in blocks[r]], op)
+        check(f"reduce_scatter {op}", out, reference([blocks[k][r] for k in range(n)], op))
+        out = torch.empty(count, dtype=dtype, device=dev)
+        comm.reduce_scatter_single(out, torch.cat(blocks[r]), op)
+        check(f"reduce_scatter_single {op}", out,
+              reference([blocks[k][r] for k in range(n)], op))
+    if dtype.is_floating_point:
+        out = torch.empty(count, dtype=dtype, device=dev)
+        comm.reduce_scatter_single(out, torch.cat(blocks[r]), ReduceOp.AVG)
+        check("reduce_scatter_single AVG", out,
+              reference([blocks[k][r] for k in range(n)], ReduceOp.AVG))
+    v_blocks = {k: [values(k, count + j, dtype, salt=j).to(dev) for j in range(n)]
+                for k in range(n)}
+    out = torch.empty(count + r, dtype=dtype, device=dev)
+    comm.reduce_scatter_v(out, v_blocks[r], ReduceOp.SUM)
+    check("reduce_scatter_v", out, reference([v_blocks[k][r] for k in range(n)], ReduceOp.SUM))
+
+    # all_to_all: block j of rank k lands in slot k of rank j.
+    outs = [torch.empty(count, dtype=dtype, device=dev) for _ in range(n)]
+    comm.all_to_all(outs, [b.clone() for b in blocks[r]])
+    for k in range(n):
+        check(f"all_to_all[{k}]", outs[k], blocks[k][r])
+    a2a_out = torch.empty(n * count, dtype=dtype, device=dev)
+    comm.all_to_all_single(a2a_out, torch.cat(blocks[r]))
+    check("all_to_all_single", a2a_out, torch.cat([blocks[k][r] for k in range(n)]))
+    in_splits = [count + j for j in range(n)]
+    out_splits = [count + r for _ in range(n)]
+    a2av_out = torch.empty(sum(out_splits), dtype=dtype, device=dev)
+    comm.all_to_all_v_single(a2av_out, torch.cat(v_blocks[r]), out_splits, in_splits)
+    check("all_to_all_v_single", a2av_out, torch.cat([v_blocks[k][r] for k in range(n)]))
+
+    root = n - 1
+    out = torch.empty(count, dtype=dtype, device=dev)
+    comm.scatter(out, [b.clone() for b in blocks[root]] if r == root else [], root)
+    check("scatter", out, blocks[root][r])
+    gathered = [torch.empty(count, dtype=dtype, device=dev) for _ in range(n)] if r == 0 else []
+    comm.gather(gathered, inputs[r], 0)
+    if r == 0:
+        for k in range(n):
+            check(f"gather[{k}]", gathered[k], inputs[k])
+    gs = torch.empty(n * count if r == 0 else 0, dtype=dtype, device=dev)
+    comm.gather_single(gs, inputs[r], 0)
+    if r == 0:
+        check("gather_single", gs, torch.cat(inputs))
+
+    # Point to point: a ring, async sends and blocking receives.
+    right, left = (r + 1) % n, (r - 1) % n
+    got = torch.empty(count, dtype=dtype, device=dev)
+    sw = comm.send(inputs[r], right, async_op=True)
+    comm.recv(got, left)
+    sw.wait()
+    check("send/recv ring", got, inputs[left])
+    got = torch.empty(count, dtype=dtype, device=dev)
+    batch = comm.batch_op_create()
+    batch.send(inputs[r], right).recv(got, left)
+    batch.issue(async_op=True).wait()
+    check("batch ring", got, inputs[left])
+
+    comm.barrier()
+    comm.barrier(async_op=True).wait()
+    comm.finalize()
+    return checks
+
+
+def body_split(backend: str, device: str) -> tuple[int, int, float]:
+    """Split into halves (and a group some ranks skip with ``[]``); reduce in each."""
+    comm = new_comm(backend, device, name=unique_name("contract-split"))
+    dev = comm.get_device()
+    r, n = comm.get_rank(), comm.get_size()
+    half = max(1, n // 2)
+    mine = list(range(half)) if r < half else list(range(half, n))
+    sub = comm.split(mine, "half")
+    if sub is None or sub.get_size() != len(mine) or sub.get_rank() != mine.index(r):
+        raise AssertionError(f"split: rank {r} got {sub!r} for members {mine}")
+    t = torch.tensor([float(r)], device=dev)
+    sub.all_reduce(t, ReduceOp.SUM)
+    check("split all_reduce", t.cpu(), torch.tensor([float(sum(mine))]))
+    firsts = comm.split([0] if r == 0 else [], "first")
+    if (firsts is None) != (r != 0):
+        raise AssertionError(f"split with []: rank {r} got {firsts!r}")
+    if firsts is not None:
+        firsts.finalize()
+    p = torch.ones(2, device=dev)
+    comm.all_reduce(p, ReduceOp.SUM)
+    check("parent after split", p.cpu(), torch.full((2,), float(n)))
+    sub.finalize()
+    comm.finalize()
+    return sub.get_rank(), sub.get_size(), float(t.item())
+
+
+def body_batch_ring(backend: str, device: str, count: int) -> None:
+    """A ring exchange issued as one batch, receives listed before sends."""
+    comm = new_comm(backend, device, name=unique_name("contract-batch"))
+    dev = comm.get_device()
+    r, n = comm.get_rank(), comm.get_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    got_left = torch.empty(count, device=dev)
+    got_right = torch.empty(count, device=dev)
+    batch = comm.batch_op_create()
+    batch.recv(got_left, left).recv(got_right, right)
+    mine = torch.full((count,), float(r), device=dev)
+    batch.send(mine, right).send(mine, left)
+    batch.issue(async_op=True).wait()
+    check("batch from left", got_left.cpu(), torch.full((count,), float(left)))
+    check("batch from right", got_right.cpu(), torch.full((count,), float(right)))
+    comm.finalize()
+
+
+def body_timeout(backend: str, device: str, seconds: float) -> dict:
+    """A receive nobody answers must time out within its timeout and mark the work."""
+    comm = new_comm(backend, device, name=unique_name("contract-timeout"))
+    r = comm.get_rank()
+    result: dict = {"rank": r}
+    if r == 0:
+        start = time.monotonic()
+        work = comm.recv(torch.empty(1, device=comm.get_device()), 1, async_op=True,
+                         timeout=timedelta(seconds=seconds))
+        try:
+            work.wait()
+        except CommTimeoutError:
+            result["status"] = work.status.name
+        else:
+            result["status"] = "completed without a sender"
+        result["seconds"] = time.monotonic() - start
+        try:
+            comm.barrier()
+        except CommStateError:
+            result["after"] = "refused"
+    else:
+        time.sleep(seconds + 1)
+    comm.abort() if comm.is_abort_supported() else comm.finalize()
+    return result
+
+
+def body_bad_inputs(backend: str, device: str) -> list[str]:
+    """Invalid calls are refused before communicating (no rank waits on another)."""
+    comm = new_comm(backend, device, name=unique_name("contract-input"))
+    dev = comm.get_device()
+    n = comm.get_size()
+    calls = [
+        (lambda: comm.all_reduce([1.0], ReduceOp.SUM), CommTypeError),
+        (lambda: comm.broadcast(torch.ones(2, device=dev), n), CommInputError),
+        (lambda: comm.all_gather([torch.empty(2, device=dev)] * (n + 1),
+                                 torch.ones(2, device=dev)), CommInputError),
+        (lambda: comm.all_gather_single(torch.empty(2 * n + 1, device=dev),
+                                        torch.ones(2, device=dev)), CommInputError),
+        (lambda: comm.reduce_scatter_single(torch.empty(2, device=dev),
+                                            torch.ones(2 * n, dtype=torch.float64,
+                                                       device=dev), ReduceOp.SUM),
+         CommInputError),
+        (lambda: comm.all_reduce(torch.ones(2, device="meta"), ReduceOp.SUM), CommInputError),
+        (lambda: comm.split([0, 0], "dup"), CommInputError),
+    ]
+    messages = []
+    for call, exc in calls:
+        try:
+            call()
+        except exc as err:
+            messages.append(str(err))
+        else:
+            raise AssertionError(f"expected {exc.__name__} from a bad call, got none")
+    comm.barrier()  # the communicator still works after refusing bad input
+    comm.finalize()
+    try:
+        comm.barrier()
+    except CommStateError as err:
+        messages.append(str(err))
+    return messages
