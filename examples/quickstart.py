@@ -6,6 +6,7 @@ value=...)``, which PyTorch rejects; its keyword is ``fill_value``.
 """
 
 import torch
+
 import torchcomms
 
 comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="my_comm")
