@@ -242,3 +242,25 @@ def body_use_after(op: str) -> str:
     except torchcomms.CommStateError as exc:
         return str(exc)
     return "no error"
+
+
+def body_dropped_without_finalize() -> tuple[bool, float]:
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        comm = _comm()
+        comm.all_reduce(torch.ones(2), ReduceOp.SUM)
+        del comm
+        gc.collect()
+    warned = any(issubclass(w.category, ResourceWarning) for w in caught)
+    other = _comm()
+    t = torch.ones(1)
+    other.all_reduce(t, ReduceOp.SUM)
+    other.finalize()
+    return warned, t.item()
+
+
+def test_dropped_communicator_is_released_with_a_warning(pool2) -> None:
+    assert pool2.run(body_dropped_without_finalize) == [(True, 2.0), (True, 2.0)]

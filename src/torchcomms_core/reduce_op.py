@@ -26,6 +26,10 @@ class RedOpType(enum.Enum):
     AVG = 7
     PREMUL_SUM = 8
 
+    # Members are singletons: identity hashing is correct and, unlike Enum's Python-level
+    # __hash__, costs nothing on the per-call path (set membership checks).
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"RedOpType.{self.name}"
 

@@ -100,7 +100,7 @@ class Checker:
     # -- reductions ------------------------------------------------------------------
 
     def reduce_op(self, op_name: str, op: Any, dtype: torch.dtype) -> ReduceOp:
-        red = coerce_reduce_op(op, f"{op_name}: op")
+        red = op if type(op) is ReduceOp else coerce_reduce_op(op, f"{op_name}: op")
         t = red.type
         if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
             if dtype.is_floating_point or dtype.is_complex:
