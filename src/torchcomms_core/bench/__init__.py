@@ -5,8 +5,17 @@
 
 from __future__ import annotations
 
-from .ops import OPS, BenchOp
+from .ops import OPS, PLUGIN_OPS, BenchOp, available_ops
 from .runner import BenchConfig, run_rank
 from .sizes import parse_size, size_sweep
 
-__all__ = ["OPS", "BenchConfig", "BenchOp", "parse_size", "run_rank", "size_sweep"]
+__all__ = [
+    "OPS",
+    "PLUGIN_OPS",
+    "BenchConfig",
+    "BenchOp",
+    "available_ops",
+    "parse_size",
+    "run_rank",
+    "size_sweep",
+]

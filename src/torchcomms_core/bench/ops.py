@@ -1,11 +1,13 @@
 """The operations ``torchcomms bench`` measures: buffers, test data, result check and busbw.
 
 One :class:`BenchOp` subclass per operation; adding it to ``OPS`` makes it benchmarkable.
+Operations over plugin collectives live in ``PLUGIN_OPS`` and run when the plugin is installed.
 """
 
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -211,6 +213,10 @@ class BenchOp(abc.ABC):
         return _count_wrong(bufs.output,
                             lambda index: self.expected_values(index, bufs.count, case))
 
+    def refuses(self, dtype: torch.dtype, redop: str) -> str | None:
+        """Why this operation cannot run with ``dtype`` and ``redop``, or ``None`` if it can."""
+        return None
+
     def root_label(self, case: Case) -> int:
         return case.root if self.rooted else -1
 
@@ -343,9 +349,107 @@ class Broadcast(BenchOp):
         comm.broadcast(bufs.output, case.root)
 
 
+class QuantizedAllReduce(AllReduce):
+    """In place, like all_reduce, through the ``quantized_all_reduce`` plugin collective.
+
+    Its data moves as int8 with one float32 scale per block, so results are approximate by
+    design; ``count_wrong`` counts the elements outside the plugin's documented error bound.
+    """
+
+    name = "quantized_all_reduce"
+    #: The collective's default block size, which ``run`` uses.
+    block_size: ClassVar[int] = 256
+    # The bound torchcomms-quantized documents (its README): per element of block b,
+    # |result - exact| <= A_b / 126 for SUM (A_b / (126 n) for AVG), A_b being the sum over
+    # ranks of max|x| over the block, plus (n + 1) * 2**-100 for blocks flushed to zero,
+    # plus the final rounding to bfloat16/float16: u * (|exact| + that) and, for float16
+    # subnormals, 2**-25. Restated rather than imported (the core imports no plugin), so
+    # the bench checks the documented contract independently of the plugin's own code.
+    _DIVISOR: ClassVar[int] = 126
+    _FLUSH: ClassVar[float] = 2.0**-100
+    _ROUNDING: ClassVar[dict[torch.dtype, tuple[float, float]]] = {
+        torch.float32: (0.0, 0.0),
+        torch.bfloat16: (2.0**-8, 0.0),
+        torch.float16: (2.0**-11, 2.0**-25),
+    }
+
+    def refuses(self, dtype: torch.dtype, redop: str) -> str | None:
+        if dtype not in self._ROUNDING:
+            return (f"needs a floating-point datatype (float32, bfloat16, float16), got "
+                    f"{dtype_name(dtype)}")
+        if redop not in ("sum", "avg"):
+            return f"reduces with sum or avg only, got --op {redop}"
+        return None
+
+    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
+        comm.quantized_all_reduce(bufs.output, case.reduce_op)
+
+    def count_wrong(self, bufs: Buffers, case: Case) -> int:
+        """Elements farther from the exact result than the documented error bound."""
+        flat = bufs.output.view(-1)
+        n, size = case.nranks, self.block_size
+        unit, tiny = self._ROUNDING[case.dtype]
+        ranks = [dataclasses.replace(case, rank=r) for r in range(n)]
+        wrong = 0
+        # _BLOCK is a multiple of the block size, so quantization blocks never straddle
+        # two of these slices.
+        for start, stop, index in _blocks(flat.numel(), flat.device):
+            exact = torch.zeros(stop - start, dtype=torch.float64, device=flat.device)
+            absmax_sum = torch.zeros(-(-(stop - start) // size), dtype=torch.float64,
+                                     device=flat.device)
+            for rank_case in ranks:
+                values = self.input_values(index, bufs.count, rank_case).to(torch.float64)
+                exact += values
+                padded = torch.zeros(absmax_sum.numel() * size, dtype=torch.float64,
+                                     device=flat.device)
+                padded[: values.numel()] = values.abs()
+                absmax_sum += padded.view(-1, size).amax(dim=1)
+            per_block = absmax_sum / self._DIVISOR
+            if case.redop == "avg":
+                exact /= n
+                per_block /= n
+            per_block += (n + 1) * self._FLUSH
+            quantized = per_block.repeat_interleave(size)[: stop - start]
+            bound = quantized + unit * (exact.abs() + quantized) + tiny
+            error = (flat[start:stop].to(torch.float64) - exact).abs()
+            # A NaN result is wrong too: compare with "not within" rather than "above".
+            wrong += int((~(error <= bound)).sum())
+        return wrong
+
+
 #: Benchmarkable operations by name, in the order ``torchcomms bench`` runs them by default.
 OPS: dict[str, BenchOp] = {
     op.name: op
     for op in (AllReduce(), AllGatherSingle(), ReduceScatterSingle(), AllToAllSingle(),
                Broadcast())
 }
+
+#: Operations over collectives that plugins add, with the distribution that provides each.
+#: They are offered when the collective is installed and run only when named in ``--ops``.
+PLUGIN_OPS: dict[str, tuple[BenchOp, str]] = {
+    "quantized_all_reduce": (QuantizedAllReduce(), "torchcomms-quantized"),
+}
+
+
+def available_ops() -> dict[str, BenchOp]:
+    """``OPS`` plus the ``PLUGIN_OPS`` whose collective is installed in this environment."""
+    from ..plugins import list_collectives
+
+    installed = list_collectives()
+    return {**OPS, **{name: op for name, (op, _dist) in PLUGIN_OPS.items() if name in installed}}
+
+
+def unknown_ops_message(names: list[str] | tuple[str, ...]) -> str | None:
+    """Why some of ``names`` cannot be benchmarked here, or ``None`` when all can."""
+    ops = available_ops()
+    missing = [name for name in names if name not in ops]
+    if not names:
+        return f"no operation given; choose from {', '.join(ops)}"
+    if not missing:
+        return None
+    uninstalled = [name for name in missing if name in PLUGIN_OPS]
+    if uninstalled:
+        dists = sorted({PLUGIN_OPS[name][1] for name in uninstalled})
+        return (f"operation {', '.join(map(repr, uninstalled))} is a plugin collective that is "
+                f"not installed; pip install {' '.join(dists)}")
+    return f"unknown operation {', '.join(map(repr, missing))}; choose from {', '.join(ops)}"

@@ -17,7 +17,17 @@ from .. import _env
 from ..bootstrap import resolve_rank_size
 from ..comm import new_comm
 from ..registry import get_backend_class
-from .ops import DTYPES, OPS, REDOPS, BenchOp, Buffers, Case, dtype_name
+from .ops import (
+    DTYPES,
+    OPS,
+    REDOPS,
+    BenchOp,
+    Buffers,
+    Case,
+    available_ops,
+    dtype_name,
+    unknown_ops_message,
+)
 from .sizes import size_sweep
 
 #: Exit status of a run whose results were wrong on some rank.
@@ -53,10 +63,9 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
     Runs before any rank starts, so a typo costs one message instead of one per rank.
     """
     size_sweep(config.minbytes, config.maxbytes, config.stepfactor)
-    unknown = [name for name in config.ops if name not in OPS]
-    if unknown or not config.ops:
-        raise ValueError(f"unknown operation {', '.join(map(repr, unknown)) or '(none)'} in "
-                         f"--ops; choose from {', '.join(OPS)}")
+    problem = unknown_ops_message(config.ops)
+    if problem is not None:
+        raise ValueError(f"--ops: {problem}")
     if config.dtype not in DTYPES:
         raise ValueError(f"unknown datatype {config.dtype!r}; choose from {', '.join(DTYPES)}")
     if config.redop not in REDOPS:
@@ -73,6 +82,11 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
     dtype = DTYPES[config.dtype]
     if config.redop == "avg" and not dtype.is_floating_point:
         raise ValueError(f"--op avg needs a floating-point datatype, got {config.dtype}")
+    ops = available_ops()
+    for name in config.ops:
+        reason = ops[name].refuses(dtype, config.redop)
+        if reason is not None:
+            raise ValueError(f"{name} {reason}; run it separately with other options")
     try:
         device_type = torch.device(config.device).type
     except RuntimeError as exc:
@@ -244,8 +258,9 @@ def run_benchmarks(comm: Any, config: BenchConfig, report: TextReport | None) ->
     rows: list[Row] = []
     if report is not None:
         report.start(config, case.nranks)
+    ops = available_ops()
     for name in config.ops:
-        op = OPS[name]
+        op = ops[name]
         if report is not None:
             report.begin_op(op, config, case.nranks)
         op_rows = []

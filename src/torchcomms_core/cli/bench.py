@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from .. import _env
 from ..bench.launch import launch
-from ..bench.ops import DTYPES, OPS, REDOPS
+from ..bench.ops import DTYPES, OPS, PLUGIN_OPS, REDOPS, unknown_ops_message
 from ..bench.runner import BenchConfig, run_rank, validate_config
 from ..bench.sizes import parse_size
 from ..errors import TorchCommError
@@ -44,11 +44,9 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 def _op_list(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
-    unknown = [name for name in names if name not in OPS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown operation {', '.join(map(repr, unknown)) or '(none given)'}; "
-            f"choose from {', '.join(OPS)}")
+    problem = unknown_ops_message(names)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return names
 
 
@@ -92,10 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-r", "--root", type=_int_at_least(0), default=0,
                         help="root rank of rooted collectives (default: %(default)s)")
     parser.add_argument("--ops", type=_op_list, default=",".join(OPS),
-                        help=f"comma-separated operations to run, from {', '.join(OPS)} "
-                             f"(default: all)")
+                        help=f"comma-separated operations to run, from {', '.join(OPS)}, and "
+                             f"plugin collectives when installed ({', '.join(PLUGIN_OPS)}) "
+                             f"(default: every built-in one)")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
-                        help="check every result against the exact expected values "
+                        help="check every result against the exact expected values; "
+                             "quantized collectives against their documented error bound "
                              "(default: %(default)s)")
     parser.add_argument("--timeout", type=_seconds, default=None,
                         help=f"seconds before an operation fails (default: "
