@@ -668,10 +668,7 @@ class TestOnGPU:
         work.wait_blocking()
         done = after_sleep.query()
         torch.cuda.synchronize()
-        if not done:
-            pytest.xfail("TorchWork.wait_blocking() in the core calls wait(), which on CUDA only "
-                         "orders the stream; it needs to call the backend work's "
-                         "wait_blocking()")
+        assert done, "TorchWork.wait_blocking() returned before the operation completed"
 
     def test_async_keeps_tensors_alive(self, comm: Any) -> None:
         n = 1 << 24

@@ -92,7 +92,22 @@ class TorchWork:
         return True
 
     def wait_blocking(self) -> bool:
-        """Block the calling host thread until the operation has completed."""
+        """Block the calling host thread until the operation has completed.
+
+        On CPU this is ``wait()``. A GPU backend whose ``wait()`` only orders streams
+        provides ``wait_blocking()`` on its work object to synchronise the host too.
+        """
+        inner = self._inner
+        blocking = getattr(inner, "wait_blocking", None)
+        if blocking is None or self._status is not WorkStatus.INPROGRESS:
+            return self.wait()
+        try:
+            blocking()
+        except Exception as exc:  # same classification as wait()
+            self._fail(exc)
+            if self._error is exc:
+                raise
+            raise self._error from exc  # type: ignore[misc]
         return self.wait()
 
     def is_completed(self) -> bool:
