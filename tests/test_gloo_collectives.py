@@ -116,3 +116,20 @@ def body_sync_work_wait_is_harmless() -> bool:
 
 def test_sync_work_can_be_waited_on(pool2) -> None:
     assert pool2.run(body_sync_work_wait_is_harmless) == [True, True]
+
+
+def body_single_forms_with_shaped_buffers() -> None:
+    comm = torchcomms.new_comm("gloo", "cpu", name=unique_name("shaped"))
+    r, n = comm.get_rank(), comm.get_size()
+    out = torch.empty(n, 2, 3)
+    comm.all_gather_single(out, torch.full((2, 3), float(r)))
+    want = torch.arange(n).float().view(n, 1, 1).expand(n, 2, 3)
+    check("all_gather_single [n, *shape]", out, want)
+    red = torch.empty(2, 3)
+    comm.reduce_scatter_single(red, torch.ones(n, 2, 3), ReduceOp.SUM)
+    check("reduce_scatter_single [n, *shape]", red, torch.full((2, 3), float(n)))
+    comm.finalize()
+
+
+def test_single_forms_accept_stacked_shapes(pool2) -> None:
+    pool2.run(body_single_forms_with_shaped_buffers)

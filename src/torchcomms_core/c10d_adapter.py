@@ -210,7 +210,10 @@ class C10dBackend(TorchCommBackend):
                           timeout: timedelta | None = None,
                           hints: dict[str, str] | None = None) -> Any:
         opts = self._opts("AllgatherOptions", timeout)
-        return self._done(self._engine._allgather_base(output, input, opts), async_op, timeout)
+        # Engines such as gloo want the output as n copies of the input's shape; the core
+        # only guarantees matching element counts, so hand them flat views.
+        work = self._engine._allgather_base(output.view(-1), input.view(-1), opts)
+        return self._done(work, async_op, timeout)
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
                        async_op: bool, *, timeout: timedelta | None = None,
@@ -223,8 +226,8 @@ class C10dBackend(TorchCommBackend):
                               async_op: bool, *, timeout: timedelta | None = None,
                               hints: dict[str, str] | None = None) -> Any:
         opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
-        return self._done(self._engine._reduce_scatter_base(output, input, opts), async_op,
-                          timeout)
+        work = self._engine._reduce_scatter_base(output.view(-1), input.view(-1), opts)
+        return self._done(work, async_op, timeout)
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor],
                    input_tensor_list: list[torch.Tensor], async_op: bool, *,

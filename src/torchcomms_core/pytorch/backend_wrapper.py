@@ -1,4 +1,4 @@
-"""``_BackendWrapper``: a ``torch.distributed.ProcessGroup`` whose operations run on a ``TorchComm``.
+"""``_BackendWrapper``: a ``torch.distributed.ProcessGroup`` that runs on a ``TorchComm``.
 
 PyTorch imports this module while ``torch.distributed`` is half-initialised, so nothing
 here touches ``torch.distributed`` at import time (only ``torch._C._distributed_c10d``).
@@ -53,7 +53,7 @@ def _enclosing_p2p_batch() -> list[Any] | None:
 
 def _timeout(opts: Any) -> timedelta | None:
     # c10d options carry -1 ms ("unset") unless the caller gave a timeout.
-    timeout = getattr(opts, "timeout", None)
+    timeout = opts if isinstance(opts, timedelta) else getattr(opts, "timeout", None)
     if isinstance(timeout, timedelta) and timeout > timedelta(0):
         return timeout
     return None
@@ -151,11 +151,8 @@ class _BackendWrapper(ProcessGroup):
         if not isinstance(comm, TorchComm):
             raise CommTypeError(f"_BackendWrapper needs a torchcomms TorchComm, got "
                                 f"{type(comm).__name__}")
-        store = comm.get_options().store
-        if isinstance(store, Store):
-            super().__init__(store, comm.get_rank(), comm.get_size())
-        else:
-            super().__init__(comm.get_rank(), comm.get_size())
+        # The (store, rank, size) constructor cannot build Python subclasses.
+        super().__init__(comm.get_rank(), comm.get_size())
         self._comm = comm
         self._device = torch.device(comm.get_device().type)
         # c10d keeps a group's name in its backends, and we register none.
@@ -163,7 +160,6 @@ class _BackendWrapper(ProcessGroup):
         self._group_desc = "undefined"
         self._pending: _P2PBatch | None = None
         self._coalesced: list[CommWork] | None = None
-        self._split_count = 0
 
     # -- identity --------------------------------------------------------------------
 
@@ -171,8 +167,15 @@ class _BackendWrapper(ProcessGroup):
         """The communicator every operation of this group runs on."""
         return self._comm
 
+    def get_group_store(self) -> Store | None:
+        """The communicator's store (c10d builds further groups on a group's store)."""
+        store = self._comm.get_options().store
+        return store if isinstance(store, Store) else None
+
     def getBackendName(self) -> str:  # noqa: N802 - c10d's virtual method name
-        return self._comm.get_backend()
+        # Not plain "gloo"/"nccl": C++ code (DDP's logger) looks up an engine of that
+        # type inside a group that says so, and this group registers no engine.
+        return f"torchcomms_{self._comm.get_backend()}"
 
     def getGroupName(self) -> str:  # noqa: N802
         return self._group_name
@@ -235,8 +238,12 @@ class _BackendWrapper(ProcessGroup):
         self._comm.abort()
 
     def shutdown(self) -> None:
-        self._flush()
-        self._comm.finalize()
+        comm = self._comm
+        if comm.is_finalized() or comm.is_aborted():
+            self._pending = None  # nothing can run on it any more
+        else:
+            self._flush()
+        comm.finalize()
 
     def split_group(self, new_ranks: Sequence[int], timeout: timedelta | None = None,
                     opts: Any = None, group_name: str | None = None,
@@ -260,7 +267,6 @@ class _BackendWrapper(ProcessGroup):
         from .flight_recorder import inherit_recorders
 
         inherit_recorders(self._comm, child)
-        self._split_count += 1
         return pg
 
     def merge_remote_group(self, *args: Any, **kwargs: Any) -> Any:
@@ -361,30 +367,33 @@ class _BackendWrapper(ProcessGroup):
             steps.append(_unflatten_into(flat, group))
         return self._work(works, ts, _chain(steps))
 
-    def reduce(self, tensors: Any, opts: Any = None) -> CommWork:
+    def reduce(self, tensors: Any, opts: Any = None, op: Any = None) -> CommWork:
+        """``reduce(tensors, ReduceOptions)`` or ``reduce(tensor, root, op)``."""
         self._flush()
         t = _one(tensors, "reduce")
-        work = self._comm.reduce(t, _root(opts), _reduce_op(opts), True, timeout=_timeout(opts))
+        red = _reduce_op(op if isinstance(opts, int) else opts)
+        work = self._comm.reduce(t, _root(opts), red, True, timeout=_timeout(opts))
         return self._work([work], [t])
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
         self._flush()
+        if isinstance(input_tensors, torch.Tensor):  # allgather(list, tensor) overload
+            output_tensors = [output_tensors]
         ins = _tensor_list(input_tensors, "allgather")
-        if len(output_tensors) != len(ins):
-            raise CommInputError(f"allgather: {len(output_tensors)} output lists for "
-                                 f"{len(ins)} input tensors; pass one list per input")
+        _same_length("allgather", output_tensors, ins)
         timeout = _timeout(opts)
         works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
-                 for outs, t in zip(output_tensors, ins)]
+                 for outs, t in zip(output_tensors, ins, strict=True)]
         return self._work(works, output_tensors)
 
     def allgather_coalesced(self, output_lists: Any, input_list: Any,
                             opts: Any = None) -> CommWork:
         self._flush()
         ins = _tensor_list(input_list, "allgather_coalesced")
+        _same_length("allgather_coalesced", output_lists, ins)
         timeout = _timeout(opts)
         works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
-                 for outs, t in zip(output_lists, ins)]
+                 for outs, t in zip(output_lists, ins, strict=True)]
         return self._work(works, output_lists)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -418,19 +427,23 @@ class _BackendWrapper(ProcessGroup):
                         f"elements but must have input numel * size = {ins[i].numel()} * {n}"
                     )
             flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
-            flat_out = flat_in.new_empty((n, flat_in.numel()))
+            # Flat output: engines split it into chunks shaped like the input.
+            flat_out = flat_in.new_empty(n * flat_in.numel())
             works.append(self._comm.all_gather_single(flat_out, flat_in, True, timeout=timeout))
-            steps.append(_scatter_columns(flat_out, [outs[i] for i in idx]))
+            steps.append(_scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx]))
         return self._work(works, outs, _chain(steps))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors: Any, input_lists: Any, opts: Any = None) -> CommWork:
         self._flush()
+        if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(tensor, list) overload
+            input_lists = [input_lists]
         outs = _tensor_list(output_tensors, "reduce_scatter")
+        _same_length("reduce_scatter", outs, input_lists)
         op, timeout = _reduce_op(opts), _timeout(opts)
         works = [self._comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
-                 for o, ins in zip(outs, input_lists)]
+                 for o, ins in zip(outs, input_lists, strict=True)]
         return self._work(works, outs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -499,6 +512,9 @@ class _BackendWrapper(ProcessGroup):
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
         self._flush()
+        if isinstance(input_tensors, torch.Tensor) and output_tensors and isinstance(
+                output_tensors[0], torch.Tensor):  # gather(list, tensor, root) overload
+            output_tensors = [output_tensors]
         t = _one(input_tensors, "gather")
         root = _root(opts)
         outs = list(output_tensors[0]) if output_tensors and self.rank() == root else []
@@ -507,15 +523,18 @@ class _BackendWrapper(ProcessGroup):
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
         self._flush()
+        if isinstance(output_tensors, torch.Tensor) and input_tensors and isinstance(
+                input_tensors[0], torch.Tensor):  # scatter(tensor, list, root) overload
+            input_tensors = [input_tensors]
         out = _one(output_tensors, "scatter")
         root = _root(opts)
         ins = list(input_tensors[0]) if input_tensors and self.rank() == root else []
         work = self._comm.scatter(out, ins, root, True, timeout=_timeout(opts))
         return self._work([work], [out])
 
-    def barrier(self, opts: Any = None) -> CommWork:
+    def barrier(self, opts: Any = None, timeout: timedelta | None = None) -> CommWork:
         self._flush()
-        work = self._comm.barrier(True, timeout=_timeout(opts))
+        work = self._comm.barrier(True, timeout=_timeout(timeout if opts is None else opts))
         return self._work([work], [])
 
     def monitored_barrier(self, timeout: timedelta | None = None,
@@ -550,7 +569,7 @@ class _BackendWrapper(ProcessGroup):
             comm.send(token, r, timeout=timeout)
 
 
-def _same_length(where: str, outs: list[Any], ins: list[Any]) -> None:
+def _same_length(where: str, outs: Sequence[Any], ins: Sequence[Any]) -> None:
     if len(outs) != len(ins):
         raise CommInputError(f"{where}: {len(outs)} outputs for {len(ins)} inputs; pass one "
                              f"output per input")

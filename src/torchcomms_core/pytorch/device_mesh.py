@@ -46,7 +46,8 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
         as_process_group(global_comm)
     elif global_comm is not None:
         as_process_group(global_comm)
-    groups = [as_process_group(c, group_desc=f"mesh_{n}") for c, n in zip(comms, names)]
+    groups = [as_process_group(c, group_desc=f"mesh_{n}")
+              for c, n in zip(comms, names, strict=True)]
     my_rank = dist.get_rank()
     if len(comms) == 1:
         mesh = torch.tensor(dist.get_process_group_ranks(groups[0]), dtype=torch.int)
@@ -104,10 +105,11 @@ def _grid(comms: list[TorchComm], names: tuple[str, ...], groups: list[Any], my_
     row = torch.tensor([my_rank, *(c.get_rank() for c in comms)], dtype=torch.int64)
     if global_comm is not None:
         device = global_comm.get_device()
-        everyone = torch.empty((global_comm.get_size(), row.numel()), dtype=torch.int64,
+        # Flat output: engines split it into chunks shaped like the input.
+        everyone = torch.empty(global_comm.get_size() * row.numel(), dtype=torch.int64,
                                device=device)
         global_comm.all_gather_single(everyone, row.to(device))
-        everyone = everyone.cpu()
+        everyone = everyone.cpu().view(-1, row.numel())
     else:
         everyone = torch.empty((dist.get_world_size(), row.numel()), dtype=torch.int64)
         dist.all_gather_into_tensor(everyone, row)
@@ -115,18 +117,20 @@ def _grid(comms: list[TorchComm], names: tuple[str, ...], groups: list[Any], my_
     for s in shape:
         total *= s
     if everyone.shape[0] != total:
+        sizes = dict(zip(names, shape, strict=True))
         raise CommInputError(
-            f"init_device_mesh: dimension sizes {dict(zip(names, shape))} multiply to {total} "
-            f"but the job has {everyone.shape[0]} ranks"
+            f"init_device_mesh: dimension sizes {sizes} multiply to {total} but the job has "
+            f"{everyone.shape[0]} ranks"
         )
     mesh = torch.full(shape, -1, dtype=torch.int)
     for entry in everyone.tolist():
         rank, coords = entry[0], tuple(entry[1:])
         if mesh[coords] != -1:
+            where = dict(zip(names, coords, strict=True))
             raise CommInputError(
-                f"init_device_mesh: ranks {int(mesh[coords])} and {rank} both sit at "
-                f"{dict(zip(names, coords))}; the dimension communicators must tile the ranks "
-                f"as a grid (split each dimension from the global communicator)"
+                f"init_device_mesh: ranks {int(mesh[coords])} and {rank} both sit at {where}; "
+                f"the dimension communicators must tile the ranks as a grid (split each "
+                f"dimension from the global communicator)"
             )
         mesh[coords] = rank
     me = tuple(c.get_rank() for c in comms)

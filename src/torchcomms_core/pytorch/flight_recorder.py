@@ -146,6 +146,11 @@ class FlightRecorderHook:
     def enabled(self) -> bool:
         return self.max_entries > 0
 
+    @staticmethod
+    def attached_to(comm: TorchComm) -> list[FlightRecorderHook]:
+        """The recorders recording ``comm`` (e.g. the one PyTorch attached for you)."""
+        return list(_attached.get(comm, ()))
+
     def register_with_comm(self, comm: TorchComm) -> FlightRecorderHook:
         """Record ``comm``'s operations from now on (a no-op when ``max_entries`` is 0)."""
         if not isinstance(comm, TorchComm):

@@ -65,7 +65,7 @@ def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = Fa
     """Enter ``pg`` into c10d's maps (and make it the default group if ``default``)."""
     from torch.distributed import distributed_c10d as c10d
 
-    backend = pg.getBackendName()
+    backend = pg.get_comm().get_backend()
     device = pg._device_types[0].type
     c10d._register_pg_in_world(
         pg,

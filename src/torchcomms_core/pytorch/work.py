@@ -7,6 +7,7 @@ the ``torch.futures.Future`` that DDP and its communication hooks chain on.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -163,7 +164,10 @@ class _Completer:
     def _run(self) -> None:
         while True:
             work = self._queue.get()
-            work._settle()  # errors are kept on the work and its future
+            try:
+                work._settle()  # the operation's own errors are kept on the work and future
+            except BaseException as exc:  # this thread must outlive any one work
+                sys.stderr.write(f"torchcomms: completing {work!r} failed: {exc!r}\n")
 
 
 _completer_lock = threading.Lock()

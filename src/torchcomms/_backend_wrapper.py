@@ -1,0 +1,8 @@
+"""The ``ProcessGroup`` wrapper ``torch.distributed`` uses under TORCH_DISTRIBUTED_USE_TORCHCOMMS=1.
+
+Re-exports only; the code lives in ``torchcomms_core.pytorch.backend_wrapper``.
+"""
+
+from torchcomms_core.pytorch.backend_wrapper import _BackendWrapper
+
+__all__ = ["_BackendWrapper"]

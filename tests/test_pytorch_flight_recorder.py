@@ -1,0 +1,196 @@
+"""``torchcomms.hooks.FlightRecorderHook``: ring buffer, dump layout, PyTorch's analyzer reads it.
+
+A 2-rank body records real operations and dumps them (JSON, and c10d's pickle layout);
+the test feeds the dumps to ``torch.distributed.flight_recorder``'s database builder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torchcomms
+from torchcomms import ReduceOp
+from torchcomms.device_mesh import as_process_group
+from torchcomms.hooks import FlightRecorderHook
+from torchcomms_core.testing import unique_name
+
+
+def _comm():
+    return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("fr"))
+
+
+def body_record_and_dump(json_dir: str, pickle_dir: str) -> dict:
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(json_dir, "fr_rank_")
+    try:
+        comm = _comm()
+        recorder = FlightRecorderHook(max_entries=64).register_with_comm(comm)
+        pg = as_process_group(comm, group_desc="default_pg")
+        r, n = comm.get_rank(), comm.get_size()
+        t = torch.ones(4)
+        dist.all_reduce(t, group=pg)
+        out = torch.empty(2 * n)
+        dist.all_gather_into_tensor(out, torch.ones(2), group=pg)
+        comm.reduce_scatter_single(torch.empty(2), torch.ones(2 * n), ReduceOp.SUM)
+        if r == 0:
+            comm.send(torch.ones(3), 1)
+        else:
+            comm.recv(torch.empty(3), 0)
+        work = comm.all_reduce(torch.ones(5), ReduceOp.SUM, async_op=True)
+        work.wait()
+        comm.barrier()
+        path = recorder.dump()
+        recorder.dump(os.path.join(pickle_dir, f"fr_rank_{dist.get_rank()}"), format="pickle")
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.environ.pop("TORCHCOMM_FR_DUMP_TEMP_FILE", None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _analyzer_args(trace_dir: str) -> argparse.Namespace:
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+
+    return JobConfig().parse_args([trace_dir, "-p", "fr_rank_"])
+
+
+def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, tmp_path) -> None:
+    from torch.distributed.flight_recorder.components.builder import build_db
+
+    json_dir, pickle_dir = tmp_path / "json", tmp_path / "pickle"
+    json_dir.mkdir()
+    pickle_dir.mkdir()
+    dumps = pool2.run(body_record_and_dump, str(json_dir), str(pickle_dir))
+    assert sorted(os.listdir(json_dir)) == ["fr_rank_0", "fr_rank_1"]
+
+    first = dumps[0]
+    assert first["version"] == "2.10"
+    assert set(first) >= {"version", "pg_config", "pg_status", "entries"}
+    names = [e["profiling_name"] for e in first["entries"]]
+    assert names == ["gloo:all_reduce", "gloo:all_gather_single", "gloo:reduce_scatter_single",
+                     "gloo:send 0->1", "gloo:all_reduce", "gloo:barrier"]
+    entry = first["entries"][1]
+    for key in ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id",
+                "op_id", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
+                "output_dtypes", "state", "time_discovered_started_ns",
+                "time_discovered_completed_ns", "frames", "timeout_ms", "is_p2p"):
+        assert key in entry, key
+    assert entry["input_sizes"] == [[2]] and entry["output_sizes"] == [[4]]
+    assert entry["input_dtypes"] == ["Float"]
+    assert entry["state"] == "completed"
+    assert any(f["name"] == "body_record_and_dump" for f in entry["frames"])
+    group = entry["process_group"][0]
+    assert first["pg_config"][group]["ranks"] == "[0, 1]"
+    assert first["pg_config"][group]["desc"] == "default_pg"
+
+    details = {}
+    for rank, dump in enumerate(dumps):
+        details[f"fr_rank_{rank}"] = {"host_name": f"host_rank{rank}", "rank": rank,
+                                      "entries": dump["entries"], "version": dump["version"],
+                                      "pg_config": dump["pg_config"]}
+    db = build_db(details, _analyzer_args(str(json_dir)), "2.10")
+    assert len(db.collectives) == 6
+    assert all(c.pass_check for c in db.collectives), db.collectives
+    assert [c.collective_name for c in db.collectives][3].startswith("gloo:send")
+
+    from torch.distributed.flight_recorder import fr_trace
+
+    out = tmp_path / "db.pkl"
+    fr_trace.main([str(pickle_dir), "-p", "fr_rank_", "-o", str(out)])
+    with open(out, "rb") as f:
+        _, pickled_db = pickle.load(f)
+    assert len(pickled_db.collectives) == 6
+
+
+def body_zero_entries() -> tuple:
+    comm = _comm()
+    recorder = FlightRecorderHook(max_entries=0)
+    assert recorder.register_with_comm(comm) is recorder
+    t = torch.ones(2)
+    comm.all_reduce(t, ReduceOp.SUM)
+    entries = recorder.dump_dict()["entries"]
+    comm.finalize()
+    return len(entries), t.tolist()
+
+
+def test_zero_max_entries_records_nothing_and_is_harmless(pool2) -> None:
+    assert pool2.run(body_zero_entries) == [(0, [2.0, 2.0])] * 2
+
+
+def body_ring_buffer_keeps_the_last_entries() -> list:
+    comm = _comm()
+    recorder = FlightRecorderHook(max_entries=3).register_with_comm(comm)
+    for _ in range(5):
+        comm.barrier()
+    ids = [e["record_id"] for e in recorder.dump_dict()["entries"]]
+    seqs = [e["collective_seq_id"] for e in recorder.dump_dict()["entries"]]
+    comm.finalize()
+    return [ids, seqs]
+
+
+def test_ring_buffer_keeps_the_last_entries(pool2) -> None:
+    assert pool2.run(body_ring_buffer_keeps_the_last_entries)[0] == [[2, 3, 4], [3, 4, 5]]
+
+
+def body_async_state_and_batches() -> list:
+    comm = _comm()
+    recorder = FlightRecorderHook(max_entries=16).register_with_comm(comm)
+    r, n = comm.get_rank(), comm.get_size()
+    batch = comm.batch_op_create()
+    batch.send(torch.ones(2), (r + 1) % n).recv(torch.empty(2), (r - 1) % n)
+    work = batch.issue(async_op=True)
+    pending = [e["state"] for e in recorder.dump_dict()["entries"]]
+    work.wait()
+    entries = recorder.dump_dict()["entries"]
+    comm.finalize()
+    return [pending, [e["profiling_name"] for e in entries], [e["state"] for e in entries],
+            [e["p2p_seq_id"] for e in entries]]
+
+
+def test_batches_are_recorded_per_operation_with_their_state(pool2) -> None:
+    pending, names, states, seqs = pool2.run(body_async_state_and_batches)[0]
+    assert set(pending) <= {"started", "completed"}
+    assert names == ["gloo:send 0->1", "gloo:recv 0<-1"]
+    assert states == ["completed", "completed"]
+    assert seqs == [1, 1]
+
+
+def test_invalid_max_entries_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_entries must be >= 0"):
+        FlightRecorderHook(max_entries=-1)
+    with pytest.raises(TypeError, match="must be an int"):
+        FlightRecorderHook(max_entries="10")  # type: ignore[arg-type]
+
+
+def body_splits_inherit_and_failures_dump(dump_dir: str) -> list:
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "trace_")
+    try:
+        comm = _comm()
+        recorder = FlightRecorderHook(max_entries=16).register_with_comm(comm)
+        pg = as_process_group(comm)
+        sub = pg.split_group([dist.get_rank()])
+        dist.all_reduce(torch.ones(1), group=sub)
+        inherited = FlightRecorderHook.attached_to(sub.get_comm()) == [recorder]
+        groups = sorted({e["pg_id"] for e in recorder.dump_dict()["entries"]})
+        sub.get_comm().abort()  # a failure or abort writes the dump by itself
+        return [inherited, groups, os.path.exists(os.path.join(dump_dir,
+                                                                f"trace_{dist.get_rank()}"))]
+    finally:
+        os.environ.pop("TORCHCOMM_FR_DUMP_TEMP_FILE", None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_split_groups_inherit_the_recorder_and_an_abort_dumps(pool2, tmp_path) -> None:
+    for inherited, groups, dumped in pool2.run(body_splits_inherit_and_failures_dump,
+                                               str(tmp_path)):
+        assert inherited
+        assert groups == [0, 1]
+        assert dumped
