@@ -13,41 +13,13 @@ import time
 
 import torch
 import torch.distributed as dist
+from _training import GLOBAL_BATCH, LR, batches, make_model, reference
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 import torchcomms
 from torchcomms.device_mesh import init_device_mesh
-
-GLOBAL_BATCH = 16
-LR = 0.05
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 8))
-
-
-def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 32, generator=gen),
-             torch.randn(GLOBAL_BATCH, 8, generator=gen)) for _ in range(steps)]
-
-
-def reference(steps: int) -> list[float]:
-    """The same training in this one process, on the whole global batch."""
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for x, y in batches(steps):
-        loss = nn.functional.mse_loss(model(x), y)
-        losses.append(loss.item())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return losses
 
 
 def sharded(mesh: DeviceMesh) -> tuple[nn.Module, torch.optim.Optimizer]:
