@@ -41,6 +41,15 @@ def to_c10d_reduce_op(op: ReduceOp) -> Any:
     return _C10D_OPS[op.type]
 
 
+def _make_opts(cls_name: str, timeout: timedelta | None, fields: dict[str, Any]) -> Any:
+    opts = getattr(_c10d(), cls_name)()
+    if timeout is not None:
+        opts.timeout = timeout
+    for key, value in fields.items():
+        setattr(opts, key, value)
+    return opts
+
+
 class C10dWork:
     """A c10d ``Work`` waited on with the operation's timeout."""
 
@@ -86,6 +95,7 @@ class C10dBackend(TorchCommBackend):
         self._engine: Any = None
         self._rank = -1
         self._size = -1
+        self._opts_cache: dict[tuple[Any, ...], Any] = {}
 
     # -- engine ----------------------------------------------------------------------
 
@@ -139,11 +149,17 @@ class C10dBackend(TorchCommBackend):
         return None
 
     def _opts(self, cls_name: str, timeout: timedelta | None, **fields: Any) -> Any:
-        opts = getattr(_c10d(), cls_name)()
-        if timeout is not None:
-            opts.timeout = timeout
-        for key, value in fields.items():
-            setattr(opts, key, value)
+        """A c10d options object; reused across calls (engines copy what they keep)."""
+        key = (cls_name, timeout, *fields.items())
+        cache = self._opts_cache
+        try:
+            opts = cache.get(key)
+        except TypeError:  # an unhashable field (e.g. a device list): build a fresh one
+            return _make_opts(cls_name, timeout, fields)
+        if opts is None:
+            if len(cache) >= 256:  # roots and timeouts vary little; keep the table small
+                cache.clear()
+            opts = cache[key] = _make_opts(cls_name, timeout, fields)
         return opts
 
     # -- point to point --------------------------------------------------------------

@@ -445,6 +445,10 @@ class TorchComm:
         c = self._check
         c.tensor("all_reduce", "tensor", tensor)
         red = c.reduce_op("all_reduce", op, tensor.dtype)
+        if red._type in self._native_ops and tensor.is_contiguous():
+            # The common case, kept lean: nothing to prepare or finish.
+            return self._issue("all_reduce", self._backend.all_reduce, (tensor, red), async_op,
+                               timeout, hints, None, (tensor, red))
         fin: list[Callable[[], None]] = []
         buf = self._inout(tensor, fin)
         if red.type not in self._native_ops:

@@ -12,6 +12,11 @@ from .errors import CommInputError, CommTypeError
 from .reduce_op import RedOpType, ReduceOp, coerce_reduce_op
 
 
+_STRIDED = torch.strided
+_BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
+_NEEDS_FLOAT = (RedOpType.AVG, RedOpType.PREMUL_SUM)
+
+
 class Checker:
     """Validates arguments for one communicator (its device, size and dtypes)."""
 
@@ -34,10 +39,15 @@ class Checker:
     def tensor(self, op: str, arg: str, t: Any) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             raise CommTypeError(f"{op}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-        dev = t.device
-        if dev.type != self.device_type or (
-            self.device_index is not None and dev.index != self.device_index
-        ):
+        # Cheap checks first: this runs on every call (is_cpu avoids building a device).
+        if self.device_type == "cpu":
+            on_device = t.is_cpu
+        else:
+            dev = t.device
+            on_device = dev.type == self.device_type and (
+                self.device_index is None or dev.index == self.device_index)
+        if not on_device:
+            dev = t.device
             raise CommInputError(
                 f"{op}: {arg} is on device {dev}, but communicator {self.comm_name!r} owns "
                 f"device {self.device}; move it with .to({str(self.device)!r})"
@@ -48,7 +58,7 @@ class Checker:
                 f"{op}: {arg} has dtype {str(t.dtype).replace('torch.', '')}, which this "
                 f"backend does not support (supported: {supported})"
             )
-        if t.layout is not torch.strided:
+        if t.layout is not _STRIDED:
             raise CommInputError(f"{op}: {arg} must be a dense (strided) tensor, got {t.layout}; "
                                  f"call .to_dense() first")
         return t
@@ -101,14 +111,16 @@ class Checker:
 
     def reduce_op(self, op_name: str, op: Any, dtype: torch.dtype) -> ReduceOp:
         red = op if type(op) is ReduceOp else coerce_reduce_op(op, f"{op_name}: op")
-        t = red.type
-        if t in (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR):
+        t = red._type
+        if t is RedOpType.SUM:
+            return red
+        if t in _BITWISE:
             if dtype.is_floating_point or dtype.is_complex:
                 raise CommInputError(
                     f"{op_name}: ReduceOp.{t.name} is bitwise and needs an integer or bool "
                     f"tensor, got {str(dtype).replace('torch.', '')}"
                 )
-        elif t in (RedOpType.AVG, RedOpType.PREMUL_SUM) and t not in self.native_ops:
+        elif t in _NEEDS_FLOAT and t not in self.native_ops:
             if not dtype.is_floating_point:
                 raise CommInputError(
                     f"{op_name}: ReduceOp.{t.name} needs a floating-point tensor, got "
