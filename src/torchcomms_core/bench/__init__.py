@@ -1,15 +1,18 @@
 """``torchcomms bench``: nccl-tests style bandwidth and correctness sweeps of collectives.
 
-``ops`` says what each operation does, ``runner`` times and reports it, ``launch`` starts ranks.
+``ops`` says what each operation does, ``runner`` times it, ``report``/``results``/``plot``
+present it, ``compare`` sets torch.distributed beside it, ``probe`` measures the machine.
 """
 
 from __future__ import annotations
 
-from .ops import OPS, PLUGIN_OPS, BenchOp, available_ops
+from .base import BenchOp
+from .ops import DEFAULT_OPS, OPS, PLUGIN_OPS, available_ops
 from .runner import BenchConfig, run_rank
 from .sizes import parse_size, size_sweep
 
 __all__ = [
+    "DEFAULT_OPS",
     "OPS",
     "PLUGIN_OPS",
     "BenchConfig",

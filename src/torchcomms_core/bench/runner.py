@@ -1,15 +1,17 @@
 """What each rank of ``torchcomms bench`` does: check, warm up and time every operation over
-the size sweep, then rank 0 prints nccl-tests style tables.
+the size sweep, optionally against torch.distributed; rank 0 reports.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -17,21 +19,18 @@ from .. import _env
 from ..bootstrap import resolve_rank_size
 from ..comm import new_comm
 from ..registry import get_backend_class
-from .ops import (
-    DTYPES,
-    OPS,
-    REDOPS,
-    BenchOp,
-    Buffers,
-    Case,
-    available_ops,
-    dtype_name,
-    unknown_ops_message,
-)
+from .base import BenchOp
+from .compare import COMPARE_WITH, c10d_backend, close_c10d, init_c10d, quartiles
+from .data import DTYPES, REDOPS, Buffers, Case, dtype_name
+from .ops import DEFAULT_OPS, available_ops, unknown_ops_message
+from .report import TextReport
+from .results import Pass, Row, Timing, header_dict, row_dict, write_json
 from .sizes import size_sweep
 
 #: Exit status of a run whose results were wrong on some rank.
 EXIT_WRONG_RESULTS = 1
+#: What ``--inplace`` accepts: out-of-place only, in-place only, or both.
+INPLACE_CHOICES: tuple[str, ...] = ("0", "1", "both")
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ class BenchConfig:
 
     backend: str = "gloo"
     device: str = "cpu"
-    ops: tuple[str, ...] = tuple(OPS)
+    ops: tuple[str, ...] = DEFAULT_OPS
     minbytes: int = 8
     maxbytes: int = 64 << 20
     stepfactor: int = 2
@@ -51,10 +50,30 @@ class BenchConfig:
     root: int = 0
     check: int = 1
     timeout_s: float | None = None
+    inplace: str = "both"
+    compare: str | None = None
+    #: Where rank 0 writes every row as JSON; ``-`` is standard output (tables go to stderr).
+    json_path: str | None = None
+    #: Where rank 0 saves a busbw-vs-size plot (needs matplotlib).
+    plot_path: str | None = None
 
     @property
     def sizes(self) -> list[int]:
         return size_sweep(self.minbytes, self.maxbytes, self.stepfactor)
+
+
+def runnable_ops(config: BenchConfig, nranks: int) -> tuple[list[str], list[str]]:
+    """Split every available operation into those that can run with ``config`` at ``nranks``
+    ranks and, for the others, lines saying why not (what ``--ops all`` skips)."""
+    dtype = DTYPES[config.dtype]
+    names, skipped = [], []
+    for name, op in available_ops().items():
+        reason = op.refuses(dtype, config.redop, nranks)
+        if reason is None:
+            names.append(name)
+        else:
+            skipped.append(f"{name} {reason}")
+    return names, skipped
 
 
 def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
@@ -76,6 +95,14 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         raise ValueError(f"warmup_iters must not be negative, got {config.warmup}")
     if config.timeout_s is not None and config.timeout_s <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {config.timeout_s}")
+    if config.inplace not in INPLACE_CHOICES:
+        raise ValueError(f"--inplace must be one of {', '.join(INPLACE_CHOICES)}, got "
+                         f"{config.inplace!r}")
+    if config.compare is not None:
+        if config.compare not in COMPARE_WITH:
+            raise ValueError(f"--compare must be one of {', '.join(COMPARE_WITH)}, got "
+                             f"{config.compare!r}")
+        c10d_backend(config.backend)
     if nranks is not None and not 0 <= config.root < nranks:
         raise ValueError(f"root {config.root} is not a rank of a {nranks}-rank run; "
                          f"use 0..{nranks - 1}")
@@ -84,7 +111,7 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         raise ValueError(f"--op avg needs a floating-point datatype, got {config.dtype}")
     ops = available_ops()
     for name in config.ops:
-        reason = ops[name].refuses(dtype, config.redop)
+        reason = ops[name].refuses(dtype, config.redop, nranks)
         if reason is not None:
             raise ValueError(f"{name} {reason}; run it separately with other options")
     try:
@@ -105,85 +132,6 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
                          f"{config.dtype} (supported: {supported})")
 
 
-@dataclass
-class Row:
-    """One line of a table: one operation at one size."""
-
-    op: str
-    size: int
-    count: int
-    dtype: str
-    redop: str
-    root: int
-    busbw_factor: float
-    #: Mean time per iteration on each rank, in microseconds, indexed by rank.
-    times_us: list[float] = field(default_factory=list)
-    #: Mismatching elements summed over ranks; ``None`` when not checked.
-    wrong: int | None = None
-
-    @property
-    def time_us(self) -> float:
-        # The slowest rank bounds the operation, as in nccl-tests.
-        return max(self.times_us)
-
-    @property
-    def algbw(self) -> float:
-        """GB/s (10**9 bytes) of the largest buffer."""
-        return self.size / self.time_us / 1e3 if self.time_us > 0 else 0.0
-
-    @property
-    def busbw(self) -> float:
-        return self.algbw * self.busbw_factor
-
-
-class TextReport:
-    """Prints the tables nccl-tests users know."""
-
-    _COLUMNS = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong")
-    _UNITS = ("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")
-    _WIDTHS = (12, 14, 10, 7, 6, 11, 8, 8, 8)
-
-    def __init__(self, out: TextIO | None = None) -> None:
-        self._out = out if out is not None else sys.stdout
-
-    def _line(self, text: str = "") -> None:
-        print(text.rstrip(), file=self._out, flush=True)
-
-    def _cells(self, cells: tuple[str, ...]) -> str:
-        return "".join(cell.rjust(width) for cell, width in zip(cells, self._WIDTHS, strict=True))
-
-    def start(self, config: BenchConfig, nranks: int) -> None:
-        self._line(f"# torchcomms bench  minBytes {config.minbytes}  maxBytes {config.maxbytes}  "
-                   f"step: {config.stepfactor}(factor)  warmup iters: {config.warmup}  "
-                   f"iters: {config.iters}  validation: {config.check}")
-
-    def begin_op(self, op: BenchOp, config: BenchConfig, nranks: int) -> None:
-        self._line("#")
-        self._line(f"# {op.name}: backend {config.backend}, {nranks} ranks, "
-                   f"device {config.device}, dtype {dtype_name(DTYPES[config.dtype])}")
-        self._line("#")
-        self._line("#" + self._cells(self._COLUMNS)[1:])
-        self._line("#" + self._cells(self._UNITS)[1:])
-
-    def row(self, row: Row) -> None:
-        t = row.time_us
-        time_cell = f"{t:.2f}" if t < 1e6 else f"{t:.0f}"
-        wrong = "N/A" if row.wrong is None else str(row.wrong)
-        self._line(self._cells((str(row.size), str(row.count), row.dtype, row.redop,
-                                str(row.root), time_cell, f"{row.algbw:.2f}",
-                                f"{row.busbw:.2f}", wrong)))
-
-    def end_op(self, rows: list[Row]) -> None:
-        checked = [r.wrong for r in rows if r.wrong is not None]
-        if checked:
-            wrong = sum(checked)
-            self._line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-        else:
-            self._line("# Out of bounds values : N/A (not checked)")
-        avg = sum(r.busbw for r in rows) / len(rows) if rows else 0.0
-        self._line(f"# Avg bus bandwidth    : {avg:g}")
-
-
 def resolve_device(name: str, rank: int) -> torch.device:
     """The device this rank runs on: accelerators without an index get the local rank's."""
     device = torch.device(name)
@@ -195,76 +143,186 @@ def resolve_device(name: str, rank: int) -> torch.device:
     return device
 
 
-def _synchronize(device: torch.device) -> None:
+def _synchronizer(device: torch.device) -> Callable[[], None]:
     # Collectives on accelerators may return before the device finished them.
     if device.type != "cpu":
         module = getattr(torch, device.type, None)
         sync = getattr(module, "synchronize", None)
         if sync is not None:
-            sync(device)
+            return lambda: sync(device)
+    return lambda: None
 
 
-def _across_ranks(comm: Any, case: Case, seconds: float, wrong: int) -> tuple[list[float], int]:
-    """Every rank's time (us) and the total of wrong elements, from one all_gather."""
-    mine = torch.tensor([seconds * 1e6, float(wrong)], dtype=torch.float64, device=case.device)
-    every = torch.empty(2 * case.nranks, dtype=torch.float64, device=case.device)
-    comm.all_gather_single(every, mine)
-    values = every.view(case.nranks, 2).cpu()
-    return values[:, 0].tolist(), int(values[:, 1].sum().item())
+@dataclass
+class Runner:
+    """Times operations on one rank: ``comm`` always, ``dist`` (torch.distributed) to compare."""
+
+    comm: Any
+    case: Case
+    config: BenchConfig
+    dist: Any = None
+    c10d_backend: str | None = None
+
+    def __post_init__(self) -> None:
+        self._sync = _synchronizer(self.case.device)
+
+    def c10d_note(self, op: BenchOp) -> str | None:
+        """Why ``op`` is not compared, or ``None`` when it is (or no comparison was asked)."""
+        if self.dist is None or self.c10d_backend is None:
+            return None
+        return op.c10d_refuses(self.case, self.c10d_backend)
+
+    def measure(self, op: BenchOp, bufs: Buffers) -> Pass:
+        """Check, warm up and time ``op`` on ``bufs``; collective, so every rank calls it."""
+        comm, case, config = self.comm, self.case, self.config
+        compare = self.dist is not None and self.c10d_note(op) is None
+        ours = functools.partial(op.run, comm, bufs, case)
+        theirs = functools.partial(op.run_c10d, self.dist, bufs, case)
+        checked = bool(config.check) and op.moves_data
+        # Fill even without checking: uninitialised memory may hold denormals, which make
+        # reductions on CPUs much slower than real data.
+        wrong = self._check(op, bufs, ours, checked)
+        c10d_wrong = self._check(op, bufs, theirs, checked) if compare else 0
+        for _ in range(config.warmup):
+            ours()
+            if compare:
+                theirs()
+        self._sync()
+        comm.barrier()
+        if compare:
+            ours_us, theirs_us = self._interleaved(ours, theirs)
+        elif self.dist is not None:
+            # Timed call by call like the compared operations, so one run's tables agree.
+            ours_us, theirs_us = self._interleaved(ours, None)
+        else:
+            ours_us, theirs_us = self._batch(ours), []
+        return self._gather(op, bufs.form, ours_us, theirs_us,
+                            wrong if checked else None, c10d_wrong if checked else None,
+                            compare)
+
+    def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool
+               ) -> int:
+        op.fill(bufs, self.case)
+        if not checked:
+            return 0
+        call()
+        self._sync()
+        return op.count_wrong(bufs, self.case)
+
+    def _batch(self, call: Callable[[], None]) -> list[float]:
+        """One mean over all iterations, timed as a block (no per-call synchronisation)."""
+        iters = self.config.iters
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        self._sync()
+        return [(time.perf_counter() - start) / iters * 1e6]
+
+    def _interleaved(self, ours: Callable[[], None], theirs: Callable[[], None] | None
+                     ) -> tuple[list[float], list[float]]:
+        """Per-call microseconds of both, alternating which goes first (``theirs`` optional).
+
+        Every rank uses the same order, so the collectives match; alternating spreads
+        drift, caches and the cost of going first evenly over both.
+        """
+        sync, clock = self._sync, time.perf_counter
+        ours_us: list[float] = []
+        theirs_us: list[float] = []
+        for i in range(self.config.iters):
+            if theirs is not None and i % 2:
+                t0 = clock()
+                theirs()
+                sync()
+                theirs_us.append((clock() - t0) * 1e6)
+            t0 = clock()
+            ours()
+            sync()
+            ours_us.append((clock() - t0) * 1e6)
+            if theirs is not None and not i % 2:
+                t0 = clock()
+                theirs()
+                sync()
+                theirs_us.append((clock() - t0) * 1e6)
+        return ours_us, theirs_us
+
+    def _gather(self, op: BenchOp, form: str, ours_us: list[float], theirs_us: list[float],
+                wrong: int | None, c10d_wrong: int | None, compare: bool) -> Pass:
+        """Every rank's figures, from one all_gather over ``comm``."""
+        case = self.case
+        mine = [1.0 if op.participates(case) else 0.0, float(wrong or 0),
+                float(c10d_wrong or 0), *ours_us, *theirs_us]
+        local = torch.tensor(mine, dtype=torch.float64, device=case.device)
+        every = torch.empty(case.nranks * local.numel(), dtype=torch.float64, device=case.device)
+        self.comm.all_gather_single(every, local)
+        table = every.view(case.nranks, -1).cpu().tolist()
+        taking_part = [r for r in range(case.nranks) if table[r][0]]
+        per_leg = 1.0 / op.legs
+        calls = len(ours_us)
+
+        def timing(first: int, total_wrong: int | None) -> Timing:
+            means = [sum(table[r][first:first + calls]) / calls * per_leg
+                     if r in taking_part else None for r in range(case.nranks)]
+            return Timing(means, total_wrong)
+
+        total = int(sum(table[r][1] for r in range(case.nranks)))
+        result = Pass(form, timing(3, total if wrong is not None else None))
+        if compare:
+            c10d_total = int(sum(table[r][2] for r in range(case.nranks)))
+            result.c10d = timing(3 + calls, c10d_total if c10d_wrong is not None else None)
+            # Per call, the slowest rank's time bounds the operation, as for the means.
+            ratios = []
+            for i in range(calls):
+                a = max(table[r][3 + i] for r in taking_part)
+                b = max(table[r][3 + calls + i] for r in taking_part)
+                if b > 0:  # a clock too coarse to see the call gives no ratio
+                    ratios.append(a / b)
+            result.ratio = quartiles(ratios) if ratios else None
+        elif self.dist is not None:
+            result.c10d_note = self.c10d_note(op)
+        return result
+
+    def sweep(self, op: BenchOp, forms: tuple[str, ...]) -> Iterator[Row]:
+        """Measure ``op`` at every size of the sweep, yielding each row as soon as it is known."""
+        case = self.case
+        last_count = None
+        for nbytes in self.config.sizes:
+            count = op.count(nbytes, case)
+            # Small sizes can round to the same element count; measure each count once.
+            if count == last_count:
+                continue
+            last_count = count
+            passes = [self.measure(op, op.allocate(count, case, form)) for form in forms]
+            yield Row(op=op.name, size=count * case.itemsize, count=count,
+                      dtype=dtype_name(case.dtype), redop=op.redop_label(case),
+                      root=op.root_label(case), nranks=case.nranks,
+                      busbw_factor=op.busbw_factor(case.nranks), moves_data=op.moves_data,
+                      passes=passes)
 
 
-def measure(comm: Any, op: BenchOp, bufs: Buffers, case: Case, config: BenchConfig) -> Row:
-    """Check, warm up and time ``op`` on ``bufs``; collective, so every rank must call it."""
-    # Fill even without checking: uninitialised memory may hold NaNs or denormals, which
-    # make reductions on CPUs much slower than real data.
-    op.fill(bufs, case)
-    wrong = 0
-    if config.check:
-        op.run(comm, bufs, case)
-        _synchronize(case.device)
-        wrong = op.count_wrong(bufs, case)
-    for _ in range(config.warmup):
-        op.run(comm, bufs, case)
-    _synchronize(case.device)
-    comm.barrier()
-    start = time.perf_counter()
-    for _ in range(config.iters):
-        op.run(comm, bufs, case)
-    _synchronize(case.device)
-    elapsed = (time.perf_counter() - start) / config.iters
-    times_us, total_wrong = _across_ranks(comm, case, elapsed, wrong)
-    return Row(op=op.name, size=bufs.count * case.itemsize, count=bufs.count,
-               dtype=dtype_name(case.dtype), redop=op.redop_label(case),
-               root=op.root_label(case), busbw_factor=op.busbw_factor(case.nranks),
-               times_us=times_us, wrong=total_wrong if config.check else None)
+def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:
+    """``torch.distributed.<fn> on <backend>``, or ``n/a (<why>)``."""
+    note = op.c10d_refuses(case, c10d_backend)
+    if note is not None:
+        return f"n/a ({note})"
+    return f"torch.distributed.{op.c10d_function_name(dist)} on {c10d_backend}"
 
 
-def sweep(comm: Any, op: BenchOp, case: Case, config: BenchConfig) -> Iterator[Row]:
-    """Measure ``op`` at every size of the sweep, yielding each row as soon as it is known."""
-    last_count = None
-    for nbytes in config.sizes:
-        count = op.count(nbytes, case)
-        # Small sizes can round to the same element count; measure each count once.
-        if count == last_count:
-            continue
-        last_count = count
-        yield measure(comm, op, op.allocate(count, case), case, config)
-
-
-def run_benchmarks(comm: Any, config: BenchConfig, report: TextReport | None) -> list[Row]:
-    """Run every operation of ``config`` on ``comm``; rank 0 passes the report to print to."""
-    case = Case(rank=comm.get_rank(), nranks=comm.get_size(), dtype=DTYPES[config.dtype],
-                device=comm.get_device(), redop=config.redop, root=config.root)
+def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
+    """Run every operation of the config; rank 0 passes the report to print to."""
+    config, case = runner.config, runner.case
     rows: list[Row] = []
     if report is not None:
         report.start(config, case.nranks)
     ops = available_ops()
     for name in config.ops:
         op = ops[name]
+        forms = op.forms_for(config.inplace)
         if report is not None:
-            report.begin_op(op, config, case.nranks)
+            c10d = (c10d_description(op, case, runner.dist, runner.c10d_backend)
+                    if runner.c10d_backend is not None else None)
+            report.begin_op(op, config, case.nranks, forms, c10d)
         op_rows = []
-        for row in sweep(comm, op, case, config):
+        for row in runner.sweep(op, forms):
             op_rows.append(row)
             if report is not None:
                 report.row(row)
@@ -274,16 +332,54 @@ def run_benchmarks(comm: Any, config: BenchConfig, report: TextReport | None) ->
     return rows
 
 
+def _document(config: BenchConfig, case: Case, rows: list[Row], started: datetime.datetime
+              ) -> dict[str, Any]:
+    functions: dict[str, str | None] = {}
+    if config.compare:
+        import torch.distributed as dist
+
+        backend = c10d_backend(config.backend)
+        ops = available_ops()
+        for name in config.ops:
+            op = ops[name]
+            functions[name] = (None if op.c10d_refuses(case, backend)
+                               else op.c10d_function_name(dist))
+    return {"header": header_dict(config, case.nranks, functions, started),
+            "rows": [row_dict(r) for r in rows]}
+
+
 def run_rank(config: BenchConfig) -> int:
     """Benchmark on this process's rank (from the environment); returns the exit status."""
+    started = datetime.datetime.now(datetime.timezone.utc)
     rank, nranks, _source = resolve_rank_size()
     validate_config(config, nranks)
     device = resolve_device(config.device, rank)
-    timeout = timedelta(seconds=config.timeout_s) if config.timeout_s is not None else None
+    timeout = (timedelta(seconds=config.timeout_s) if config.timeout_s is not None
+               else _env.default_timeout())
     comm = new_comm(config.backend, device, name="bench", timeout=timeout)
+    case = Case(rank=comm.get_rank(), nranks=comm.get_size(), dtype=DTYPES[config.dtype],
+                device=comm.get_device(), redop=config.redop, root=config.root)
+    dist = None
     try:
-        rows = run_benchmarks(comm, config, TextReport() if rank == 0 else None)
+        if config.compare:
+            dist = init_c10d(config.backend, rank, nranks, case.device, timeout)
+        runner = Runner(comm, case, config, dist,
+                        c10d_backend(config.backend) if dist is not None else None)
+        # With the JSON on standard output, the tables go to standard error.
+        out = sys.stderr if config.json_path == "-" else sys.stdout
+        rows = run_benchmarks(runner, TextReport(out) if rank == 0 else None)
     finally:
+        if dist is not None:
+            close_c10d(dist)
         comm.finalize()
+    if rank == 0:
+        document = _document(config, case, rows, started)
+        if config.json_path is not None:
+            write_json(document, config.json_path)
+        if config.plot_path is not None:
+            from .plot import plot_results
+
+            plot_results(document, config.plot_path)
+            print(f"# plot written to {config.plot_path}", file=sys.stderr, flush=True)
     # Every rank saw the same totals, so every rank returns the same status.
     return EXIT_WRONG_RESULTS if any(row.wrong for row in rows) else 0

@@ -1,25 +1,31 @@
 """Measure collective bandwidth and check results, printing what nccl-tests prints.
 
 Launches --nproc local ranks itself, or runs in place when started by a launcher such as
-torchrun (RANK and WORLD_SIZE set).
+torchrun, mpiexec or srun (their rank variables set).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import sys
 from collections.abc import Callable
 
 from .. import _env
+from ..bench.compare import COMPARE_WITH
 from ..bench.launch import launch
-from ..bench.ops import DTYPES, OPS, PLUGIN_OPS, REDOPS, unknown_ops_message
-from ..bench.runner import BenchConfig, run_rank, validate_config
+from ..bench.ops import DEFAULT_OPS, DTYPES, PLUGIN_OPS, REDOPS, unknown_ops_message
+from ..bench.runner import INPLACE_CHOICES, BenchConfig, run_rank, runnable_ops, validate_config
 from ..bench.sizes import parse_size
 from ..errors import TorchCommError
 
 HELP = "benchmark collectives (bandwidth and correctness, nccl-tests style)"
 
 DEFAULT_NPROC = 4
+#: ``--ops`` value that selects every operation that can run with the other options.
+ALL_OPS = "all"
 
 
 def _size(text: str) -> int:
@@ -44,6 +50,11 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 def _op_list(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
+    if ALL_OPS in names:
+        if len(names) > 1:
+            raise argparse.ArgumentTypeError(f"{ALL_OPS!r} already names every operation; "
+                                             f"do not combine it with others")
+        return names
     problem = unknown_ops_message(names)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
@@ -63,13 +74,15 @@ def _seconds(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``torchcomms bench`` (nccl-tests' short flags where it has one)."""
     parser.add_argument("--backend", default="gloo",
-                        help="torchcomms backend to benchmark (default: %(default)s)")
+                        help="torchcomms backend to benchmark; `torchcomms backends` lists "
+                             "them (default: %(default)s)")
     parser.add_argument("--device", default="cpu",
                         help="device type; accelerators get the index of the local rank "
                              "(default: %(default)s)")
     parser.add_argument("--nproc", type=_int_at_least(1), default=None,
                         help=f"local ranks to launch (default {DEFAULT_NPROC}); under a launcher "
-                             f"such as torchrun the launcher's ranks are used instead")
+                             f"such as torchrun, mpiexec or srun the launcher's ranks are used "
+                             f"instead")
     parser.add_argument("-b", "--minbytes", type=_size, default="8",
                         help="smallest size in bytes; K, M, G are powers of 1024 "
                              "(default: %(default)s)")
@@ -89,33 +102,119 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: %(default)s)")
     parser.add_argument("-r", "--root", type=_int_at_least(0), default=0,
                         help="root rank of rooted collectives (default: %(default)s)")
-    parser.add_argument("--ops", type=_op_list, default=",".join(OPS),
-                        help=f"comma-separated operations to run, from {', '.join(OPS)}, and "
-                             f"plugin collectives when installed ({', '.join(PLUGIN_OPS)}) "
-                             f"(default: every built-in one)")
+    parser.add_argument("--ops", type=_op_list, default=",".join(DEFAULT_OPS),
+                        help=f"comma-separated operations to run, or {ALL_OPS!r} for every "
+                             f"collective of the API and the installed plugin collectives "
+                             f"({', '.join(PLUGIN_OPS)}) that can run with the other options "
+                             f"(default: {', '.join(DEFAULT_OPS)})")
+    parser.add_argument("--inplace", choices=INPLACE_CHOICES, default="both",
+                        help="for operations with both layouts, time out-of-place (0), in-place "
+                             "(1) or both, each in its own pass; the others run the layout they "
+                             "have (default: %(default)s)")
     parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
                         help="check every result against the exact expected values; "
                              "quantized collectives against their documented error bound "
                              "(default: %(default)s)")
+    parser.add_argument("--compare", choices=COMPARE_WITH, default=None,
+                        help="also run each operation through raw torch.distributed on the same "
+                             "engine and tensors, interleaved call by call, and print the time "
+                             "ratio ours/c10d")
+    parser.add_argument("--json", metavar="PATH", dest="json_path", default=None,
+                        help="write every row with every field, and a header describing the "
+                             "run, as JSON to PATH ('-': standard output; the tables then go "
+                             "to standard error)")
+    parser.add_argument("--plot", metavar="PNG", dest="plot_path", default=None,
+                        help="save bus bandwidth against size, per operation, on log axes "
+                             "(needs matplotlib: pip install 'torchcomms-core[plot]')")
+    parser.add_argument("--from-json", metavar="JSON", nargs="+", default=None,
+                        help="with --plot: plot runs saved by --json instead of running")
+    parser.add_argument("--probe", action="store_true",
+                        help="measure what the machine allows instead: memcpy GB/s on one "
+                             "core, loopback TCP GB/s and round-trip latency")
     parser.add_argument("--timeout", type=_seconds, default=None,
                         help=f"seconds before an operation fails (default: "
                              f"${_env.TIMEOUT_SECONDS} or 600)")
 
 
+def _check_writable(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    if path is None or path == "-":
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        parser.error(f"{option} {path}: folder {folder} does not exist")
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from ..bench.probe import print_probe, run_probe
+    from ..bench.results import write_json
+
+    result = run_probe()
+    print_probe(result, sys.stderr if args.json_path == "-" else sys.stdout)
+    if args.json_path is not None:
+        write_json({"probe": result.as_dict()}, args.json_path)
+    return 0
+
+
+def _replot(args: argparse.Namespace) -> int:
+    from ..bench.plot import plot_results
+
+    parser: argparse.ArgumentParser = args.parser
+    documents = []
+    for path in args.from_json:
+        try:
+            with open(path, encoding="utf-8") as f:
+                document = json.load(f)
+        except (OSError, json.JSONDecodeError) as exc:
+            parser.error(f"--from-json {path}: {exc}")
+        if not isinstance(document, dict) or "header" not in document or "rows" not in document:
+            parser.error(f"--from-json {path}: not a file written by torchcomms bench --json")
+        documents.append(document)
+    try:
+        plot_results(documents, args.plot_path)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(f"# plot written to {args.plot_path}", file=sys.stderr)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the options, then launch the ranks or run as this launcher-started rank."""
     parser: argparse.ArgumentParser = args.parser
-    config = BenchConfig(
-        backend=args.backend, device=args.device, ops=args.ops, minbytes=args.minbytes,
-        maxbytes=args.maxbytes, stepfactor=args.stepfactor, iters=args.iters,
-        warmup=args.warmup_iters, dtype=args.datatype, redop=args.op, root=args.root,
-        check=args.check, timeout_s=args.timeout,
-    )
+    _check_writable(parser, "--json", args.json_path)
+    _check_writable(parser, "--plot", args.plot_path)
+    if args.plot_path is not None:
+        from ..bench.plot import require_matplotlib
+
+        try:
+            require_matplotlib()
+        except ValueError as exc:
+            parser.error(str(exc))
+    if args.probe:
+        return _probe(args)
+    if args.from_json is not None:
+        if args.plot_path is None:
+            parser.error("--from-json plots saved runs: give --plot PNG too")
+        return _replot(args)
+
     try:
         launched = _env.rank_and_size()
     except ValueError as exc:
         parser.error(str(exc))
     nranks = launched[1] if launched else (args.nproc or DEFAULT_NPROC)
+    config = BenchConfig(
+        backend=args.backend, device=args.device, ops=args.ops, minbytes=args.minbytes,
+        maxbytes=args.maxbytes, stepfactor=args.stepfactor, iters=args.iters,
+        warmup=args.warmup_iters, dtype=args.datatype, redop=args.op, root=args.root,
+        check=args.check, timeout_s=args.timeout, inplace=args.inplace, compare=args.compare,
+        json_path=args.json_path, plot_path=args.plot_path,
+    )
+    quiet = launched is not None and launched[0] != 0
+    if config.ops == (ALL_OPS,):
+        names, skipped = runnable_ops(config, nranks)
+        if not quiet:
+            for line in skipped:
+                print(f"{parser.prog}: --ops all skips {line}", file=sys.stderr)
+        config = dataclasses.replace(config, ops=tuple(names))
     try:
         validate_config(config, nranks)
     except (ValueError, TorchCommError) as exc:
