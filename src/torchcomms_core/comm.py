@@ -317,12 +317,12 @@ class TorchComm:
             else:
                 inner = method(*bargs, async_op, timeout=timeout, hints=hints)
         except Exception as exc:
-            work = TorchWork(None, None, self, name)
-            work._status = work._status.INPROGRESS
-            work._fail(exc)
-            if work.error is exc:
+            # Failed while issuing (sync calls wait inside the backend): classify it and
+            # update the communicator exactly as a failed wait() would.
+            error = TorchWork.failed(exc, self, name).error
+            if error is exc:
                 raise
-            raise work.error from exc  # type: ignore[misc]
+            raise error from exc  # type: ignore[misc]
         work = TorchWork(inner, finishers, self, name)
         if not async_op and (inner is not None or finishers):
             work.wait()

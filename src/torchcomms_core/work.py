@@ -57,6 +57,15 @@ class TorchWork:
         else:
             self._status = WorkStatus.INPROGRESS
 
+    @classmethod
+    def failed(cls, exc: BaseException, comm: TorchComm | None = None, op: str = ""
+               ) -> TorchWork:
+        """A work that failed with ``exc`` (classified as timeout or error)."""
+        work = cls(None, None, comm, op)
+        work._status = WorkStatus.INPROGRESS
+        work._fail(exc)
+        return work
+
     @property
     def status(self) -> WorkStatus:
         return self._status
