@@ -12,9 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from torchcomms_ncclx import NCCLXBackend
-from torchcomms_rccl import RCCLBackend
-from torchcomms_rccl.backend import NOT_ROCM_REASON
 
 import torchcomms
 from torchcomms import (
@@ -28,6 +25,9 @@ from torchcomms import (
 )
 from torchcomms_core import cuda_support
 from torchcomms_core.cuda_support import CudaWork, NcclEngineBackend, bool_hint, resolve_device
+from torchcomms_ncclx import NCCLXBackend
+from torchcomms_rccl import RCCLBackend
+from torchcomms_rccl.backend import NOT_ROCM_REASON
 
 HAS_CUDA = torch.cuda.is_available()
 TIMEOUT = timedelta(seconds=60)

@@ -13,15 +13,6 @@ from datetime import timedelta
 import pytest
 import torch
 from memory_backend import MemoryBackend, _Fabric, run_threads
-from torchcomms_quantized import (
-    all_reduce_block_absmax,
-    all_reduce_error_bound,
-    dequantize_blocks,
-    quantize_blocks,
-    reduce_scatter_block_absmax,
-    reduce_scatter_error_bound,
-)
-from torchcomms_quantized.quantization import FLUSH_BELOW, Layout
 
 import torchcomms
 from torchcomms import (
@@ -36,6 +27,15 @@ from torchcomms import (
     hookimpl,
 )
 from torchcomms_core.testing import unique_name
+from torchcomms_quantized import (
+    all_reduce_block_absmax,
+    all_reduce_error_bound,
+    dequantize_blocks,
+    quantize_blocks,
+    reduce_scatter_block_absmax,
+    reduce_scatter_error_bound,
+)
+from torchcomms_quantized.quantization import FLUSH_BELOW, Layout
 
 _group_ids = iter(range(1 << 30))
 

@@ -11,7 +11,6 @@ import torch
 from .errors import CommInputError, CommTypeError
 from .reduce_op import RedOpType, ReduceOp, coerce_reduce_op
 
-
 _STRIDED = torch.strided
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 _NEEDS_FLOAT = (RedOpType.AVG, RedOpType.PREMUL_SUM)
