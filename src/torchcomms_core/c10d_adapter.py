@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .reduce_op import RedOpType, ReduceOp
-from .spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend
+from .spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend, flat_chunks
 
 if TYPE_CHECKING:
     from .options import CommOptions
@@ -297,9 +297,7 @@ class C10dBackend(TorchCommBackend):
         n = self._size
         if self._rank != root:
             return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
-        chunks = list(output.view(-1).chunk(n)) if output.numel() else [
-            output.view(-1) for _ in range(n)
-        ]
+        chunks = flat_chunks(output, n)
         return self.gather(chunks, input.view(-1), root, async_op, timeout=timeout, hints=hints)
 
     def set_timeout(self, timeout: timedelta) -> None:

@@ -207,9 +207,7 @@ class TorchCommBackend(abc.ABC):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
                           timeout: timedelta | None = None,
                           hints: dict[str, str] | None = None) -> Any:
-        chunks = list(output.view(-1).chunk(self.get_size())) if output.numel() else [
-            output.view(-1) for _ in range(self.get_size())
-        ]
+        chunks = flat_chunks(output, self.get_size())
         return self.all_gather(chunks, input.view(-1), async_op, timeout=timeout, hints=hints)
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor],
@@ -283,9 +281,7 @@ class TorchCommBackend(abc.ABC):
                               async_op: bool, *, timeout: timedelta | None = None,
                               hints: dict[str, str] | None = None) -> Any:
         n = self.get_size()
-        blocks = list(input.view(-1).chunk(n)) if input.numel() else [
-            input.view(-1) for _ in range(n)
-        ]
+        blocks = flat_chunks(input, n)
         return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
 
     def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
@@ -316,9 +312,7 @@ class TorchCommBackend(abc.ABC):
         n = self.get_size()
         if self.get_rank() != root:
             return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
-        chunks = list(output.view(-1).chunk(n)) if output.numel() else [
-            output.view(-1) for _ in range(n)
-        ]
+        chunks = flat_chunks(output, n)
         return self.gather(chunks, input.view(-1), root, async_op, timeout=timeout, hints=hints)
 
     def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
@@ -406,6 +400,14 @@ def _settle(work: Any, async_op: bool) -> Any:
         work.wait()
         return None
     return work
+
+
+def flat_chunks(tensor: torch.Tensor, n: int) -> list[torch.Tensor]:
+    """``n`` equal flat views of ``tensor`` (empty views when it has no elements)."""
+    flat = tensor.view(-1)
+    if not flat.numel():
+        return [flat] * n
+    return list(flat.chunk(n))
 
 
 def split_dim0(tensor: torch.Tensor, split_sizes: Sequence[int], n: int) -> list[torch.Tensor]:
