@@ -20,6 +20,7 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
+from .functional import is_torch_compile_supported, is_torch_compile_supported_and_enabled
 from .hookspecs import hookimpl
 from .op_args import OpArgs, OpName
 from .options import CommOptions
@@ -69,6 +70,8 @@ __all__ = [
     "get_backend_class",
     "get_plugin_manager",
     "hookimpl",
+    "is_torch_compile_supported",
+    "is_torch_compile_supported_and_enabled",
     "list_collectives",
     "load_plugins",
     "method_support",
@@ -78,3 +81,8 @@ __all__ = [
     "unregister_backend",
     "unregister_plugin",
 ]
+
+if is_torch_compile_supported_and_enabled():
+    # TORCHCOMMS_PATCH_FOR_COMPILE=1: register the torchcomms custom ops and route
+    # TorchComm collectives through them while tracing (docs/torch-compile.md).
+    from .functional import collectives as _compile_collectives  # noqa: F401

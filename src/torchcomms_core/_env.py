@@ -154,3 +154,24 @@ def serialization_allows_pickle() -> bool:
         f"objects from peers or 'weights_only' (the default) to accept only tensors and "
         f"plain data"
     )
+
+
+# -- torch.compile -----------------------------------------------------------------------
+
+#: ``1`` routes collectives through ``torch.library`` custom ops so they compile (Meta's name).
+PATCH_FOR_COMPILE = "TORCHCOMMS_PATCH_FOR_COMPILE"
+#: ``1`` skips the minimum PyTorch version check of the compile path (Meta's name).
+COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT = (
+    "TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"
+)
+
+
+def patch_for_compile() -> bool:
+    """Tell whether ``TORCHCOMMS_PATCH_FOR_COMPILE`` is exactly ``"1"``."""
+    return os.environ.get(PATCH_FOR_COMPILE) == "1"
+
+
+def compile_ignore_version_requirement() -> bool:
+    """Tell whether the version check of the compile path is switched off (``"1"``)."""
+    return os.environ.get(COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT) == "1"
+

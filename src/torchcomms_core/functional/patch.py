@@ -1,0 +1,248 @@
+"""Route ``TorchComm`` collectives through the ``torchcomms`` ops where that is needed.
+
+A wrapped method runs the original unless it is being traced (``torch.compile``, fake or
+functional tensors) or a result must carry a gradient; then it calls the op. Plugin
+collectives are not ops: while tracing they are a graph break with an explanation.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ..errors import CommTypeError
+from ..reduce_op import ReduceOp
+from . import pending
+from .async_results import FakeWork, TorchCommsAsyncTensor
+from .autograd import DIFFERENTIABLE
+from .ops import ORIGINALS, CommRef, op
+from .table import INTS, OPS, REDUCE_OP, TENSORS, OpSpec
+
+_TRAILING = ("async_op", "hints", "timeout")
+_MISSING = object()
+_WRAPPED = "__torchcomms_compile_wrapped__"
+
+
+def _traced(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor) or torch._is_functional_tensor(t) or t.is_meta
+
+
+def _needs_ops(differentiable: bool, values: Any) -> bool:
+    """Whether eager arguments must go through the ops (grad to carry, or traced tensors)."""
+    grad = differentiable and torch.is_grad_enabled()
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if (grad and v.requires_grad) or _traced(v):
+                return True
+        elif isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, torch.Tensor) and ((grad and t.requires_grad) or _traced(t)):
+                    return True
+    return False
+
+
+class _Plan:
+    """A spec flattened to plain constants, which the tracer reads cheaply."""
+
+    __slots__ = (
+        "method",
+        "names",
+        "kinds",
+        "n",
+        "widx",
+        "wkind",
+        "differentiable",
+        "inplace",
+        "functional",
+    )
+
+    def __init__(self, spec: OpSpec) -> None:
+        self.method = spec.method
+        self.names = tuple(p.name for p in spec.params) + _TRAILING
+        self.kinds = tuple(p.kind for p in spec.params)
+        self.n = len(spec.params)
+        written = spec.written
+        self.widx = -1 if written is None else spec.params.index(written)
+        self.wkind = "" if written is None else written.kind
+        self.differentiable = spec.method in DIFFERENTIABLE
+        self.inplace = None if written is None else op(spec.inplace_name)
+        self.functional = op(spec.functional_name)
+
+
+def _bind(
+    plan: _Plan, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[list[Any], bool, Any, Any]:
+    names = plan.names
+    if len(args) > len(names):
+        raise CommTypeError(
+            f"{plan.method}() takes at most {len(names)} arguments "
+            f"({', '.join(names)}), got {len(args)}"
+        )
+    values = list(args) + [_MISSING] * (len(names) - len(args))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise CommTypeError(f"{plan.method}() got an unexpected keyword argument {key!r}")
+        i = names.index(key)
+        if values[i] is not _MISSING:
+            raise CommTypeError(f"{plan.method}() got multiple values for argument {key!r}")
+        values[i] = value
+    n = plan.n
+    for i in range(n):
+        if values[i] is _MISSING:
+            raise CommTypeError(f"{plan.method}() is missing required argument {names[i]!r}")
+    async_op = values[n] if values[n] is not _MISSING else False
+    hints = values[n + 1] if values[n + 1] is not _MISSING else None
+    timeout = values[n + 2] if values[n + 2] is not _MISSING else None
+    return values[:n], bool(async_op), hints, timeout
+
+
+def _schema_values(plan: _Plan, values: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for kind, v in zip(plan.kinds, values, strict=True):
+        if kind == REDUCE_OP:
+            if not isinstance(v, ReduceOp):
+                raise CommTypeError(
+                    f"{plan.method}: op must be a torchcomms.ReduceOp, got {type(v).__name__}"
+                )
+            factor = v.factor
+            if isinstance(factor, torch.Tensor):
+                if torch.compiler.is_compiling():
+                    raise CommTypeError(
+                        f"{plan.method}: ReduceOp.PREMUL_SUM with a tensor factor cannot be "
+                        f"compiled; pass the factor as a Python float"
+                    )
+                factor = float(factor.item())
+            out.append(v.type.name)
+            out.append(factor)
+        elif kind in (TENSORS, INTS):
+            out.append(list(v))
+        else:
+            out.append(v)
+    return out
+
+
+def _seconds(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def ref_of(comm: Any) -> CommRef:
+    """The communicator's :class:`CommRef` (made when the communicator is created)."""
+    ref = comm.__dict__.get("_compile_ref")
+    if ref is None:
+        ref = comm._compile_ref = CommRef(comm)
+    return ref
+
+
+def _via_ops(plan: _Plan, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    values, async_op, hints, timeout = _bind(plan, args, kwargs)
+    tracing = torch.compiler.is_compiling()
+    ref = comm._compile_ref if tracing else ref_of(comm)
+    svals = _schema_values(plan, values)
+    hints = None if hints is None else dict(hints)
+    seconds = _seconds(timeout)
+    if plan.widx < 0:
+        token = plan.functional(ref, *svals, async_op, hints, seconds)
+        if not async_op:
+            return None
+        work = None if tracing else pending.take(token)
+        return work if work is not None else FakeWork([token])
+    wvalue = values[plan.widx]
+    many = plan.wkind == TENSORS
+    wlist = list(wvalue) if many else [wvalue]
+    grad = plan.differentiable and torch.is_grad_enabled() and _needs_grad(values)
+    if not grad:
+        plan.inplace(ref, *svals, async_op, hints, seconds)
+        return FakeWork(wlist) if async_op else None
+    result = plan.functional(ref, *svals, async_op, hints, seconds)
+    results = list(result) if many else [result]
+    if not async_op:
+        return result
+    if tracing:
+        return FakeWork(wlist, results, single=not many)
+    wrapped = []
+    for r in results:
+        work = pending.take(r)
+        wrapped.append(TorchCommsAsyncTensor.wrap(r, work) if work is not None else r)
+    return wrapped if many else wrapped[0]
+
+
+def _needs_grad(values: list[Any]) -> bool:
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            return True
+        if isinstance(v, (list, tuple)):
+            for t in v:
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    return True
+    return False
+
+
+def _wrap_method(spec: OpSpec, original: Any) -> Any:
+    plan = _Plan(spec)
+    differentiable = plan.differentiable
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling() and not _needs_ops(
+            differentiable, (*args, *kwargs.values())
+        ):
+            return original(self, *args, **kwargs)
+        return _via_ops(plan, self, args, kwargs)
+
+    setattr(method, _WRAPPED, original)
+    return method
+
+
+def _wrap_init(original: Any) -> Any:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        original(self, *args, **kwargs)
+        self._compile_ref = CommRef(self)
+        mark_plugin_collectives()
+
+    setattr(__init__, _WRAPPED, original)
+    return __init__
+
+
+def mark_plugin_collectives() -> None:
+    """Make every installed plugin collective a clean graph break when traced."""
+    from ..comm import TorchComm
+    from ..plugins import _collectives
+
+    for name, coll in list(_collectives.items()):
+        method = TorchComm.__dict__.get(name)
+        if method is None or getattr(method, _WRAPPED, None) is not None:
+            continue
+        reason = (
+            f"torchcomms: plugin collective {name!r} ({coll.provider or 'a plugin'}) runs "
+            f"eagerly: plugin collectives are not torch.library ops, so torch.compile breaks "
+            f"the graph at this call. Call it outside the compiled function, or compile the "
+            f"code before and after it separately (see docs/torch-compile.md)"
+        )
+        disabled = torch._dynamo.disable(method, reason=reason)
+        setattr(disabled, _WRAPPED, method)
+        setattr(TorchComm, name, disabled)
+
+
+def patch_torchcomm() -> None:
+    """Wrap ``TorchComm``'s collectives and constructor (idempotent)."""
+    from ..comm import TorchComm
+
+    for spec in OPS:
+        current = TorchComm.__dict__[spec.method]
+        if getattr(current, _WRAPPED, None) is not None:
+            continue
+        ORIGINALS[spec.method] = current
+        setattr(TorchComm, spec.method, _wrap_method(spec, current))
+    init = TorchComm.__dict__["__init__"]
+    if getattr(init, _WRAPPED, None) is None:
+        TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
