@@ -175,3 +175,59 @@ def compile_ignore_version_requirement() -> bool:
     """Tell whether the version check of the compile path is switched off (``"1"``)."""
     return os.environ.get(COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT) == "1"
 
+
+# -- hardening: object-collective limit, store exposure, backend name overrides ----------
+
+#: Largest serialized payload one rank may declare in an object collective (bytes; K/M/G/T).
+OBJCOL_MAX_BYTES = "TORCHCOMM_OBJCOL_MAX_BYTES"
+DEFAULT_OBJCOL_MAX_BYTES = 2 << 30
+#: Address the rank-0 rendezvous store listens on (default: the one ``MASTER_ADDR`` names).
+STORE_LISTEN_ADDR = "TORCHCOMM_STORE_LISTEN_ADDR"
+#: A ``FileStore`` path to rendezvous through instead of TCP (single-host jobs).
+STORE_FILE = "TORCHCOMM_STORE_FILE"
+#: ``name=distribution,...``: let that distribution provide a built-in backend name.
+BACKEND_OVERRIDE = "TORCHCOMM_BACKEND_OVERRIDE"
+
+_BYTE_SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def objcol_max_bytes() -> int:
+    """Return the object-collective payload limit from ``TORCHCOMM_OBJCOL_MAX_BYTES`` (2 GiB)."""
+    raw = os.environ.get(OBJCOL_MAX_BYTES, "").strip()
+    if not raw:
+        return DEFAULT_OBJCOL_MAX_BYTES
+    text = raw.upper().removesuffix("B").removesuffix("I")
+    digits, suffix = (text[:-1], text[-1]) if text[-1:].isalpha() else (text, "")
+    if suffix in _BYTE_SUFFIXES and digits.isdigit() and int(digits) > 0:
+        return int(digits) * _BYTE_SUFFIXES[suffix]
+    raise ValueError(
+        f"{OBJCOL_MAX_BYTES}={raw!r} is not a size; set it to a positive number of bytes, "
+        f"optionally with a K, M, G or T suffix (e.g. 4G)"
+    )
+
+
+def store_listen_addr() -> str | None:
+    """The address set by ``TORCHCOMM_STORE_LISTEN_ADDR``, or ``None`` to follow MASTER_ADDR."""
+    return os.environ.get(STORE_LISTEN_ADDR, "").strip() or None
+
+
+def store_file() -> str | None:
+    """The ``FileStore`` path set by ``TORCHCOMM_STORE_FILE``, if any."""
+    return os.environ.get(STORE_FILE, "").strip() or None
+
+
+def backend_overrides() -> dict[str, str]:
+    """Backend name -> distribution the user chose with ``TORCHCOMM_BACKEND_OVERRIDE``."""
+    raw = os.environ.get(BACKEND_OVERRIDE, "")
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, sep, dist = item.partition("=")
+        if not sep or not name.strip() or not dist.strip():
+            raise ValueError(
+                f"{BACKEND_OVERRIDE}={raw!r}: {item.strip()!r} is not name=distribution; "
+                f"write e.g. {BACKEND_OVERRIDE}=gloo=my-gloo-dist"
+            )
+        out[name.strip()] = dist.strip()
+    return out

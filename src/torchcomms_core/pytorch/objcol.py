@@ -3,12 +3,18 @@
 Received bytes are decoded like ``torch.load(weights_only=True)`` by default, so a peer
 cannot make this rank run code; full pickle only with ``weights_only=False`` or
 ``TORCHCOMMS_SERIALIZATION=pickle``.
+
+Every call first exchanges a small header (item count, whether the rank accepted its own
+arguments, payload size, size limit), so a mismatch between ranks or an oversized payload
+is refused with the same :class:`CommInputError` on every rank before any payload moves,
+and nothing is allocated from a size a peer declared beyond ``TORCHCOMM_OBJCOL_MAX_BYTES``.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -16,11 +22,21 @@ import torch
 
 from .. import _env
 from ..comm import TorchComm
-from ..errors import CommInputError, CommTypeError, TorchCommError
+from ..errors import CommInputError, CommOperationError, CommTypeError, TorchCommError
 
 
 class UnsafeObjectError(TorchCommError, pickle.UnpicklingError):
     """A received object needs full pickle to decode, which is off by default."""
+
+
+# Header fields, one int64 each, exchanged before any payload.
+_COUNT, _STATUS, _NBYTES, _LIMIT = range(4)
+_HEADER = 4
+# ``_STATUS``: the rank accepted its arguments, or refused them and raises its own error.
+_OK, _REFUSED = 0, 1
+# Verdicts a receiver sends back to ``send_object_list`` before the payload moves.
+_GO, _WRONG_COUNT, _TOO_LARGE, _RECEIVER_REFUSED = range(4)
+_INT64 = 8
 
 
 def _weights_only(weights_only: bool | None) -> bool:
@@ -31,10 +47,41 @@ def _weights_only(weights_only: bool | None) -> bool:
     return not _env.serialization_allows_pickle()
 
 
+def _limit() -> int:
+    try:
+        return _env.objcol_max_bytes()
+    except ValueError as exc:
+        raise CommInputError(str(exc)) from None
+
+
 def _encode(obj: Any) -> torch.Tensor:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+
+
+def _pack(payloads: list[torch.Tensor]) -> torch.Tensor:
+    """The payloads behind a prefix of their sizes (int64), as one byte tensor."""
+    sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64)
+    return torch.cat([sizes.view(torch.uint8), *payloads])
+
+
+def _unpack(blob: torch.Tensor, count: int, peer: int, where: str) -> list[torch.Tensor]:
+    """Split what :func:`_pack` made, checking the sizes a peer declared against the bytes."""
+    head = count * _INT64
+    short = blob.numel() < head
+    sizes = [] if short or not count else blob[:head].cpu().clone().view(torch.int64).tolist()
+    if short or any(s < 0 for s in sizes) or sum(sizes) != blob.numel() - head:
+        raise CommOperationError(
+            f"{where}: rank {peer} sent {blob.numel()} bytes whose object sizes {sizes[:8]} do "
+            f"not add up; it does not speak this version's object protocol. Run the same "
+            f"torchcomms version on every rank"
+        )
+    out, offset = [], head
+    for s in sizes:
+        out.append(blob[offset:offset + s])
+        offset += s
+    return out
 
 
 def _decode(data: torch.Tensor, weights_only: bool, peer: int, where: str) -> Any:
@@ -68,11 +115,47 @@ def _check_list(value: Any, where: str, arg: str, length: int | None = None) -> 
     return value
 
 
-def _sizes_everywhere(comm: TorchComm, size: int, timeout: timedelta | None) -> list[int]:
-    mine = torch.tensor([size], dtype=torch.int64, device=comm.get_device())
-    everyone = torch.empty(comm.get_size(), dtype=torch.int64, device=comm.get_device())
-    comm.all_gather_single(everyone, mine, timeout=timeout)
-    return [int(s) for s in everyone.tolist()]
+def _header(count: int, error: BaseException | None, nbytes: int, limit: int,
+            device: torch.device) -> torch.Tensor:
+    return torch.tensor([count, _REFUSED if error else _OK, nbytes, limit], dtype=torch.int64,
+                        device=device)
+
+
+def _exchange(comm: TorchComm, header: torch.Tensor, timeout: timedelta | None) -> list[list[int]]:
+    """Every rank's header, in rank order."""
+    table = torch.zeros(comm.get_size() * _HEADER, dtype=torch.int64, device=header.device)
+    comm.all_gather_single(table, header, timeout=timeout)
+    return table.view(-1, _HEADER).tolist()
+
+
+def _settle(table: list[list[int]], error: BaseException | None, where: str,
+            receivers: Iterable[int]) -> None:
+    """Raise the same refusal on every rank if any rank refused or a payload is too large.
+
+    Every rank decides from the same table, so they all raise or all go on together.
+    """
+    if error is not None:
+        raise error
+    refused = [r for r, row in enumerate(table) if row[_STATUS] != _OK]
+    if refused:
+        who = ", ".join(map(str, refused))
+        raise CommInputError(
+            f"{where}: rank(s) {who} refused their arguments, so no object was exchanged; the "
+            f"error on those ranks says what to fix. This communicator is still usable"
+        )
+    receivers = list(receivers)
+    if not receivers:
+        return
+    cap_rank = min(receivers, key=lambda r: table[r][_LIMIT])
+    cap = table[cap_rank][_LIMIT]
+    for r, row in enumerate(table):
+        if not 0 <= row[_NBYTES] <= cap:
+            raise CommInputError(
+                f"{where}: rank {r} declared {row[_NBYTES]} bytes of serialized objects, over "
+                f"the limit of {cap} bytes ({_env.OBJCOL_MAX_BYTES} on rank {cap_rank}); nothing "
+                f"was allocated or exchanged. Send smaller objects, or raise "
+                f"{_env.OBJCOL_MAX_BYTES} on every rank"
+            )
 
 
 def _padded(data: torch.Tensor, length: int, device: torch.device) -> torch.Tensor:
@@ -84,16 +167,29 @@ def _padded(data: torch.Tensor, length: int, device: torch.device) -> torch.Tens
 def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any, *,
                       timeout: timedelta | None = None,
                       weights_only: bool | None = None) -> None:
-    """Fill ``object_list`` (one slot per rank) with every rank's ``obj``."""
+    """Fill ``object_list`` (one slot per rank) with every rank's ``obj``.
+
+    Raises:
+        CommInputError: on every rank, if any rank passed a wrong list or an object over
+            ``TORCHCOMM_OBJCOL_MAX_BYTES``.
+    """
     where = "all_gather_object"
     comm = _check_comm(comm, where)
-    n = comm.get_size()
-    _check_list(object_list, where, "object_list", n)
-    safe = _weights_only(weights_only)
-    data = _encode(obj)
-    sizes = _sizes_everywhere(comm, data.numel(), timeout)
-    width, device = max(sizes), comm.get_device()
-    gathered = torch.empty(n * width, dtype=torch.uint8, device=device)
+    n, device = comm.get_size(), comm.get_device()
+    error: BaseException | None = None
+    data, limit = torch.zeros(0, dtype=torch.uint8), 0
+    try:
+        limit = _limit()
+        _check_list(object_list, where, "object_list", n)
+        safe = _weights_only(weights_only)
+        data = _encode(obj)
+    except Exception as exc:  # told to every rank first, then raised here
+        error = exc
+    table = _exchange(comm, _header(1, error, data.numel(), limit, device), timeout)
+    _settle(table, error, where, range(n))
+    sizes = [row[_NBYTES] for row in table]
+    width = max(sizes)
+    gathered = torch.zeros(n * width, dtype=torch.uint8, device=device)
     comm.all_gather_single(gathered, _padded(data, width, device), timeout=timeout)
     for r in range(n):
         object_list[r] = _decode(gathered[r * width:r * width + sizes[r]], safe, r, where)
@@ -105,14 +201,22 @@ def gather_object(comm: TorchComm, obj: Any, object_gather_list: list[Any] | Non
     """On ``root``, fill ``object_gather_list`` (one slot per rank); others pass ``None``."""
     where = "gather_object"
     comm = _check_comm(comm, where)
-    n, me = comm.get_size(), comm.get_rank()
-    if me == root:
-        _check_list(object_gather_list, where, "object_gather_list", n)
-    safe = _weights_only(weights_only)
-    data = _encode(obj)
-    sizes = _sizes_everywhere(comm, data.numel(), timeout)
-    width, device = max(sizes), comm.get_device()
-    out = torch.empty(n * width if me == root else 0, dtype=torch.uint8, device=device)
+    n, me, device = comm.get_size(), comm.get_rank(), comm.get_device()
+    error: BaseException | None = None
+    data, limit = torch.zeros(0, dtype=torch.uint8), 0
+    try:
+        limit = _limit()
+        if me == root:
+            _check_list(object_gather_list, where, "object_gather_list", n)
+        safe = _weights_only(weights_only)
+        data = _encode(obj)
+    except Exception as exc:
+        error = exc
+    table = _exchange(comm, _header(1, error, data.numel(), limit, device), timeout)
+    _settle(table, error, where, [root])
+    sizes = [row[_NBYTES] for row in table]
+    width = max(sizes)
+    out = torch.zeros(n * width if me == root else 0, dtype=torch.uint8, device=device)
     comm.gather_single(out, _padded(data, width, device), root, timeout=timeout)
     if me == root:
         assert object_gather_list is not None
@@ -123,33 +227,48 @@ def gather_object(comm: TorchComm, obj: Any, object_gather_list: list[Any] | Non
 def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int = 0, *,
                           timeout: timedelta | None = None,
                           weights_only: bool | None = None) -> None:
-    """Replace every rank's ``object_list`` entries with ``root``'s (same length on all)."""
+    """Replace every rank's ``object_list`` entries with ``root``'s (same length on all).
+
+    Raises:
+        CommInputError: on every rank, if the list lengths differ between ranks or root's
+            objects exceed ``TORCHCOMM_OBJCOL_MAX_BYTES``.
+    """
     where = "broadcast_object_list"
     comm = _check_comm(comm, where)
-    _check_list(object_list, where, "object_list")
-    safe = _weights_only(weights_only)
-    device = comm.get_device()
-    me = comm.get_rank()
-    count = len(object_list)
-    if me == root:
-        payloads = [_encode(o) for o in object_list]
-        sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
+    me, device = comm.get_rank(), comm.get_device()
+    error: BaseException | None = None
+    count, blob, limit = 0, torch.zeros(0, dtype=torch.uint8), 0
+    try:
+        limit = _limit()
+        count = len(_check_list(object_list, where, "object_list"))
+        safe = _weights_only(weights_only)
+        if me == root:
+            blob = _pack([_encode(o) for o in object_list])
+    except Exception as exc:
+        error = exc
+    table = _exchange(comm, _header(count, error, blob.numel(), limit, device), timeout)
+    _settle(table, error, where, [r for r in range(len(table)) if r != root])
+    expected = table[root][_COUNT]
+    different = [(r, row[_COUNT]) for r, row in enumerate(table) if row[_COUNT] != expected]
+    if different:
+        others = ", ".join(f"rank {r} has {c}" for r, c in different)
+        raise CommInputError(
+            f"{where}: object_list must have the same length on every rank, but root rank "
+            f"{root} has {expected} entries and {others}; nothing was broadcast. Pass a list of "
+            f"{expected} entries on every rank (placeholders such as None on the receivers)"
+        )
+    nbytes = table[root][_NBYTES]
+    if nbytes == 0:
+        return
+    if me != root:
+        blob = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     else:
-        sizes = torch.empty(count, dtype=torch.int64, device=device)
-    comm.broadcast(sizes, root, timeout=timeout)
-    total = int(sizes.sum())
-    if me == root:
-        blob = torch.cat(payloads).to(device) if payloads else sizes.new_empty(0,
-                                                                                dtype=torch.uint8)
-    else:
-        blob = torch.empty(total, dtype=torch.uint8, device=device)
+        blob = blob.to(device)
     comm.broadcast(blob, root, timeout=timeout)
     if me == root:
         return
-    offset = 0
-    for i, s in enumerate(sizes.tolist()):
-        object_list[i] = _decode(blob[offset:offset + s], safe, root, where)
-        offset += s
+    for i, data in enumerate(_unpack(blob, expected, root, where)):
+        object_list[i] = _decode(data, safe, root, where)
 
 
 def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
@@ -159,58 +278,139 @@ def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
     """Put ``root``'s ``scatter_object_input_list[r]`` into rank r's output list slot 0."""
     where = "scatter_object_list"
     comm = _check_comm(comm, where)
-    n, me = comm.get_size(), comm.get_rank()
-    _check_list(scatter_object_output_list, where, "scatter_object_output_list")
-    if not scatter_object_output_list:
-        raise CommInputError(f"{where}: scatter_object_output_list needs at least one slot")
-    safe = _weights_only(weights_only)
-    device = comm.get_device()
-    if me == root:
-        inputs = _check_list(scatter_object_input_list, where, "scatter_object_input_list", n)
-        payloads = [_encode(o) for o in inputs]
-        sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
-    else:
-        sizes = torch.empty(n, dtype=torch.int64, device=device)
-    comm.broadcast(sizes, root, timeout=timeout)
-    width = int(sizes.max())
-    chunks = [_padded(p, width, device) for p in payloads] if me == root else []
-    out = torch.empty(width, dtype=torch.uint8, device=device)
-    comm.scatter(out, chunks, root, timeout=timeout)
-    scatter_object_output_list[0] = _decode(out[:int(sizes[me])], safe, root, where)
+    n, me, device = comm.get_size(), comm.get_rank(), comm.get_device()
+    error: BaseException | None = None
+    chunks: list[torch.Tensor] = []
+    limit = 0
+    try:
+        limit = _limit()
+        _check_list(scatter_object_output_list, where, "scatter_object_output_list")
+        if not scatter_object_output_list:
+            raise CommInputError(f"{where}: scatter_object_output_list needs at least one slot")
+        safe = _weights_only(weights_only)
+        if me == root:
+            inputs = _check_list(scatter_object_input_list, where, "scatter_object_input_list",
+                                 n)
+            chunks = [_pack([_encode(o)]) for o in inputs]
+    except Exception as exc:
+        error = exc
+    width = max((c.numel() for c in chunks), default=0)
+    table = _exchange(comm, _header(1, error, width, limit, device), timeout)
+    _settle(table, error, where, [r for r in range(n) if r != root])
+    width = table[root][_NBYTES]
+    padded = [_padded(c, width, device) for c in chunks]
+    out = torch.zeros(width, dtype=torch.uint8, device=device)
+    comm.scatter(out, padded, root, timeout=timeout)
+    # Each chunk is padded to the widest: its own size prefix says where it ends.
+    size = int(out[:_INT64].cpu().clone().view(torch.int64)) if width >= _INT64 else -1
+    if not 0 <= size <= width - _INT64:
+        raise CommOperationError(f"{where}: rank {root} sent a chunk that declares {size} bytes "
+                                 f"in {width}; run the same torchcomms version on every rank")
+    (data,) = _unpack(out[:_INT64 + size], 1, root, where)
+    scatter_object_output_list[0] = _decode(data, safe, root, where)
 
 
 def send_object_list(comm: TorchComm, object_list: list[Any], dst: int, *,
                      timeout: timedelta | None = None) -> None:
-    """Send ``object_list`` to ``dst``, which calls ``recv_object_list`` with as many slots."""
+    """Send ``object_list`` to ``dst``, which calls ``recv_object_list`` with as many slots.
+
+    The count and size go first and ``dst`` answers before any payload moves, so a
+    receiver with a different number of slots, or one that refuses the size, makes both
+    ranks raise :class:`CommInputError` at once.
+    """
     where = "send_object_list"
     comm = _check_comm(comm, where)
-    if not _check_list(object_list, where, "object_list"):
-        return
     device = comm.get_device()
-    payloads = [_encode(o) for o in object_list]
-    sizes = torch.tensor([p.numel() for p in payloads], dtype=torch.int64, device=device)
-    comm.send(sizes, dst, timeout=timeout)
-    comm.send(torch.cat(payloads).to(device), dst, timeout=timeout)
+    error: BaseException | None = None
+    count, blob = 0, torch.zeros(0, dtype=torch.uint8)
+    try:
+        count = len(_check_list(object_list, where, "object_list"))
+        blob = _pack([_encode(o) for o in object_list])
+    except Exception as exc:
+        error = exc
+    comm.send(_header(count, error, blob.numel(), 0, device), dst, timeout=timeout)
+    if error is not None:
+        raise error
+    verdict = torch.zeros(2, dtype=torch.int64, device=device)
+    comm.recv(verdict, dst, timeout=timeout)
+    code, detail = verdict.tolist()
+    if code == _WRONG_COUNT:
+        raise CommInputError(
+            f"{where}: rank {dst} expects {detail} objects but this rank sent {count}; nothing "
+            f"was sent. Call recv_object_list on rank {dst} with a list of {count} slots"
+        )
+    if code == _TOO_LARGE:
+        raise CommInputError(
+            f"{where}: rank {dst} refused {blob.numel()} bytes of serialized objects, over its "
+            f"limit of {detail} bytes ({_env.OBJCOL_MAX_BYTES}); send smaller objects or raise "
+            f"the limit on rank {dst}"
+        )
+    if code != _GO:
+        raise CommInputError(
+            f"{where}: rank {dst} refused its recv_object_list arguments, so nothing was sent; "
+            f"the error on rank {dst} says what to fix"
+        )
+    if blob.numel():
+        comm.send(blob.to(device), dst, timeout=timeout)
 
 
 def recv_object_list(comm: TorchComm, object_list: list[Any], src: int, *,
                      timeout: timedelta | None = None,
                      weights_only: bool | None = None) -> None:
-    """Fill ``object_list`` with the objects ``src`` sent with ``send_object_list``."""
+    """Fill ``object_list`` with the objects ``src`` sent with ``send_object_list``.
+
+    Raises:
+        CommInputError: on both ranks, if ``object_list`` has a different number of slots
+            than ``src`` sent, or the payload exceeds ``TORCHCOMM_OBJCOL_MAX_BYTES``.
+    """
     where = "recv_object_list"
     comm = _check_comm(comm, where)
-    if not _check_list(object_list, where, "object_list"):
-        return
-    safe = _weights_only(weights_only)
     device = comm.get_device()
-    sizes = torch.empty(len(object_list), dtype=torch.int64, device=device)
-    comm.recv(sizes, src, timeout=timeout)
-    blob = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
-    comm.recv(blob, src, timeout=timeout)
-    offset = 0
-    for i, s in enumerate(sizes.tolist()):
-        object_list[i] = _decode(blob[offset:offset + s], safe, src, where)
-        offset += s
+    error: BaseException | None = None
+    limit = 0
+    try:
+        _check_list(object_list, where, "object_list")
+        safe = _weights_only(weights_only)
+        limit = _limit()
+    except Exception as exc:
+        error = exc
+    header = torch.zeros(_HEADER, dtype=torch.int64, device=device)
+    comm.recv(header, src, timeout=timeout)
+    count, status, nbytes, _ = header.tolist()
+    if status != _OK:  # the sender raised right after its header and waits for nothing
+        if error is not None:
+            raise error
+        raise CommInputError(f"{where}: rank {src} refused its send_object_list arguments, so "
+                             f"nothing was received; the error on rank {src} says what to fix")
+    if error is not None:
+        code, detail = _RECEIVER_REFUSED, 0
+    elif count != len(object_list):
+        code, detail = _WRONG_COUNT, len(object_list)
+    elif not 0 <= nbytes <= limit:
+        code, detail = _TOO_LARGE, limit
+    else:
+        code, detail = _GO, 0
+    comm.send(torch.tensor([code, detail], dtype=torch.int64, device=device), src,
+              timeout=timeout)
+    if error is not None:
+        raise error
+    if code == _WRONG_COUNT:
+        raise CommInputError(
+            f"{where}: rank {src} sent {count} objects but object_list has {len(object_list)} "
+            f"slots; nothing was received. Pass a list of {count} slots (as many as "
+            f"send_object_list sends)"
+        )
+    if code == _TOO_LARGE:
+        raise CommInputError(
+            f"{where}: rank {src} declared {nbytes} bytes of serialized objects, over the limit "
+            f"of {limit} bytes ({_env.OBJCOL_MAX_BYTES}); nothing was allocated or received. "
+            f"Send smaller objects, or raise {_env.OBJCOL_MAX_BYTES} on this rank"
+        )
+    blob = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    if nbytes:
+        comm.recv(blob, src, timeout=timeout)
+    for i, data in enumerate(_unpack(blob, count, src, where)):
+        object_list[i] = _decode(data, safe, src, where)
 
 
 __all__ = [
