@@ -35,6 +35,7 @@ from .plugins import (
 from .reduce_op import RedOpType, ReduceOp
 from .registry import available_backends, get_backend_class, register_backend, unregister_backend
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
+from .window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from .work import TorchWork, WorkStatus
 
 __version__ = "0.1.0"
@@ -63,6 +64,9 @@ __all__ = [
     "TorchComm",
     "TorchCommBackend",
     "TorchCommError",
+    "TorchCommWinAccessType",
+    "TorchCommWindow",
+    "TorchCommWindowAttr",
     "TorchWork",
     "WorkStatus",
     "__version__",

@@ -30,20 +30,31 @@ def resolve_rank_size() -> tuple[int, int, str]:
         tried = ", ".join(f"{r}/{s}" for r, s, _ in _env.LAUNCHER_RANK_SIZE)
         raise BootstrapError(
             f"cannot tell this process's rank and world size: none of {tried} are set. "
-            f"Launch with torchrun (e.g. `torchrun --nproc-per-node 2 script.py`), mpirun or "
-            f"srun, or set TORCHCOMM_RANK and TORCHCOMM_SIZE"
+            f"Launch with torchrun (e.g. `torchrun --nproc-per-node 2 script.py`), mpiexec "
+            f"(`mpiexec -n 2 python script.py`, needed by the mpi backend) or srun, or set "
+            f"TORCHCOMM_RANK and TORCHCOMM_SIZE"
         )
     return found
 
 
-def default_store(rank: int, size: int, timeout: timedelta) -> Any:
-    """Return the process's rendezvous store, creating it on first use."""
-    from torch.distributed import PrefixStore, TCPStore
+def default_store(rank: int, size: int, timeout: timedelta, required: bool = True) -> Any:
+    """Return the process's rendezvous store, creating it on first use.
+
+    With ``required=False`` (engines such as MPI that rendezvous by themselves) and no
+    ``MASTER_ADDR``/``MASTER_PORT``, a store local to this process stands in.
+    """
+    from torch.distributed import HashStore, PrefixStore, TCPStore
 
     try:
         addr_port = _env.master_addr_port()
     except ValueError as exc:
         raise BootstrapError(str(exc)) from None
+    if addr_port is None and not required:
+        with _store_lock:
+            local = _stores.get(("", 0))
+            if local is None:
+                local = _stores[("", 0)] = HashStore()
+            return local
     if addr_port is None:
         raise BootstrapError(
             f"no rendezvous store: {_env.MASTER_ADDR} and {_env.MASTER_PORT} must be set "

@@ -38,6 +38,7 @@ from .reduce_op import RedOpType, ReduceOp
 from .registry import get_backend_class
 from .spec import TorchCommBackend, method_support
 from .validation import Checker, split_sizes
+from .window import TorchCommWindow, create_window
 from .work import TorchWork, is_timeout_error
 
 _OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
@@ -741,6 +742,18 @@ class TorchComm:
                            (out, _contiguous_in(input), root), async_op, timeout, hints,
                            fin or None, (output, input, root))
 
+    # -- one-sided windows -----------------------------------------------------------
+
+    def new_window(self, tensor: torch.Tensor | None = None) -> TorchCommWindow:
+        """Create a one-sided window (collective); registers ``tensor`` at once if given.
+
+        See :class:`torchcomms_core.window.TorchCommWindow`. Raises ``CommStateError``
+        when the backend has no windows (``method_support()["new_window"]``).
+        """
+        if self._state is not _OK:
+            self._ensure_usable("new_window")
+        return create_window(self, tensor)
+
     # -- sub-communicators -----------------------------------------------------------
 
     def split(self, ranks: Sequence[int], name: str, hints: dict[str, str] | None = None,
@@ -924,7 +937,8 @@ def new_comm(
     rank, size, _source = resolve_rank_size()
     if name is None:
         name = f"comm_{next(_auto_names)}"
-    root = store if store is not None else default_store(rank, size, timeout)
+    root = store if store is not None else default_store(rank, size, timeout,
+                                                         required=cls.needs_store)
     from torch.distributed import PrefixStore
 
     _claim_name(root, name, rank)

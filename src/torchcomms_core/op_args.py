@@ -100,6 +100,7 @@ OP_FIELDS: dict[str, tuple[str, ...]] = {
     "gather": ("output_tensor_list", "input_tensor", "root"),
     "gather_single": ("output", "input", "root"),
     "split": ("ranks", "name"),
+    "new_window": (),
     "finalize": (),
     "batch_op_issue": ("ops",),
 }

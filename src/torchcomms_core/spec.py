@@ -58,7 +58,7 @@ DERIVABLE_METHODS: tuple[str, ...] = (
 )
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
-OPTIONAL_METHODS: tuple[str, ...] = ("abort",)
+OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window")
 
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -108,6 +108,9 @@ class TorchCommBackend(abc.ABC):
     supported_reduce_ops: ClassVar[frozenset[RedOpType]] = BASIC_REDUCE_OPS
     #: Element types the backend accepts.
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
+    #: ``False`` for engines that rendezvous by themselves (MPI): without ``MASTER_ADDR``
+    #: the core then gives the communicator a store local to the process.
+    needs_store: ClassVar[bool] = True
 
     device: torch.device
     comm_name: str
@@ -336,6 +339,13 @@ class TorchCommBackend(abc.ABC):
     def abort(self) -> None:
         """Tear the engine down at once, abandoning operations in flight (optional)."""
         raise NotImplementedError(f"{type(self).__name__} does not support abort()")
+
+    def new_window(self) -> Any:
+        """Return a window engine (``torchcomms_core.window.WindowEngine``) (optional).
+
+        The core's ``TorchCommWindow`` does the checks and bookkeeping around it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support windows")
 
 
 # -- helpers shared by the defaults, the core and backends ------------------------------

@@ -81,6 +81,11 @@ def _worker_main(rank: int, size: int, env: dict[str, str], conn: Any, stack_fil
     os.environ.update(env)
     os.environ["TORCHCOMM_RANK"] = str(rank)
     os.environ["TORCHCOMM_SIZE"] = str(size)
+    serve(conn, stack_file)
+
+
+def serve(conn: Any, stack_file: str) -> None:
+    """Run the bodies the pool sends over ``conn`` until it says stop (a rank's main loop)."""
     dump = open(stack_file, "w")  # noqa: SIM115 - lives as long as the process
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
@@ -111,17 +116,28 @@ def _worker_main(rank: int, size: int, env: dict[str, str], conn: Any, stack_fil
                        str(exc)))
 
 
+#: How a pool starts its ranks: spawned Python processes, or MPI processes under mpiexec.
+LAUNCHERS = ("spawn", "mpiexec")
+
+
 class RankPool:
     """N rank processes that run the same function together, like an SPMD job.
 
     Workers see ``TORCHCOMM_RANK``/``TORCHCOMM_SIZE`` and a rendezvous store hosted by
     this process (as torchrun's agent does), so ``torchcomms.new_comm`` works in them.
+    With ``launcher="mpiexec"`` the workers are MPI processes started by ``mpiexec``
+    (for backends such as mpi); ``mpi_launch.mpiexec_unavailable()`` says if it can run.
     """
 
     def __init__(self, world_size: int, *, env: dict[str, str] | None = None,
-                 comm_timeout_s: float = 30.0, grace_s: float = 5.0) -> None:
+                 comm_timeout_s: float = 30.0, grace_s: float = 5.0,
+                 launcher: str = "spawn") -> None:
         if world_size < 1:
             raise ValueError(f"RankPool: world_size must be >= 1, got {world_size}")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"RankPool: launcher must be one of {', '.join(LAUNCHERS)}, got "
+                             f"{launcher!r}")
+        self.launcher = launcher
         self.world_size = world_size
         self.grace_s = grace_s
         self._extra_env = dict(env or {})
@@ -150,6 +166,12 @@ class RankPool:
         }
         ctx = multiprocessing.get_context("spawn")
         tmpdir = tempfile.mkdtemp(prefix="torchcomms-pool-")
+        if self.launcher == "mpiexec":
+            from . import mpi_launch
+
+            self._procs, self._conns, self._stack_files = mpi_launch.start(
+                self.world_size, env, tmpdir)
+            return
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
             stack_file = os.path.join(tmpdir, f"rank{rank}.stacks")
@@ -226,7 +248,9 @@ class RankPool:
             handles = {}
             for r in waiting:
                 handles[self._conns[r]] = r
-                handles[self._procs[r].sentinel] = r
+                sentinel = self._procs[r].sentinel
+                if sentinel is not None:  # mpiexec ranks: a death closes the connection
+                    handles[sentinel] = r
             ready = multiprocessing.connection.wait(list(handles), timeout=remaining)
             for h in ready:
                 r = handles[h]

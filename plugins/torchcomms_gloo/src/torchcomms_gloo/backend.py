@@ -48,3 +48,10 @@ class GlooBackend(C10dBackend):
 
     def get_backend_name(self) -> str:
         return "gloo"
+
+    def new_window(self) -> Any:
+        """A shared-memory window engine (ranks on one host; see ``torchcomms_gloo.window``)."""
+        from .window import GlooWindowEngine
+
+        self._windows_made = getattr(self, "_windows_made", 0) + 1
+        return GlooWindowEngine(self, self._windows_made)

@@ -1,0 +1,434 @@
+"""``MpiBackend``: every torchcomms operation as one MPI call on the tensors' own memory.
+
+Synchronous calls use blocking MPI (``Allreduce``, ``Bcast``, ...) under a watchdog;
+asynchronous ones use nonblocking MPI (``Iallreduce``, ``Ibcast``, ...) and return an
+:class:`~torchcomms_mpi.work.MpiWork`. Launch with ``mpiexec -n N python script.py``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any, ClassVar
+
+import torch
+
+from torchcomms_core import BootstrapError, CommInputError, CommOptions, ReduceOp
+from torchcomms_core.spec import BASIC_REDUCE_OPS, DEFAULT_DTYPES, P2POp, TorchCommBackend
+
+_UNSET = object()
+
+
+class MpiBackend(TorchCommBackend):
+    """CPU communicator on MPI: one duplicated MPI communicator per torchcomms communicator."""
+
+    devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
+    supported_reduce_ops = BASIC_REDUCE_OPS
+    #: MPI rendezvouses through mpiexec: no MASTER_ADDR needed.
+    needs_store: ClassVar[bool] = False
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        # Importing mpi4py.MPI initialises MPI, so only look for it here.
+        if importlib.util.find_spec("mpi4py") is None:
+            return False, "mpi4py is not installed: pip install mpi4py mpich"
+        return True, "ok"
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        from mpi4py import MPI
+
+        world = MPI.COMM_WORLD
+        wrank, wsize = world.Get_rank(), world.Get_size()
+        if (wrank, wsize) != (options.rank, options.size):
+            if wsize == 1:
+                raise BootstrapError(
+                    f"the mpi backend needs its ranks started by mpiexec, but MPI sees a single "
+                    f"process while the environment says rank {options.rank} of {options.size}. "
+                    f"Launch with `mpiexec -n {options.size} python script.py`"
+                )
+            raise BootstrapError(
+                f"MPI says this process is rank {wrank} of {wsize}, but the environment says "
+                f"rank {options.rank} of {options.size}; unset TORCHCOMM_RANK/TORCHCOMM_SIZE, "
+                f"RANK/WORLD_SIZE when launching with mpiexec"
+            )
+        self._setup(world.Dup(), name, options)
+
+    def _setup(self, comm: Any, name: str, options: CommOptions) -> None:
+        from . import buffers
+        from .work import Watchdog
+
+        # The all_reduce fast path's lookups (mpi4py is imported here, not at module import,
+        # because importing mpi4py.MPI initialises MPI).
+        self._fa, self._types, self._ops = buffers._fromaddress, buffers.MPI_TYPES, buffers._OPS
+
+        self._MPI = buffers.MPI
+        self._b = buffers
+        self._comm = comm
+        comm.Set_name(name)
+        self._rank = comm.Get_rank()
+        self._size = comm.Get_size()
+        self._pending: set[Any] = set()
+        # The last timeout seen and its seconds: most calls pass the same object.
+        self._td: Any = _UNSET
+        self._ts = 0.0
+        self._watch = Watchdog(comm, name, self._rank)
+        self._windows: list[Any] = []
+
+    def finalize(self) -> None:
+        self._release(abort=False)
+
+    def abort(self) -> None:
+        """Abandon operations in flight (receives are cancelled) and free the communicator."""
+        self._release(abort=True)
+
+    def _release(self, abort: bool) -> None:
+        comm = getattr(self, "_comm", None)
+        if comm is None:
+            return
+        self._comm = None
+        self._watch.stop()
+        for work in list(self._pending):
+            if abort:
+                work.cancel()
+            else:
+                try:
+                    work.wait()
+                except Exception:  # finalize must release even a failed communicator
+                    work.cancel()
+        for window in list(self._windows):
+            window.free(abort=True)
+        if not self._MPI.Is_finalized():
+            try:
+                comm.Free()
+            except self._MPI.Exception:  # an engine that already gave up: nothing to free
+                pass
+
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_size(self) -> int:
+        return self._size
+
+    def get_backend_name(self) -> str:
+        return "mpi"
+
+    def get_comm_name(self) -> str:
+        return self.comm_name
+
+    @property
+    def engine(self) -> Any:
+        """The ``mpi4py.MPI.Intracomm`` under this communicator (what unsafe_get_backend gives)."""
+        return self._comm
+
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> MpiBackend | None:
+        # MPI_Comm_create_group is collective over the new group only: ranks outside it
+        # need not take part, exactly like the core's split contract.
+        if not ranks:
+            return None
+        group = self._comm.Get_group().Incl(sorted(ranks))
+        try:
+            sub = self._comm.Create_group(group, tag=min(ranks))
+        finally:
+            group.Free()
+        child = MpiBackend()
+        child._bind(self.device, name, options)
+        child._setup(sub, name, options)
+        return child
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    def _seconds(self, timeout: timedelta | None) -> float:
+        if timeout is self._td:
+            return self._ts
+        seconds = (timeout or self.options.timeout or timedelta(seconds=600)).total_seconds()
+        self._td, self._ts = timeout, seconds
+        return seconds
+
+    def _run(self, what: str, timeout: timedelta | None, fn: Any, *args: Any) -> None:
+        """A blocking MPI call under the watchdog."""
+        w = self._watch
+        w.seconds = self._seconds(timeout)
+        w.seq += 1
+        w.what = what
+        try:
+            fn(*args)
+        finally:
+            w.what = None
+
+    def _work(self, what: str, timeout: timedelta | None, reqs: list[Any], keep: Any = None,
+              then: Any = None) -> Any:
+        from .work import MpiWork
+
+        return MpiWork(reqs, self._seconds(timeout), what, keep, self._pending, then)
+
+    # -- point to point ---------------------------------------------------------------
+
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
+             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        b = self._b.buf(tensor)
+        if async_op:
+            return self._work("send", timeout, [self._comm.Isend(b, dst)], tensor)
+        self._run("send", timeout, self._comm.Send, b, dst)
+        return None
+
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
+             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        b = self._b.buf(tensor)
+        if async_op:
+            return self._work("recv", timeout, [self._comm.Irecv(b, src)], tensor)
+        self._run("recv", timeout, self._comm.Recv, b, src)
+        return None
+
+    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+                       timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        comm, buf = self._comm, self._b.buf
+        reqs, keep = [], []
+        for kind, tensor, peer in ops:
+            b = buf(tensor)
+            keep.append(tensor)
+            reqs.append(comm.Isend(b, peer) if kind == "send" else comm.Irecv(b, peer))
+        work = self._work("batch_op_issue", timeout, reqs, keep)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    # -- collectives ------------------------------------------------------------------
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
+                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        dtype = tensor.dtype
+        b = [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[dtype]]
+        mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
+        comm, in_place = self._comm, self._MPI.IN_PLACE
+        if async_op:
+            return self._work("all_reduce", timeout, [comm.Iallreduce(in_place, b, mop)],
+                              tensor)
+        # The watchdog inline: the 1-element case is dominated by per-call cost.
+        w = self._watch
+        w.seconds = self._ts if timeout is self._td else self._seconds(timeout)
+        w.seq += 1
+        w.what = "all_reduce"
+        try:
+            comm.Allreduce(in_place, b, mop)
+        finally:
+            w.what = None
+        return None
+
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
+                  timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        b = self._b.buf(tensor)
+        if async_op:
+            return self._work("broadcast", timeout, [self._comm.Ibcast(b, root)], tensor)
+        self._run("broadcast", timeout, self._comm.Bcast, b, root)
+        return None
+
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
+               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        b = self._b.buf(tensor)
+        mop = self._b.mpi_op(op, tensor.dtype)
+        comm = self._comm
+        if self._rank == root:
+            args: tuple[Any, ...] = (self._MPI.IN_PLACE, b, mop, root)
+        else:
+            args = (b, None, mop, root)
+        if async_op:
+            return self._work("reduce", timeout, [comm.Ireduce(*args)], tensor)
+        self._run("reduce", timeout, comm.Reduce, *args)
+        return None
+
+    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
+                hints: dict[str, str] | None = None) -> Any:
+        if async_op:
+            return self._work("barrier", timeout, [self._comm.Ibarrier()])
+        self._run("barrier", timeout, self._comm.Barrier)
+        return None
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
+                          timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        recv = b.blocked(output)
+        if input.numel() and input.data_ptr() == output.data_ptr() + self._rank * input.nbytes:
+            send: Any = self._MPI.IN_PLACE  # the input already sits in this rank's slot
+        else:
+            send = b.buf(input)
+        return self._collective("all_gather_single", async_op, timeout, "Allgather",
+                                "Iallgather", (send, recv), (output, input))
+
+    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                     async_op: bool, *, timeout: timedelta | None = None,
+                     hints: dict[str, str] | None = None) -> Any:
+        recv = self._b.scattered(tensor_list)
+        mine = tensor_list[self._rank]
+        if self._b.same_memory(mine, tensor):
+            send: Any = self._MPI.IN_PLACE
+        elif self._b.overlaps(mine, tensor):
+            raise CommInputError(f"all_gather: tensor_list[{self._rank}] partly overlaps the "
+                                 f"input tensor; pass the same tensor or separate memory")
+        else:
+            send = [self._b.buf(tensor)[0], tensor.nbytes, self._MPI.BYTE]
+        return self._collective("all_gather", async_op, timeout, "Allgatherv", "Iallgatherv",
+                                (send, recv), (tensor_list, tensor))
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                   async_op: bool, *, timeout: timedelta | None = None,
+                   hints: dict[str, str] | None = None) -> Any:
+        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
+                              async_op: bool, *, timeout: timedelta | None = None,
+                              hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        if b.overlaps(output, input):
+            input = input.clone()  # MPI refuses aliased buffers; the result goes elsewhere
+        mop = b.mpi_op(op, output.dtype)
+        send, recv = b.blocked(input), b.buf(output)
+        return self._collective("reduce_scatter_single", async_op, timeout,
+                                "Reduce_scatter_block", "Ireduce_scatter_block",
+                                (send, recv, mop), (output, input))
+
+    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
+                         op: ReduceOp, async_op: bool, *, timeout: timedelta | None = None,
+                         hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        counts = [t.numel() for t in input_list]
+        # MPI_Reduce_scatter takes one send buffer: blocks that are not already one run of
+        # memory are packed into one (the only copy this backend makes).
+        flat = b.contiguous_run(input_list)
+        if flat is None or b.overlaps(flat, output):
+            flat = torch.cat([t.reshape(-1) for t in input_list])
+        mop = b.mpi_op(op, output.dtype)
+        send = b.buf(flat)
+        recv = b.first(output, counts[self._rank])
+        return self._collective("reduce_scatter", async_op, timeout, "Reduce_scatter",
+                                "Ireduce_scatter", (send, recv, counts, mop), (output, flat))
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
+                       async_op: bool, *, timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout,
+                                     hints=hints)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
+                          timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        recv = b.blocked(output)
+        if b.same_memory(output, input):
+            send: Any = self._MPI.IN_PLACE
+        else:
+            if b.overlaps(output, input):
+                input = input.clone()
+            send = b.blocked(input)
+        return self._collective("all_to_all_single", async_op, timeout, "Alltoall",
+                                "Ialltoall", (send, recv), (output, input))
+
+    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
+                            output_split_sizes: list[int], input_split_sizes: list[int],
+                            async_op: bool, *, timeout: timedelta | None = None,
+                            hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        if b.overlaps(output, input):
+            input = input.clone()
+        row_out = output[0].numel() if output.shape[0] else 0
+        row_in = input[0].numel() if input.shape[0] else 0
+        mpi_t = b.MPI_TYPES[output.dtype]
+        sc = [s * row_in for s in input_split_sizes]
+        rc = [s * row_out for s in output_split_sizes]
+        send = [b.buf(input)[0], sc, _displs(sc), mpi_t]
+        recv = [b.buf(output)[0], rc, _displs(rc), mpi_t]
+        return self._collective("all_to_all_v_single", async_op, timeout, "Alltoallv",
+                                "Ialltoallv", (send, recv), (output, input))
+
+    def all_to_all(self, output_tensor_list: list[torch.Tensor],
+                   input_tensor_list: list[torch.Tensor], async_op: bool, *,
+                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        ins = list(input_tensor_list)
+        for i, t in enumerate(ins):
+            if any(b.overlaps(t, o) for o in output_tensor_list):
+                ins[i] = t.clone()
+        send, recv = b.scattered(ins), b.scattered(output_tensor_list)
+        return self._collective("all_to_all", async_op, timeout, "Alltoallv", "Ialltoallv",
+                                (send, recv), (output_tensor_list, ins))
+
+    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
+                root: int, async_op: bool, *, timeout: timedelta | None = None,
+                hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        recv: Any = [b.buf(output_tensor)[0], output_tensor.nbytes, self._MPI.BYTE]
+        send: Any = None
+        if self._rank == root:
+            send = b.scattered(input_tensor_list)
+            mine = input_tensor_list[root]
+            if b.same_memory(mine, output_tensor):
+                recv = self._MPI.IN_PLACE
+            elif b.overlaps(mine, output_tensor):
+                send = b.scattered([t.clone() for t in input_tensor_list])
+        return self._collective("scatter", async_op, timeout, "Scatterv", "Iscatterv",
+                                (send, recv, root), (output_tensor, input_tensor_list))
+
+    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
+               root: int, async_op: bool, *, timeout: timedelta | None = None,
+               hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        send: Any = [b.buf(input_tensor)[0], input_tensor.nbytes, self._MPI.BYTE]
+        recv: Any = None
+        if self._rank == root:
+            recv = b.scattered(output_tensor_list)
+            mine = output_tensor_list[root]
+            if b.same_memory(mine, input_tensor):
+                send = self._MPI.IN_PLACE
+            elif b.overlaps(mine, input_tensor):
+                input_tensor = input_tensor.clone()
+                send = [b.buf(input_tensor)[0], input_tensor.nbytes, self._MPI.BYTE]
+        return self._collective("gather", async_op, timeout, "Gatherv", "Igatherv",
+                                (send, recv, root), (output_tensor_list, input_tensor))
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
+                      async_op: bool, *, timeout: timedelta | None = None,
+                      hints: dict[str, str] | None = None) -> Any:
+        b = self._b
+        send: Any = b.buf(input)
+        recv: Any = None
+        if self._rank == root:
+            recv = b.blocked(output)
+            if input.numel() and input.data_ptr() == output.data_ptr() + root * input.nbytes:
+                send = self._MPI.IN_PLACE
+            elif b.overlaps(output, input):
+                input = input.clone()
+                send = b.buf(input)
+        return self._collective("gather_single", async_op, timeout, "Gather", "Igather",
+                                (send, recv, root), (output, input))
+
+    def _collective(self, what: str, async_op: bool, timeout: timedelta | None, blocking: str,
+                    nonblocking: str, args: tuple[Any, ...], keep: Any) -> Any:
+        comm = self._comm
+        if async_op:
+            return self._work(what, timeout, [getattr(comm, nonblocking)(*args)], keep)
+        self._run(what, timeout, getattr(comm, blocking), *args)
+        return None
+
+    # -- windows ----------------------------------------------------------------------
+
+    def new_window(self) -> Any:
+        """An MPI RMA window engine for the core's ``TorchCommWindow``."""
+        from .window import MpiWindowEngine
+
+        engine = MpiWindowEngine(self)
+        self._windows.append(engine)
+        return engine
+
+
+def _displs(counts: list[int]) -> list[int]:
+    out, acc = [], 0
+    for c in counts:
+        out.append(acc)
+        acc += c
+    return out

@@ -1,0 +1,175 @@
+"""One-sided windows on MPI RMA: the engine under the core's ``TorchCommWindow``.
+
+The registered tensor becomes an MPI window (``Win.Create`` over its own memory); each
+rank also allocates a window of ``size`` int64 signal counters. Both stay in a passive
+``Lock_all`` epoch. ``put`` is ``MPI_Put`` completed by ``Win.Flush``; ``signal`` flushes
+the data to the peer, then adds 1 to this rank's counter there with an atomic
+``Accumulate``; ``wait_signal`` polls its own counter with ``Fetch_and_op(NO_OP)``.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from mpi4py import MPI
+
+from torchcomms_core import CommTimeoutError, TorchCommWinAccessType
+
+from .buffers import MPI_TYPES
+
+if TYPE_CHECKING:
+    from .backend import MpiBackend
+
+_COUNTER = MPI.INT64_T
+
+
+class _FlushWork:
+    """An issued put: ``wait()`` flushes it to the target (remote completion)."""
+
+    __slots__ = ("_win", "_rank", "_keep", "_done")
+
+    def __init__(self, win: Any, rank: int, keep: torch.Tensor) -> None:
+        self._win, self._rank, self._keep, self._done = win, rank, keep, False
+
+    def wait(self) -> bool:
+        if not self._done:
+            self._win.Flush(self._rank)
+            self._done = True
+            self._keep = None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done
+
+
+class _SignalWaitWork:
+    """Polls this rank's counter for ``peer`` until it passes ``target`` or time runs out."""
+
+    __slots__ = ("_engine", "_peer", "_target", "_deadline", "_seconds", "_done")
+
+    def __init__(self, engine: MpiWindowEngine, peer: int, target: int, seconds: float) -> None:
+        self._engine, self._peer, self._target = engine, peer, target
+        self._seconds = seconds
+        self._deadline = time.monotonic() + seconds
+        self._done = False
+
+    def is_completed(self) -> bool:
+        if not self._done and self._engine._count(self._peer) >= self._target:
+            self._engine._arrived()
+            self._done = True
+        return self._done
+
+    def wait(self) -> bool:
+        nap = 1e-6
+        while not self.is_completed():
+            if time.monotonic() > self._deadline:
+                raise CommTimeoutError(
+                    f"wait_signal: no signal from rank {self._peer} within {self._seconds:g} s "
+                    f"(timed out); the peer must call window.signal({self._engine.rank}, ...)"
+                )
+            time.sleep(nap)
+            nap = min(nap * 2, 0.0005)
+        return True
+
+
+class MpiWindowEngine:
+    """MPI RMA windows for one ``TorchCommWindow`` (see the module docstring)."""
+
+    def __init__(self, backend: MpiBackend) -> None:
+        self._backend = backend
+        self._comm = backend.engine
+        self.rank = backend.get_rank()
+        self._size = backend.get_size()
+        self._data: Any = None
+        self._signals: Any = None
+        self._tensor: torch.Tensor | None = None
+        self._waited = [0] * self._size
+        self._one = torch.ones(1, dtype=torch.int64)
+        self._got = torch.zeros(1, dtype=torch.int64)
+
+    def register(self, tensor: torch.Tensor) -> list[int]:
+        comm = self._comm
+        numels = comm.allgather(tensor.numel())
+        if tensor.dtype not in MPI_TYPES:
+            raise ValueError(f"windows cannot hold {tensor.dtype}")
+        nbytes = tensor.numel() * tensor.element_size()
+        memory = MPI.buffer.fromaddress(tensor.data_ptr(), nbytes) if nbytes else None
+        self._data = MPI.Win.Create(memory if memory is not None else MPI.BOTTOM,
+                                    tensor.element_size(), MPI.INFO_NULL, comm)
+        self._signals = MPI.Win.Allocate(8 * self._size, 8, MPI.INFO_NULL, comm)
+        counters = torch.frombuffer(self._signals.tomemory(), dtype=torch.int64)
+        counters.zero_()
+        self._tensor = tensor
+        self._waited = [0] * self._size
+        comm.Barrier()  # every counter is zero before anyone signals
+        self._data.Lock_all(MPI.MODE_NOCHECK)
+        self._signals.Lock_all(MPI.MODE_NOCHECK)
+        return numels
+
+    def deregister(self) -> None:
+        self._comm.Barrier()  # no peer still writes into this rank's window
+        self.free()
+
+    def free(self, abort: bool = False) -> None:
+        for win in (self._data, self._signals):
+            if win is None:
+                continue
+            try:
+                win.Unlock_all()
+                win.Free()
+            except MPI.Exception:  # the engine is going away anyway
+                pass
+        self._data = self._signals = None
+        self._tensor = None
+        if self in self._backend._windows:
+            self._backend._windows.remove(self)
+
+    def put(self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool,
+            timeout: timedelta) -> Any:
+        if not tensor.numel():
+            return None
+        origin = [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes),
+                  MPI_TYPES[tensor.dtype]]
+        win = self._data
+        win.Put(origin, dst_rank, (offset, tensor.numel(), MPI_TYPES[tensor.dtype]))
+        work = _FlushWork(win, dst_rank, tensor)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        self._data.Flush(peer_rank)  # the data lands before the signal can be seen
+        one = [MPI.buffer.fromaddress(self._one.data_ptr(), 8), 1, _COUNTER]
+        self._signals.Accumulate(one, peer_rank, (self.rank, 1, _COUNTER), MPI.SUM)
+        self._signals.Flush(peer_rank)
+        return None
+
+    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        self._waited[peer_rank] += 1
+        work = _SignalWaitWork(self, peer_rank, self._waited[peer_rank],
+                               timeout.total_seconds())
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _count(self, peer: int) -> int:
+        got = [MPI.buffer.fromaddress(self._got.data_ptr(), 8), 1, _COUNTER]
+        one = [MPI.buffer.fromaddress(self._one.data_ptr(), 8), 1, _COUNTER]
+        self._signals.Fetch_and_op(one, got, self.rank, peer, MPI.NO_OP)
+        self._signals.Flush(self.rank)
+        return int(self._got.item())
+
+    def _arrived(self) -> None:
+        # Make the peer's puts visible to this rank's loads (separate memory model).
+        self._data.Sync()
+
+    def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
+        return TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
+
+    def map_remote(self, rank: int) -> torch.Tensor:
+        raise NotImplementedError("MPI windows are not directly addressable")

@@ -1,0 +1,329 @@
+"""One-sided windows: ``TorchCommWindow`` and the contract of a backend's window engine.
+
+The core owns what every backend would otherwise rewrite: argument and range checks (before
+anything is written), the registered tensor, outstanding-work tracking, hooks and
+``TorchWork``. A backend's ``new_window()`` returns a :class:`WindowEngine` doing the
+engine-specific steps (MPI RMA, shared memory, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import weakref
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from .errors import CommInputError, CommStateError, CommTypeError
+from .work import TorchWork, WorkStatus
+
+if TYPE_CHECKING:
+    from .comm import TorchComm
+
+__all__ = [
+    "TorchCommWinAccessType",
+    "TorchCommWindow",
+    "TorchCommWindowAttr",
+    "WindowEngine",
+]
+
+
+class TorchCommWinAccessType(enum.IntEnum):
+    """How a rank reaches a peer's window memory."""
+
+    #: Direct loads and stores (same host shared memory, NVLink): ``map_remote_tensor`` works.
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    #: Through the engine only (network RMA).
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class TorchCommWindowAttr:
+    """Attributes of a window as seen from one peer (``access_type``)."""
+
+    __slots__ = ("access_type",)
+
+    def __init__(self, access_type: TorchCommWinAccessType = (
+            TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE)) -> None:
+        self.access_type = access_type
+
+    def __repr__(self) -> str:
+        return f"TorchCommWindowAttr(access_type={self.access_type.name})"
+
+
+class WindowEngine(Protocol):
+    """What a backend's ``new_window()`` returns. Offsets and counts are in elements.
+
+    ``register`` and ``deregister`` are collective. ``put``/``signal``/``wait_signal``
+    return ``None`` when done or an object with ``wait()``; the core has checked every
+    argument. ``signal(peer)`` must make earlier puts to ``peer`` visible before the
+    peer's ``wait_signal`` returns.
+    """
+
+    def register(self, tensor: torch.Tensor) -> list[int]:
+        """Expose ``tensor`` (contiguous); return every rank's element count."""
+
+    def deregister(self) -> None: ...
+
+    def put(self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool,
+            timeout: timedelta) -> Any: ...
+
+    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+
+    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+
+    def access_type(self, peer_rank: int) -> TorchCommWinAccessType: ...
+
+    def map_remote(self, rank: int) -> torch.Tensor: ...
+
+    def free(self, abort: bool = False) -> None: ...
+
+
+class TorchCommWindow:
+    """A buffer that peers write into with ``put`` and synchronise on with signals.
+
+    Created by ``comm.new_window(tensor=None)``; ``tensor_register`` binds the buffer
+    (every rank, collectively). A typical exchange::
+
+        win = comm.new_window(torch.zeros(n))
+        win.put(data, dst_rank=peer, target_offset_nelems=0, async_op=False)
+        win.signal(peer, async_op=False)          # data is visible at peer first
+        win.wait_signal(peer, async_op=False)     # then read win.get_tensor()
+    """
+
+    def __init__(self, comm: TorchComm, engine: WindowEngine) -> None:
+        self._comm = comm
+        self._engine = engine
+        self._tensor: torch.Tensor | None = None
+        self._owning = True
+        self._meta: tuple[torch.dtype, list[int], torch.device] | None = None
+        self._numels: list[int] = []
+        self._nbytes = 0
+        #: Asynchronous works issued on the window, kept until they complete.
+        self._works: list[TorchWork] = []
+        self._mapped: list[weakref.ref[torch.Tensor]] = []
+
+    # -- buffer ----------------------------------------------------------------------
+
+    def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
+        """Bind ``tensor`` as this rank's window buffer (collective).
+
+        ``tensor`` must be contiguous and on the communicator's device. With
+        ``owning=False`` the window keeps no reference and ``get_tensor()`` returns None.
+
+        Raises:
+            CommStateError: a tensor is already registered.
+            CommInputError / CommTypeError: the tensor is unsuitable.
+        """
+        where = "tensor_register"
+        self._usable(where)
+        if self._meta is not None:
+            raise CommStateError(f"{where}: this window already has a registered tensor; call "
+                                 f"tensor_deregister() first")
+        if not isinstance(tensor, torch.Tensor):
+            raise CommTypeError(f"{where}: tensor must be a torch.Tensor, got "
+                                f"{type(tensor).__name__}")
+        if not tensor.is_contiguous():
+            raise CommInputError(f"{where}: the window buffer must be contiguous; pass "
+                                 f"tensor.contiguous() and keep that tensor")
+        self._comm._check.tensor(where, "tensor", tensor)
+        numels = list(self._engine.register(tensor))
+        self._meta = (tensor.dtype, list(tensor.shape), tensor.device)
+        self._numels = numels
+        self._nbytes = tensor.numel() * tensor.element_size()
+        self._owning = bool(owning)
+        self._tensor = tensor if owning else None
+
+    def tensor_deregister(self) -> None:
+        """Release the buffer (collective). Refused while puts or signals are in flight or
+        tensors from ``map_remote_tensor`` are alive."""
+        where = "tensor_deregister"
+        self._usable(where)
+        if self._meta is None:
+            raise CommStateError(f"{where}: no tensor is registered with this window")
+        busy = self._outstanding()
+        if busy:
+            raise CommStateError(
+                f"{where}: the window is in use by {busy} unfinished put/signal/wait_signal "
+                f"work(s); call wait() on them before deregistering"
+            )
+        mapped = sum(1 for ref in self._mapped if ref() is not None)
+        if mapped:
+            raise CommStateError(
+                f"{where}: {mapped} tensor(s) from map_remote_tensor() still reference peers' "
+                f"buffers; drop them (del) before deregistering"
+            )
+        self._engine.deregister()
+        self._meta = None
+        self._tensor = None
+        self._numels = []
+        self._nbytes = 0
+        self._works.clear()
+        self._mapped.clear()
+
+    def get_size(self) -> int:
+        """Bytes of this rank's registered buffer (0 when none is)."""
+        return self._nbytes
+
+    def get_tensor(self) -> torch.Tensor | None:
+        """The registered tensor; ``None`` if none is, or it was registered ``owning=False``."""
+        return self._tensor
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return self._meta[0] if self._meta else None
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self._meta[1]) if self._meta else []
+
+    @property
+    def device(self) -> torch.device | None:
+        return self._meta[2] if self._meta else None
+
+    # -- one-sided operations --------------------------------------------------------
+
+    def put(self, tensor: torch.Tensor, dst_rank: int, target_offset_nelems: int,
+            async_op: bool, hints: dict[str, str] | None = None,
+            timeout: timedelta | None = None) -> TorchWork:
+        """Write ``tensor`` into ``dst_rank``'s buffer at element ``target_offset_nelems``.
+
+        The target does not take part. Everything is checked before anything is written:
+        dtype, device, rank, and that the whole tensor fits in the target's buffer.
+        """
+        where = "put"
+        meta = self._bound(where)
+        c = self._comm._check
+        c.tensor(where, "tensor", tensor)
+        dst = c.peer(where, "dst_rank", dst_rank)
+        if tensor.dtype != meta[0]:
+            raise CommInputError(f"{where}: tensor has dtype {tensor.dtype} but the window holds "
+                                 f"{meta[0]}")
+        if isinstance(target_offset_nelems, bool) or not isinstance(target_offset_nelems, int):
+            raise CommTypeError(f"{where}: target_offset_nelems must be an int, got "
+                                f"{target_offset_nelems!r}")
+        limit = self._numels[dst]
+        n = tensor.numel()
+        if target_offset_nelems < 0 or target_offset_nelems + n > limit:
+            raise CommInputError(
+                f"{where}: {n} element(s) at target_offset_nelems={target_offset_nelems} do not "
+                f"fit in rank {dst}'s window of {limit} element(s); need 0 <= offset and "
+                f"offset + tensor.numel() <= {limit}"
+            )
+        src = tensor if tensor.is_contiguous() else tensor.contiguous()
+        timeout = self._timeout(timeout)
+        inner = self._engine.put(src, dst, target_offset_nelems, async_op, timeout)
+        return self._work("put", inner, async_op)
+
+    def signal(self, peer_rank: int, async_op: bool, hints: dict[str, str] | None = None,
+               timeout: timedelta | None = None) -> TorchWork:
+        """Tell ``peer_rank`` that this rank's earlier puts to it are visible there."""
+        self._bound("signal")
+        peer = self._comm._check.peer("signal", "peer_rank", peer_rank)
+        inner = self._engine.signal(peer, async_op, self._timeout(timeout))
+        return self._work("signal", inner, async_op)
+
+    def wait_signal(self, peer_rank: int, async_op: bool, hints: dict[str, str] | None = None,
+                    timeout: timedelta | None = None) -> TorchWork:
+        """Wait for one ``signal`` from ``peer_rank`` (each signal is consumed once)."""
+        self._bound("wait_signal")
+        peer = self._comm._check.peer("wait_signal", "peer_rank", peer_rank)
+        inner = self._engine.wait_signal(peer, async_op, self._timeout(timeout))
+        return self._work("wait_signal", inner, async_op)
+
+    def get_attr(self, peer_rank: int) -> TorchCommWindowAttr:
+        peer = self._comm._check.peer("get_attr", "peer_rank", peer_rank)
+        return TorchCommWindowAttr(self._engine.access_type(peer))
+
+    def map_remote_tensor(self, rank: int) -> torch.Tensor:
+        """A tensor viewing ``rank``'s buffer directly (UNIFIED access only)."""
+        meta = self._bound("map_remote_tensor")
+        peer = self._comm._check.peer("map_remote_tensor", "rank", rank)
+        if self._engine.access_type(peer) is not TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED:
+            raise CommStateError(
+                f"map_remote_tensor: rank {peer}'s window is not directly addressable from this "
+                f"rank on backend {self._comm.get_backend()!r} (access type SEPARATE); use put()"
+            )
+        view = self._engine.map_remote(peer)
+        if self._numels[peer] == torch.Size(meta[1]).numel():
+            view = view.view(meta[1])  # same size as ours: give it our shape
+        self._mapped.append(weakref.ref(view))
+        return view
+
+    # -- copies ----------------------------------------------------------------------
+
+    def __copy__(self) -> TorchCommWindow:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TorchCommWindow:
+        """A new window (collective) with a clone of the registered buffer, if any."""
+        clone = self._comm.new_window()
+        memo[id(self)] = clone
+        if self._tensor is not None:
+            clone.tensor_register(copy.deepcopy(self._tensor, memo), self._owning)
+        return clone
+
+    def __repr__(self) -> str:
+        if self._meta is None:
+            return "<TorchCommWindow unbound>"
+        dtype, shape, device = self._meta
+        return f"<TorchCommWindow {dtype} {tuple(shape)} on {device}>"
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _usable(self, where: str) -> None:
+        comm = self._comm
+        if comm._state != "ok":
+            comm._ensure_usable(f"window {where}")
+
+    def _bound(self, where: str) -> tuple[torch.dtype, list[int], torch.device]:
+        self._usable(where)
+        meta = self._meta
+        if meta is None:
+            raise CommStateError(f"{where}: the window has no registered tensor; call "
+                                 f"window.tensor_register(tensor) on every rank first")
+        return meta
+
+    def _timeout(self, timeout: timedelta | None) -> timedelta:
+        if timeout is None:
+            return self._comm.get_timeout()
+        if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+            raise CommTypeError(f"window: timeout must be a positive datetime.timedelta, got "
+                                f"{timeout!r}")
+        return timeout
+
+    def _work(self, op: str, inner: Any, async_op: bool) -> TorchWork:
+        work = TorchWork(inner, None, self._comm, op)
+        if inner is None:
+            return work
+        if not async_op:
+            work.wait()
+            return work
+        self._works = [w for w in self._works if w.status is WorkStatus.INPROGRESS]
+        self._works.append(work)
+        return work
+
+    def _outstanding(self) -> int:
+        return sum(1 for work in self._works if not work.is_completed())
+
+    def _release(self) -> None:
+        """Free the engine without the collective handshake (communicator going away)."""
+        self._engine.free(abort=True)
+
+
+def create_window(comm: TorchComm, tensor: torch.Tensor | None) -> TorchCommWindow:
+    """``comm.new_window(tensor)``: build the window (hooks run as for ``new_window``)."""
+    support = comm.method_support().get("new_window")
+    if support != "native":
+        raise CommStateError(
+            f"new_window: backend {comm.get_backend()!r} does not support one-sided windows; "
+            f"use a backend that does (mpi on any hosts, gloo within one host)"
+        )
+    args = comm._pre_plain("new_window", ())
+    engine = comm.get_backend_impl().new_window()
+    window = TorchCommWindow(comm, engine)
+    if tensor is not None:
+        window.tensor_register(tensor)
+    comm._post_plain(args)
+    return window

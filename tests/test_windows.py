@@ -1,0 +1,282 @@
+"""One-sided windows (``comm.new_window``) on gloo (shared memory) and mpi (MPI RMA).
+
+gloo ranks are spawned; mpi ranks are started by mpiexec (skipped, with the reason, where
+mpiexec or mpi4py is missing). Every body runs at 2 and 4 ranks.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms_core.testing import RankPool
+from torchcomms_core.testing.mpi_launch import mpiexec_unavailable
+from torchcomms_core.testing.pool import unique_name
+
+_MPI_MISSING = mpiexec_unavailable()
+_mpi_pools: dict[int, RankPool] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_mpi_pools():
+    yield
+    for p in _mpi_pools.values():
+        p.close()
+    _mpi_pools.clear()
+
+
+@pytest.fixture(params=["gloo-2", "gloo-4", "mpi-2", "mpi-4"])
+def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool
+          ) -> tuple[str, RankPool]:
+    """``(backend, pool)``: gloo on the spawned pools, mpi on pools started by mpiexec."""
+    backend, size = request.param.split("-")
+    n = int(size)
+    if backend == "gloo":
+        return backend, pool2 if n == 2 else pool4
+    if _MPI_MISSING:
+        pytest.skip(f"mpi windows: {_MPI_MISSING}")
+    pool = _mpi_pools.get(n)
+    if pool is None:
+        pool = _mpi_pools[n] = RankPool(n, comm_timeout_s=30, launcher="mpiexec")
+    return backend, pool
+
+
+# -- bodies (run on every rank) ----------------------------------------------------------
+
+
+def _comm(backend: str):
+    return torchcomms.new_comm(backend, torch.device("cpu"), name=unique_name("win"))
+
+
+def body_put_signal_then_read(backend: str) -> list[float]:
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    win = comm.new_window(torch.zeros(16))
+    right, left = (r + 1) % n, (r - 1) % n
+    win.put(torch.arange(4, dtype=torch.float32) + 100 * r, right, 3, async_op=False)
+    win.signal(right, async_op=False)
+    win.wait_signal(left, async_op=False)
+    got = win.get_tensor().clone()
+    expected = torch.zeros(16)
+    expected[3:7] = torch.arange(4, dtype=torch.float32) + 100 * left
+    assert torch.equal(got, expected), (got, expected)
+    comm.barrier()
+    win.tensor_deregister()
+    comm.finalize()
+    return got.tolist()
+
+
+def body_many_disjoint_puts(backend: str, per_peer: int) -> None:
+    """Every rank writes its own slice of every rank's window, many small puts, async."""
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    buf = torch.zeros(n * per_peer, dtype=torch.int64)
+    win = comm.new_window(buf)
+    works = []
+    for dst in range(n):
+        for i in range(per_peer):
+            value = torch.tensor([1000 * r + i], dtype=torch.int64)
+            works.append(win.put(value, dst, r * per_peer + i, async_op=True))
+    for w in works:
+        w.wait()
+    for dst in range(n):
+        win.signal(dst, async_op=False)
+    for src in range(n):
+        win.wait_signal(src, async_op=False)
+    expected = torch.tensor([1000 * src + i for src in range(n) for i in range(per_peer)])
+    assert torch.equal(buf, expected), (buf, expected)
+    comm.barrier()
+    win.tensor_deregister()
+    comm.finalize()
+
+
+def body_out_of_range_refused(backend: str) -> list[str]:
+    """Refused puts write nothing: the target's buffer is untouched afterwards."""
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    buf = torch.full((8,), -1.0)
+    win = comm.new_window(buf)
+    right = (r + 1) % n
+    messages = []
+    for offset, count in ((6, 4), (-1, 1), (8, 1), (0, 9)):
+        try:
+            win.put(torch.ones(count), right, offset, async_op=False)
+        except torchcomms.CommInputError as exc:
+            messages.append(str(exc))
+        else:
+            raise AssertionError(f"put of {count} at offset {offset} into 8 was accepted")
+    for bad, exc_type in ((torch.ones(2, dtype=torch.float64), torchcomms.CommInputError),
+                          (torch.ones(2), torchcomms.CommInputError)):
+        dst = right if bad.dtype != torch.float32 else n  # wrong dtype, then rank n
+        try:
+            win.put(bad, dst, 0, async_op=False)
+        except exc_type as exc:
+            messages.append(str(exc))
+        else:
+            raise AssertionError("a bad put was accepted")
+    comm.barrier()
+    assert torch.equal(buf, torch.full((8,), -1.0)), buf
+    win.tensor_deregister()
+    comm.finalize()
+    return messages
+
+
+def body_deregister_in_use_refused(backend: str) -> str:
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    win = comm.new_window(torch.zeros(4))
+    right, left = (r + 1) % n, (r - 1) % n
+    pending = win.wait_signal(left, async_op=True)  # nobody has signalled yet
+    try:
+        win.tensor_deregister()
+    except torchcomms.CommStateError as exc:
+        message = str(exc)
+    else:
+        raise AssertionError("tensor_deregister succeeded with a wait_signal in flight")
+    comm.barrier()  # every rank was refused before anyone signals
+    win.signal(right, async_op=False)
+    pending.wait()
+    comm.barrier()
+    win.tensor_deregister()
+    assert win.get_tensor() is None and win.get_size() == 0
+    comm.finalize()
+    return message
+
+
+def body_window_api(backend: str) -> dict:
+    """Registration rules, attributes, map_remote_tensor and the new_window hook."""
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    seen = []
+    handle = comm.register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
+    win = comm.new_window()
+    handle.remove()
+    assert seen == ["new_window"], seen
+    assert win.get_tensor() is None and win.get_size() == 0 and win.dtype is None
+    try:
+        win.put(torch.ones(1), 0, 0, async_op=False)
+    except torchcomms.CommStateError as exc:
+        assert "tensor_register" in str(exc)
+    else:
+        raise AssertionError("put on an unbound window was accepted")
+    t = torch.zeros(2, 3, dtype=torch.float64)
+    win.tensor_register(t)
+    assert win.get_tensor() is t and win.shape == [2, 3] and win.dtype == torch.float64
+    assert win.get_size() == 48
+    try:
+        win.tensor_register(torch.zeros(1))
+    except torchcomms.CommStateError:
+        pass
+    else:
+        raise AssertionError("a second tensor_register was accepted")
+    access = win.get_attr((r + 1) % n).access_type
+    result = {"access": access.name}
+    t.fill_(float(r))
+    comm.barrier()
+    if access is torchcomms.TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED:
+        remote = win.map_remote_tensor((r + 1) % n)
+        assert torch.equal(remote, torch.full((2, 3), float((r + 1) % n), dtype=torch.float64))
+        comm.barrier()
+        try:
+            win.tensor_deregister()
+        except torchcomms.CommStateError as exc:
+            result["mapped"] = str(exc)
+        del remote
+    else:
+        try:
+            win.map_remote_tensor((r + 1) % n)
+        except torchcomms.CommStateError as exc:
+            result["map_refused"] = str(exc)
+    comm.barrier()
+    win.tensor_deregister()
+    assert torch.equal(t, torch.full((2, 3), float(r), dtype=torch.float64))  # data kept
+    comm.finalize()
+    return result
+
+
+def body_signal_timeout(backend: str) -> str:
+    comm = _comm(backend)
+    r = comm.get_rank()
+    win = comm.new_window(torch.zeros(1))
+    message = ""
+    if r == 0:
+        try:
+            win.wait_signal(1, async_op=False, timeout=timedelta(seconds=0.5))
+        except torchcomms.CommTimeoutError as exc:
+            message = str(exc)
+    comm.abort() if comm.is_abort_supported() else comm.finalize()
+    return message
+
+
+def body_gloo_windows_need_one_host() -> str:
+    from torchcomms_gloo import window as gloo_window
+
+    comm = _comm("gloo")
+    if comm.get_rank() == 1:  # as if rank 1 ran on another machine
+        gloo_window.host_identity = lambda: "elsewhere/0"
+    try:
+        comm.new_window(torch.zeros(4))
+    except torchcomms.CommStateError as exc:
+        return str(exc)
+    finally:
+        comm.finalize()
+    raise AssertionError("a window across hosts was created")
+
+
+# -- tests ---------------------------------------------------------------------------------
+
+
+def test_put_then_signal_then_wait_signal_sees_the_data(ranks) -> None:
+    backend, pool = ranks
+    pool.run(body_put_signal_then_read, backend, timeout=60)
+
+
+def test_many_puts_to_disjoint_offsets_land_exactly(ranks) -> None:
+    backend, pool = ranks
+    pool.run(body_many_disjoint_puts, backend, 16, timeout=60)
+
+
+def test_out_of_range_puts_are_refused_before_writing(ranks) -> None:
+    backend, pool = ranks
+    for messages in pool.run(body_out_of_range_refused, backend, timeout=60):
+        assert len(messages) == 6
+        assert "do not fit in rank" in messages[0] and "window of 8" in messages[0]
+        assert "dtype" in messages[4]
+
+
+def test_deregister_while_in_use_is_refused(ranks) -> None:
+    backend, pool = ranks
+    for message in pool.run(body_deregister_in_use_refused, backend, timeout=60):
+        assert "in use" in message and "wait()" in message
+
+
+def test_window_api_attributes_hooks_and_mapping(ranks) -> None:
+    backend, pool = ranks
+    results = pool.run(body_window_api, backend, timeout=60)
+    if backend == "gloo":
+        assert all(r["access"] == "WIN_ACCESS_TYPE_UNIFIED" for r in results)
+        assert all("map_remote_tensor" in r["mapped"] for r in results)
+    else:
+        assert all(r["access"] == "WIN_ACCESS_TYPE_SEPARATE" for r in results)
+        assert all("not directly addressable" in r["map_refused"] for r in results)
+
+
+def test_wait_signal_times_out(ranks) -> None:
+    backend, pool = ranks
+    message = pool.run(body_signal_timeout, backend, timeout=60)[0]
+    assert "no signal from rank 1" in message and "timed out" in message
+
+
+def test_gloo_windows_across_hosts_are_refused_clearly(pool2: RankPool) -> None:
+    for message in pool2.run(body_gloo_windows_need_one_host, timeout=60):
+        assert "one host" in message and "mpi backend" in message
+
+
+def test_window_support_is_reported_by_method_support() -> None:
+    from torchcomms_core.spec import TorchCommBackend, method_support
+
+    assert method_support(torchcomms.get_backend_class("gloo"))["new_window"] == "native"
+    assert method_support(TorchCommBackend)["new_window"] == "unsupported"
