@@ -27,6 +27,10 @@ class PluginError(TorchCommError):
     """Plugins conflict (e.g. two register the same collective name)."""
 
 
+class PluginHookError(PluginError):
+    """A plugin's registration hook raised or returned something other than collectives."""
+
+
 @dataclasses.dataclass
 class PluginRecord:
     """What ``torchcomms plugins`` reports about one plugin."""
@@ -44,6 +48,8 @@ _manager: pluggy.PluginManager | None = None
 _records: dict[str, PluginRecord] = {}
 _collectives: dict[str, Collective] = {}
 _loaded = False
+# A conflict that stopped loading: raised again on every later call, not just the first.
+_load_error: PluginError | None = None
 
 
 def get_plugin_manager() -> pluggy.PluginManager:
@@ -59,40 +65,59 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
 def load_plugins() -> None:
     """Register built-ins and load entry-point plugins, once per process."""
-    global _loaded
+    global _loaded, _load_error
     with _lock:
         if _loaded:
+            if _load_error is not None:
+                raise PluginError(str(_load_error))
             return
         _loaded = True
-        pm = get_plugin_manager()
-        from . import builtins
+        try:
+            _load_all()
+        except PluginError as exc:
+            _load_error = exc
+            raise
 
-        _register(pm, builtins, "builtins", BUILTIN, _core_version())
-        if _env.plugin_autoload_disabled():
-            for ep in metadata.entry_points(group=PLUGINS_GROUP):
-                dist, version = _dist_of(ep)
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "disabled")
-        else:
-            allowed = _env.plugin_allow_list()
-            for ep in metadata.entry_points(group=PLUGINS_GROUP):
-                dist, version = _dist_of(ep)
-                if allowed is not None and ep.name not in allowed:
-                    _records[ep.name] = PluginRecord(ep.name, dist, version, "not allowed")
-                    continue
-                if pm.has_plugin(ep.name):
-                    continue
-                try:
-                    plugin = ep.load()
-                except Exception as exc:  # contained: other plugins and backends keep working
-                    message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
-                               f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
-                               f"or uninstall {dist}")
-                    _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
-                                                     error=message)
-                    warnings.warn(message, RuntimeWarning, stacklevel=2)
-                    continue
+
+def _load_all() -> None:
+    pm = get_plugin_manager()
+    from . import builtins
+
+    _register(pm, builtins, "builtins", BUILTIN, _core_version())
+    if _env.plugin_autoload_disabled():
+        for ep in metadata.entry_points(group=PLUGINS_GROUP):
+            dist, version = _dist_of(ep)
+            _records[ep.name] = PluginRecord(ep.name, dist, version, "disabled")
+    else:
+        allowed = _env.plugin_allow_list()
+        for ep in metadata.entry_points(group=PLUGINS_GROUP):
+            dist, version = _dist_of(ep)
+            if allowed is not None and ep.name not in allowed:
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "not allowed")
+                continue
+            if pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # contained: other plugins and backends keep working
+                message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                           f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
+                           f"or uninstall {dist}")
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
+                                                 error=message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+                continue
+            try:
                 _register(pm, plugin, ep.name, dist, version)
-        pm.check_pending()
+            except PluginHookError as exc:  # contained like a failed import
+                message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                           f"register: {exc}. It is skipped; other plugins and backends "
+                           f"keep working. Upgrade, fix or uninstall {dist}, or leave it "
+                           f"out with {_env.PLUGINS}=<plugins to load>")
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
+                                                 error=message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+    pm.check_pending()
 
 
 def register_plugin(plugin: Any, name: str | None = None, *, provider: str = "in-process"
@@ -109,35 +134,50 @@ def register_plugin(plugin: Any, name: str | None = None, *, provider: str = "in
 
 def unregister_plugin(name: str) -> None:
     """Remove an in-process plugin and the collectives it added."""
-    from .comm import TorchComm
-
     with _lock:
         pm = get_plugin_manager()
-        plugin = pm.get_plugin(name)
-        if plugin is not None:
-            pm.unregister(plugin)
-        record = _records.pop(name, None)
-        for coll in record.collectives if record else []:
-            _collectives.pop(coll, None)
-            if coll in TorchComm.__dict__:
-                delattr(TorchComm, coll)
+        _forget(pm, pm.get_plugin(name), name)
 
 
 def _register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str, version: str) -> None:
+    """Register ``plugin`` and install its collectives, or leave no trace of it and raise."""
     pm.register(plugin, name=name)
     record = PluginRecord(name, dist, version, "loaded")
     _records[name] = record
-    impl = getattr(plugin, "torchcomms_register_collectives", None)
-    if impl is None:
-        return
-    provider = f"{dist} {version}".strip()
-    for coll in impl() or []:
-        if not isinstance(coll, Collective):
-            pm.unregister(plugin)
-            raise PluginError(f"plugin {name!r} from {provider} returned {coll!r} from "
-                              f"torchcomms_register_collectives; return Collective objects")
-        _install(dataclasses.replace(coll, provider=provider), name)
-        record.collectives.append(coll.name)
+    try:
+        impl = getattr(plugin, "torchcomms_register_collectives", None)
+        if impl is None:
+            return
+        provider = f"{dist} {version}".strip()
+        try:
+            colls = list(impl() or [])
+        except Exception as exc:
+            raise PluginHookError(f"its torchcomms_register_collectives hook raised "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        for coll in colls:
+            if not isinstance(coll, Collective):
+                raise PluginHookError(f"plugin {name!r} from {provider} returned {coll!r} from "
+                                      f"torchcomms_register_collectives; return Collective "
+                                      f"objects")
+        for coll in colls:
+            _install(dataclasses.replace(coll, provider=provider), name)
+            record.collectives.append(coll.name)
+    except BaseException:
+        _forget(pm, plugin, name)
+        raise
+
+
+def _forget(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
+    """Undo a partial registration: the plugin, its record and the collectives it added."""
+    from .comm import TorchComm
+
+    if plugin is not None and pm.is_registered(plugin):
+        pm.unregister(plugin)
+    record = _records.pop(name, None)
+    for coll in record.collectives if record else []:
+        _collectives.pop(coll, None)
+        if coll in TorchComm.__dict__:
+            delattr(TorchComm, coll)
 
 
 def _install(coll: Collective, plugin_name: str) -> None:

@@ -6,11 +6,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as metadata
+import re
 import threading
-from dataclasses import dataclass
+import warnings
 from typing import Any
 
+from . import _env
 from .errors import BackendLoadError, BackendNotFoundError, CommTypeError
 from .spec import TorchCommBackend, check_spec_version
 
@@ -22,19 +25,32 @@ KNOWN_DISTRIBUTIONS: dict[str, str] = {
     "ncclx": "torchcomms-ncclx",
     "nccl": "torchcomms-ncclx",
     "rccl": "torchcomms-rccl",
+    "mpi": "torchcomms-mpi",
     "examplevendor": "torchcomms-examplevendor",
 }
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class BackendEntry:
-    """Where a backend comes from: an entry point or an in-process registration."""
+    """Where a backend comes from: an entry point or an in-process registration.
+
+    ``others`` lists further distributions that register the same name; ``choice`` says
+    why this one is used: ``"only"``, ``"built-in"``, ``"override"`` or ``"ambiguous"``
+    (several candidates and no rule to pick one: :func:`get_backend_class` refuses it).
+    """
 
     name: str
     value: str
     distribution: str | None
     version: str | None
     entry_point: Any = None
+    others: tuple[BackendEntry, ...] = ()
+    choice: str = "only"
+
+    @property
+    def provider(self) -> str:
+        """``"distribution version"``, as messages and ``torchcomms backends`` show it."""
+        return f"{self.distribution or 'an unknown distribution'} {self.version or ''}".strip()
 
 
 _lock = threading.Lock()
@@ -64,19 +80,83 @@ def unregister_backend(name: str) -> None:
         _registered.pop(name, None)
 
 
+def _normalized(dist: str | None) -> str:
+    return re.sub(r"[-_.]+", "-", dist or "").lower()
+
+
+def _overrides() -> dict[str, str]:
+    try:
+        return _env.backend_overrides()
+    except ValueError as exc:
+        raise BackendLoadError(str(exc)) from None
+
+
 def entry_points() -> dict[str, BackendEntry]:
-    """Installed backends by name, read from distribution metadata (nothing is imported)."""
-    found: dict[str, BackendEntry] = {}
+    """Installed backends by name, read from distribution metadata (nothing is imported).
+
+    When several distributions register one name, a built-in name keeps its own
+    distribution (see ``KNOWN_DISTRIBUTIONS``) unless ``TORCHCOMM_BACKEND_OVERRIDE``
+    names another; the rest are listed in ``others``.
+    """
+    candidates: dict[str, list[BackendEntry]] = {}
     for ep in metadata.entry_points(group=BACKENDS_GROUP):
         dist = getattr(ep, "dist", None)
-        found.setdefault(ep.name, BackendEntry(
+        entry = BackendEntry(
             name=ep.name,
             value=ep.value,
             distribution=dist.metadata["Name"] if dist is not None else None,
             version=dist.version if dist is not None else None,
             entry_point=ep,
-        ))
-    return found
+        )
+        same = candidates.setdefault(ep.name, [])
+        # One distribution seen twice (e.g. on two path entries) is not a conflict.
+        if not any(_normalized(e.distribution) == _normalized(entry.distribution) and
+                   e.value == entry.value for e in same):
+            same.append(entry)
+    overrides = _overrides()
+    return {name: _choose(name, found, overrides.get(name))
+            for name, found in candidates.items()}
+
+
+def _choose(name: str, found: list[BackendEntry], override: str | None) -> BackendEntry:
+    def pick(entry: BackendEntry, choice: str) -> BackendEntry:
+        others = tuple(e for e in found if e is not entry)
+        return dataclasses.replace(entry, others=others, choice=choice)
+
+    if override is not None:
+        for entry in found:
+            if _normalized(entry.distribution) == _normalized(override):
+                return pick(entry, "override")
+        return pick(found[0], "ambiguous")  # the override names nothing installed
+    if len(found) == 1:
+        return found[0]
+    own = KNOWN_DISTRIBUTIONS.get(name)
+    for entry in found:
+        if own is not None and _normalized(entry.distribution) == _normalized(own):
+            return pick(entry, "built-in")
+    return pick(found[0], "ambiguous")
+
+
+def _conflict_message(entry: BackendEntry) -> str:
+    """What to tell the user about a name several distributions register (or an override)."""
+    name, var = entry.name, _env.BACKEND_OVERRIDE
+    everyone = [entry, *entry.others]
+    listing = " and ".join(e.provider for e in everyone)
+    override = _overrides().get(name)
+    if entry.choice == "ambiguous" and override is not None:
+        return (f"{var} asks for backend {name!r} from {override!r}, but it is provided only by "
+                f"{listing}; set {var}={name}=<one of those distributions> or install {override}")
+    if entry.choice == "ambiguous":
+        return (f"backend {name!r} is registered by {listing}, and none of them is its built-in "
+                f"provider; choose one with {var}={name}={everyone[0].distribution} (for "
+                f"example), or uninstall the others")
+    ignored = ", ".join(e.provider for e in entry.others)
+    why = ("its built-in provider" if entry.choice == "built-in"
+           else f"chosen by {var}")
+    hint = (f"; to use another one set {var}={name}=<distribution>, or uninstall {ignored}"
+            if entry.choice == "built-in" else "")
+    return (f"backend {name!r} is registered by {listing}; using {entry.provider} ({why}) and "
+            f"ignoring {ignored}{hint}")
 
 
 def available_backends() -> list[str]:
@@ -96,8 +176,11 @@ def get_backend_class(name: str) -> type[TorchCommBackend]:
     entry = entry_points().get(name)
     if entry is None:
         raise BackendNotFoundError(_not_found_message(name))
-    who = f"backend {name!r} from {entry.distribution or 'an unknown distribution'}" + (
-        f" {entry.version}" if entry.version else "")
+    if entry.choice == "ambiguous":
+        raise BackendLoadError(f"new_comm: {_conflict_message(entry)}")
+    if entry.choice == "built-in":
+        warnings.warn(f"torchcomms: {_conflict_message(entry)}", RuntimeWarning, stacklevel=3)
+    who = f"backend {name!r} from {entry.provider}"
     try:
         cls = entry.entry_point.load()
     except Exception as exc:

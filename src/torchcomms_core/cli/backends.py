@@ -31,6 +31,10 @@ def describe_backends() -> list[dict[str, Any]]:
             "distribution": entry.distribution if entry else "(registered in-process)",
             "version": entry.version if entry else "",
             "entry_point": entry.value if entry else "",
+            # Other distributions registering the same name, and what is done about it.
+            "also_registered_by": [e.provider for e in entry.others] if entry else [],
+            "conflict": (registry._conflict_message(entry)
+                         if entry and (entry.others or entry.choice != "only") else ""),
         }
         try:
             cls = registry.get_backend_class(name)
@@ -70,9 +74,15 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         runs = "yes" if r["runnable"] else f"no: {r['reason']}"
         ops = f"{len(r['native'])} native, {len(r['derived'])} derived" if r["native"] else "-"
-        table.append((r["name"], r["distribution"] or "?", r["version"] or "", r["spec_version"],
+        dist = r["distribution"] or "?"
+        if r["also_registered_by"]:
+            dist += f" (conflict: also {', '.join(r['also_registered_by'])})"
+        table.append((r["name"], dist, r["version"] or "", r["spec_version"],
                       ",".join(r["devices"]) or "-", runs, ops))
     print_table(table)
+    for r in rows:
+        if r["conflict"]:
+            print(f"\nconflict: {r['conflict']}")
     return 0
 
 
