@@ -10,38 +10,22 @@ from datetime import timedelta
 
 import pytest
 import torch
+from conftest import mpi_ranks
 
 import torchcomms
 from torchcomms_core.testing import RankPool
-from torchcomms_core.testing.mpi_launch import mpiexec_unavailable
 from torchcomms_core.testing.pool import unique_name
-
-_MPI_MISSING = mpiexec_unavailable()
-_mpi_pools: dict[int, RankPool] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_mpi_pools():
-    yield
-    for p in _mpi_pools.values():
-        p.close()
-    _mpi_pools.clear()
 
 
 @pytest.fixture(params=["gloo-2", "gloo-4", "mpi-2", "mpi-4"])
 def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool
           ) -> tuple[str, RankPool]:
-    """``(backend, pool)``: gloo on the spawned pools, mpi on pools started by mpiexec."""
+    """``(backend, pool)``: gloo on the spawned pools, mpi on ranks started by mpiexec."""
     backend, size = request.param.split("-")
     n = int(size)
     if backend == "gloo":
         return backend, pool2 if n == 2 else pool4
-    if _MPI_MISSING:
-        pytest.skip(f"mpi windows: {_MPI_MISSING}")
-    pool = _mpi_pools.get(n)
-    if pool is None:
-        pool = _mpi_pools[n] = RankPool(n, comm_timeout_s=30, launcher="mpiexec")
-    return backend, pool
+    return backend, mpi_ranks(n)
 
 
 # -- bodies (run on every rank) ----------------------------------------------------------

@@ -23,6 +23,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device type the communicators use (default cpu)")
     group.addoption("--torchcomms-timeout", type=float, default=120.0, metavar="SECONDS",
                     help="time limit of one contract body on all ranks (default 120)")
+    group.addoption("--torchcomms-launcher", choices=("spawn", "mpiexec"), default="spawn",
+                    help="how ranks start: spawned processes, or MPI processes under mpiexec "
+                         "(backends such as mpi need it; default spawn)")
 
 
 _pools: dict[int, RankPool] = {}
@@ -53,9 +56,16 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
     size = int(request.config.getoption("--torchcomms-world-size"))
     if size < 2:
         raise pytest.UsageError("--torchcomms-world-size must be at least 2")
+    launcher = str(request.config.getoption("--torchcomms-launcher"))
+    if launcher == "mpiexec":
+        from .mpi_launch import mpiexec_unavailable
+
+        missing = mpiexec_unavailable()
+        if missing:
+            pytest.skip(f"conformance suite under mpiexec: {missing}")
     pool = _pools.get(size)
     if pool is None:
-        pool = _pools[size] = RankPool(size, comm_timeout_s=60)
+        pool = _pools[size] = RankPool(size, comm_timeout_s=60, launcher=launcher)
     return pool
 
 
@@ -71,7 +81,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     return [f"torchcomms conformance: backend {name!r}, "
             f"{config.getoption('--torchcomms-world-size')} ranks, "
-            f"device {config.getoption('--torchcomms-device')}"]
+            f"device {config.getoption('--torchcomms-device')}, "
+            f"launcher {config.getoption('--torchcomms-launcher')}"]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config

@@ -1,8 +1,10 @@
 """``MpiBackend``: every torchcomms operation as one MPI call on the tensors' own memory.
 
-Synchronous calls use blocking MPI (``Allreduce``, ``Bcast``, ...) under a watchdog;
-asynchronous ones use nonblocking MPI (``Iallreduce``, ``Ibcast``, ...) and return an
-:class:`~torchcomms_mpi.work.MpiWork`. Launch with ``mpiexec -n N python script.py``.
+Every operation is nonblocking MPI (``Iallreduce``, ``Ibcast``, ``Isend``, ...): MPI does
+not match a blocking collective on one rank with a nonblocking one on another, and
+torchcomms lets each rank choose ``async_op``. Asynchronous calls return an
+:class:`~torchcomms_mpi.work.MpiWork`; synchronous ones complete the request before
+returning. Both honour the operation's timeout. Launch: ``mpiexec -n N python script.py``.
 """
 
 from __future__ import annotations
@@ -58,8 +60,7 @@ class MpiBackend(TorchCommBackend):
         self._setup(world.Dup(), name, options)
 
     def _setup(self, comm: Any, name: str, options: CommOptions) -> None:
-        from . import buffers
-        from .work import Watchdog
+        from . import buffers, work
 
         # The all_reduce fast path's lookups (mpi4py is imported here, not at module import,
         # because importing mpi4py.MPI initialises MPI).
@@ -75,7 +76,8 @@ class MpiBackend(TorchCommBackend):
         # The last timeout seen and its seconds: most calls pass the same object.
         self._td: Any = _UNSET
         self._ts = 0.0
-        self._watch = Watchdog(comm, name, self._rank)
+        self._complete = work.complete
+        self._test = buffers.MPI.Request.Test
         self._windows: list[Any] = []
 
     def finalize(self) -> None:
@@ -90,7 +92,6 @@ class MpiBackend(TorchCommBackend):
         if comm is None:
             return
         self._comm = None
-        self._watch.stop()
         for work in list(self._pending):
             if abort:
                 work.cancel()
@@ -148,16 +149,14 @@ class MpiBackend(TorchCommBackend):
         self._td, self._ts = timeout, seconds
         return seconds
 
-    def _run(self, what: str, timeout: timedelta | None, fn: Any, *args: Any) -> None:
-        """A blocking MPI call under the watchdog."""
-        w = self._watch
-        w.seconds = self._seconds(timeout)
-        w.seq += 1
-        w.what = what
-        try:
-            fn(*args)
-        finally:
-            w.what = None
+    def _finish(self, what: str, async_op: bool, timeout: timedelta | None, req: Any,
+                keep: Any) -> Any:
+        """An issued request: a work for ``async_op``, else completed here (``None``)."""
+        if async_op:
+            return self._work(what, timeout, [req], keep)
+        if not self._test(req):
+            self._complete([req], self._seconds(timeout), what)
+        return None
 
     def _work(self, what: str, timeout: timedelta | None, reqs: list[Any], keep: Any = None,
               then: Any = None) -> Any:
@@ -169,19 +168,13 @@ class MpiBackend(TorchCommBackend):
 
     def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
              timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        b = self._b.buf(tensor)
-        if async_op:
-            return self._work("send", timeout, [self._comm.Isend(b, dst)], tensor)
-        self._run("send", timeout, self._comm.Send, b, dst)
-        return None
+        return self._finish("send", async_op, timeout,
+                            self._comm.Isend(self._b.buf(tensor), dst), tensor)
 
     def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
              timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        b = self._b.buf(tensor)
-        if async_op:
-            return self._work("recv", timeout, [self._comm.Irecv(b, src)], tensor)
-        self._run("recv", timeout, self._comm.Recv, b, src)
-        return None
+        return self._finish("recv", async_op, timeout,
+                            self._comm.Irecv(self._b.buf(tensor), src), tensor)
 
     def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
                        timeout: timedelta | None = None,
@@ -205,28 +198,19 @@ class MpiBackend(TorchCommBackend):
         dtype = tensor.dtype
         b = [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[dtype]]
         mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
-        comm, in_place = self._comm, self._MPI.IN_PLACE
+        req = self._comm.Iallreduce(self._MPI.IN_PLACE, b, mop)
         if async_op:
-            return self._work("all_reduce", timeout, [comm.Iallreduce(in_place, b, mop)],
-                              tensor)
-        # The watchdog inline: the 1-element case is dominated by per-call cost.
-        w = self._watch
-        w.seconds = self._ts if timeout is self._td else self._seconds(timeout)
-        w.seq += 1
-        w.what = "all_reduce"
-        try:
-            comm.Allreduce(in_place, b, mop)
-        finally:
-            w.what = None
+            return self._work("all_reduce", timeout, [req], tensor)
+        # Completion inline: at small sizes the per-call cost is what shows.
+        if not self._test(req):
+            self._complete([req], self._ts if timeout is self._td else self._seconds(timeout),
+                           "all_reduce")
         return None
 
     def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        b = self._b.buf(tensor)
-        if async_op:
-            return self._work("broadcast", timeout, [self._comm.Ibcast(b, root)], tensor)
-        self._run("broadcast", timeout, self._comm.Bcast, b, root)
-        return None
+        return self._finish("broadcast", async_op, timeout,
+                            self._comm.Ibcast(self._b.buf(tensor), root), tensor)
 
     def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
                timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
@@ -237,17 +221,11 @@ class MpiBackend(TorchCommBackend):
             args: tuple[Any, ...] = (self._MPI.IN_PLACE, b, mop, root)
         else:
             args = (b, None, mop, root)
-        if async_op:
-            return self._work("reduce", timeout, [comm.Ireduce(*args)], tensor)
-        self._run("reduce", timeout, comm.Reduce, *args)
-        return None
+        return self._finish("reduce", async_op, timeout, comm.Ireduce(*args), tensor)
 
     def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
                 hints: dict[str, str] | None = None) -> Any:
-        if async_op:
-            return self._work("barrier", timeout, [self._comm.Ibarrier()])
-        self._run("barrier", timeout, self._comm.Barrier)
-        return None
+        return self._finish("barrier", async_op, timeout, self._comm.Ibarrier(), None)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
                           timeout: timedelta | None = None,
@@ -258,7 +236,7 @@ class MpiBackend(TorchCommBackend):
             send: Any = self._MPI.IN_PLACE  # the input already sits in this rank's slot
         else:
             send = b.buf(input)
-        return self._collective("all_gather_single", async_op, timeout, "Allgather",
+        return self._collective("all_gather_single", async_op, timeout,
                                 "Iallgather", (send, recv), (output, input))
 
     def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -273,7 +251,7 @@ class MpiBackend(TorchCommBackend):
                                  f"input tensor; pass the same tensor or separate memory")
         else:
             send = [self._b.buf(tensor)[0], tensor.nbytes, self._MPI.BYTE]
-        return self._collective("all_gather", async_op, timeout, "Allgatherv", "Iallgatherv",
+        return self._collective("all_gather", async_op, timeout, "Iallgatherv",
                                 (send, recv), (tensor_list, tensor))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
@@ -289,8 +267,7 @@ class MpiBackend(TorchCommBackend):
             input = input.clone()  # MPI refuses aliased buffers; the result goes elsewhere
         mop = b.mpi_op(op, output.dtype)
         send, recv = b.blocked(input), b.buf(output)
-        return self._collective("reduce_scatter_single", async_op, timeout,
-                                "Reduce_scatter_block", "Ireduce_scatter_block",
+        return self._collective("reduce_scatter_single", async_op, timeout, "Ireduce_scatter_block",
                                 (send, recv, mop), (output, input))
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
@@ -306,7 +283,7 @@ class MpiBackend(TorchCommBackend):
         mop = b.mpi_op(op, output.dtype)
         send = b.buf(flat)
         recv = b.first(output, counts[self._rank])
-        return self._collective("reduce_scatter", async_op, timeout, "Reduce_scatter",
+        return self._collective("reduce_scatter", async_op, timeout,
                                 "Ireduce_scatter", (send, recv, counts, mop), (output, flat))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
@@ -326,7 +303,7 @@ class MpiBackend(TorchCommBackend):
             if b.overlaps(output, input):
                 input = input.clone()
             send = b.blocked(input)
-        return self._collective("all_to_all_single", async_op, timeout, "Alltoall",
+        return self._collective("all_to_all_single", async_op, timeout,
                                 "Ialltoall", (send, recv), (output, input))
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -343,7 +320,7 @@ class MpiBackend(TorchCommBackend):
         rc = [s * row_out for s in output_split_sizes]
         send = [b.buf(input)[0], sc, _displs(sc), mpi_t]
         recv = [b.buf(output)[0], rc, _displs(rc), mpi_t]
-        return self._collective("all_to_all_v_single", async_op, timeout, "Alltoallv",
+        return self._collective("all_to_all_v_single", async_op, timeout,
                                 "Ialltoallv", (send, recv), (output, input))
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor],
@@ -355,7 +332,7 @@ class MpiBackend(TorchCommBackend):
             if any(b.overlaps(t, o) for o in output_tensor_list):
                 ins[i] = t.clone()
         send, recv = b.scattered(ins), b.scattered(output_tensor_list)
-        return self._collective("all_to_all", async_op, timeout, "Alltoallv", "Ialltoallv",
+        return self._collective("all_to_all", async_op, timeout, "Ialltoallv",
                                 (send, recv), (output_tensor_list, ins))
 
     def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
@@ -371,7 +348,7 @@ class MpiBackend(TorchCommBackend):
                 recv = self._MPI.IN_PLACE
             elif b.overlaps(mine, output_tensor):
                 send = b.scattered([t.clone() for t in input_tensor_list])
-        return self._collective("scatter", async_op, timeout, "Scatterv", "Iscatterv",
+        return self._collective("scatter", async_op, timeout, "Iscatterv",
                                 (send, recv, root), (output_tensor, input_tensor_list))
 
     def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
@@ -388,7 +365,7 @@ class MpiBackend(TorchCommBackend):
             elif b.overlaps(mine, input_tensor):
                 input_tensor = input_tensor.clone()
                 send = [b.buf(input_tensor)[0], input_tensor.nbytes, self._MPI.BYTE]
-        return self._collective("gather", async_op, timeout, "Gatherv", "Igatherv",
+        return self._collective("gather", async_op, timeout, "Igatherv",
                                 (send, recv, root), (output_tensor_list, input_tensor))
 
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
@@ -404,16 +381,13 @@ class MpiBackend(TorchCommBackend):
             elif b.overlaps(output, input):
                 input = input.clone()
                 send = b.buf(input)
-        return self._collective("gather_single", async_op, timeout, "Gather", "Igather",
+        return self._collective("gather_single", async_op, timeout, "Igather",
                                 (send, recv, root), (output, input))
 
-    def _collective(self, what: str, async_op: bool, timeout: timedelta | None, blocking: str,
+    def _collective(self, what: str, async_op: bool, timeout: timedelta | None,
                     nonblocking: str, args: tuple[Any, ...], keep: Any) -> Any:
-        comm = self._comm
-        if async_op:
-            return self._work(what, timeout, [getattr(comm, nonblocking)(*args)], keep)
-        self._run(what, timeout, getattr(comm, blocking), *args)
-        return None
+        req = getattr(self._comm, nonblocking)(*args)
+        return self._finish(what, async_op, timeout, req, keep)
 
     # -- windows ----------------------------------------------------------------------
 

@@ -1,0 +1,232 @@
+"""The mpi backend (torchcomms-mpi): conformance under mpiexec, launch, dtypes, zero copy.
+
+Ranks are MPI processes started by mpiexec (the ``mpi_pool`` fixture, 2 and 4 ranks);
+every test skips with the reason where mpiexec or mpi4py is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+from torchcomms_core.testing.mpi_launch import find_mpiexec, mpiexec_unavailable
+from torchcomms_core.testing.pool import unique_name
+
+_MISSING = mpiexec_unavailable()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"mpi backend: {_MISSING}")
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without any launcher's rank variables or rendezvous address."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_", "PMI_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+
+
+# -- the conformance suite, run as a vendor runs it ------------------------------------------
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_mpi_passes_the_conformance_suite_under_mpiexec(world_size: int) -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+         "torchcomms_core.testing", "--torchcomms-backend", "mpi", "--torchcomms-world-size",
+         str(world_size), "--torchcomms-launcher", "mpiexec"],
+        capture_output=True, text=True, timeout=600, env=_clean_env(), cwd="/")
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
+    assert "failed" not in res.stdout and "skipped" not in res.stdout
+    assert f"'mpi' at {world_size} ranks" in res.stdout
+    assert "derived: -" in res.stdout  # every operation is one MPI call
+
+
+# -- launching -------------------------------------------------------------------------------
+
+_SCRIPT = textwrap.dedent("""
+    import torch, torchcomms
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), name="main")
+    t = torch.full((3,), float(comm.get_rank()))
+    comm.all_reduce(t, torchcomms.ReduceOp.AVG, async_op=False)
+    print(f"rank {comm.get_rank()} of {comm.get_size()}: {t.tolist()}", flush=True)
+    comm.finalize()
+""")
+
+
+def test_mpiexec_launches_a_plain_script(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT)
+    res = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=120, env=_clean_env())
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "rank 0 of 2: [0.5, 0.5, 0.5]" in res.stdout
+    assert "rank 1 of 2: [0.5, 0.5, 0.5]" in res.stdout
+
+
+def test_without_mpiexec_the_error_says_to_use_it(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT)
+    # A launcher that is not MPI says "rank 0 of 2", but MPI sees one process.
+    env = {**_clean_env(), "TORCHCOMM_RANK": "0", "TORCHCOMM_SIZE": "2"}
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode != 0
+    assert "BootstrapError" in res.stderr and "mpiexec -n 2 python script.py" in res.stderr
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=120, env=_clean_env())
+    assert res.returncode != 0 and "mpiexec -n 2 python script.py" in res.stderr
+
+
+# -- bodies ----------------------------------------------------------------------------------
+
+
+def _comm():
+    return torchcomms.new_comm("mpi", torch.device("cpu"), name=unique_name("mpi"))
+
+
+def body_half_precision_reductions() -> list[str]:
+    """bf16 (user-defined MPI op) and fp16 reduce exactly like torch does on one process."""
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    checked = []
+    for dtype in (torch.bfloat16, torch.float16):
+        inputs = [torch.tensor([1.5, -2.0, 0.25 * (k + 1), 3.0 + k], dtype=dtype)
+                  for k in range(n)]
+        for op, ref in ((ReduceOp.SUM, lambda xs: sum(xs[1:], xs[0].clone())),
+                        (ReduceOp.MAX, lambda xs: torch.stack(xs).amax(0)),
+                        (ReduceOp.MIN, lambda xs: torch.stack(xs).amin(0)),
+                        (ReduceOp.PRODUCT, lambda xs: torch.stack(xs).prod(0)),
+                        (ReduceOp.AVG, lambda xs: sum(xs[1:], xs[0].clone()) / n)):
+            for async_op in (False, True):
+                t = inputs[r].clone()
+                comm.all_reduce(t, op, async_op=async_op).wait()
+                expected = ref(inputs)
+                assert t.dtype == dtype and torch.equal(t, expected), (dtype, op, t, expected)
+        out = torch.empty(1, dtype=dtype)
+        comm.reduce_scatter_single(out, torch.arange(n, dtype=dtype) + r, ReduceOp.SUM)
+        assert out.item() == n * r + sum(range(n)), out
+        checked.append(str(dtype))
+    comm.finalize()
+    return checked
+
+
+def body_sync_and_async_mix_across_ranks(rounds: int) -> None:
+    """Ranks choose async_op independently; MPI would not match blocking with nonblocking."""
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    works = []
+    tensors = []
+    for i in range(rounds):
+        t = torch.full((5,), float(i + r))
+        work = comm.all_reduce(t, ReduceOp.SUM, async_op=(i + r) % 2 == 1)
+        works.append(work)
+        tensors.append(t)
+    for i, (w, t) in enumerate(zip(works, tensors, strict=True)):
+        w.wait()
+        assert w.is_completed()
+        assert torch.equal(t, torch.full((5,), float(n * i + sum(range(n)))))
+    comm.finalize()
+
+
+def body_zero_copy_layouts() -> None:
+    """Results land in the callers' tensors: separately allocated lists and in-place forms."""
+    from torchcomms_mpi import buffers
+
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    t = torch.zeros(4)
+    assert buffers.buf(t)[0].address == t.data_ptr()  # MPI sees the tensor's own memory
+    outs = [torch.empty(3) for _ in range(n)]  # n separate allocations
+    comm.all_gather(outs, torch.full((3,), float(r)))
+    assert [o[0].item() for o in outs] == [float(k) for k in range(n)]
+    whole = torch.zeros(n * 2)
+    mine = whole[2 * r: 2 * r + 2]
+    mine.fill_(r + 1.0)
+    comm.all_gather_single(whole, mine)  # in place: the input sits in this rank's slot
+    assert whole.tolist() == [float(k + 1) for k in range(n) for _ in range(2)]
+    a2a = torch.arange(n, dtype=torch.float32) + 10 * r
+    comm.all_to_all_single(a2a, a2a)  # in place
+    assert a2a.tolist() == [float(k * 10 + r) for k in range(n)]
+    pieces = [torch.full((2,), float(r * 10 + k)) for k in range(n)]
+    got = [torch.empty(2) for _ in range(n)]
+    comm.all_to_all(got, pieces)
+    assert [g[0].item() for g in got] == [float(k * 10 + r) for k in range(n)]
+    scattered = [torch.full((2,), float(k)) for k in range(n)]  # not one run of memory
+    red = torch.empty(2)
+    comm.reduce_scatter(red, scattered, ReduceOp.SUM)
+    assert red.tolist() == [float(r * n)] * 2
+    comm.finalize()
+
+
+def body_split_groups() -> list[int]:
+    """Disjoint groups split at once (MPI_Comm_create_group); [] gets None; nesting works."""
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    evens = [k for k in range(n) if k % 2 == 0]
+    odds = [k for k in range(n) if k % 2 == 1]
+    sub = comm.split(evens if r % 2 == 0 else odds, "parity")
+    t = torch.tensor([float(r)])
+    sub.all_reduce(t, ReduceOp.SUM)
+    assert t.item() == sum(evens if r % 2 == 0 else odds)
+    solo = sub.split([0] if sub.get_rank() == 0 else [], "solo")
+    assert (solo is None) == (sub.get_rank() != 0)
+    if solo is not None:
+        solo.barrier()
+        solo.finalize()
+    assert isinstance(sub.unsafe_get_backend(), __import__("mpi4py.MPI").MPI.Intracomm)
+    sub.finalize()
+    comm.finalize()
+    return [sub.get_rank(), sub.get_size()]
+
+
+def body_sync_timeout(seconds: float) -> dict:
+    """A synchronous receive nobody answers raises a timeout instead of hanging."""
+    comm = _comm()
+    r = comm.get_rank()
+    result: dict = {}
+    if r == 0:
+        start = time.monotonic()
+        try:
+            comm.recv(torch.empty(1), 1, async_op=False, timeout=timedelta(seconds=seconds))
+        except torchcomms.CommTimeoutError as exc:
+            result = {"message": str(exc), "seconds": time.monotonic() - start}
+    else:
+        time.sleep(seconds + 0.5)
+    comm.abort()
+    return result
+
+
+# -- tests -----------------------------------------------------------------------------------
+
+
+def test_bfloat16_and_float16_reduce_exactly(mpi_pool) -> None:
+    for checked in mpi_pool.run(body_half_precision_reductions, timeout=120):
+        assert checked == ["torch.bfloat16", "torch.float16"]
+
+
+def test_ranks_may_mix_sync_and_async_calls(mpi_pool) -> None:
+    mpi_pool.run(body_sync_and_async_mix_across_ranks, 40, timeout=60)
+
+
+def test_results_land_in_the_callers_tensors(mpi_pool) -> None:
+    mpi_pool.run(body_zero_copy_layouts, timeout=60)
+
+
+def test_split_builds_disjoint_and_nested_groups(mpi_pool) -> None:
+    results = mpi_pool.run(body_split_groups, timeout=60)
+    n = mpi_pool.world_size
+    assert sorted(tuple(x) for x in results) == sorted(
+        (k // 2, len(range(k % 2, n, 2))) for k in range(n))
+
+
+def test_a_synchronous_call_times_out_instead_of_hanging(mpi_pool) -> None:
+    first = mpi_pool.run(body_sync_timeout, 1.0, timeout=60)[0]
+    assert "recv did not complete within 1 s" in first["message"], first
+    assert 1.0 <= first["seconds"] < 5.0, first
