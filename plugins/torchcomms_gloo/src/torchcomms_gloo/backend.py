@@ -10,7 +10,9 @@ from typing import Any, ClassVar
 
 import torch
 
-from torchcomms_core import C10dBackend, CommOptions
+from torchcomms_core import C10dBackend, CommOptions, ReduceOp
+
+from . import fast_paths, teardown
 
 
 class GlooBackend(C10dBackend):
@@ -44,10 +46,28 @@ class GlooBackend(C10dBackend):
                       device: torch.device, options: CommOptions) -> Any:
         from torch.distributed import ProcessGroupGloo
 
-        return ProcessGroupGloo(store, rank, size, timeout)
+        before = teardown.socket_inodes()
+        engine = ProcessGroupGloo(store, rank, size, timeout)
+        self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
+        return engine
+
+    def abort(self) -> None:
+        """Abort the engine and close its connections, so nothing waits for a peer."""
+        # Connections first: dropping the engine joins its worker threads, which must no
+        # longer be blocked on a peer by then.
+        teardown.shut_down(getattr(self, "_sockets", {}))
+        super().abort()
 
     def get_backend_name(self) -> str:
         return "gloo"
+
+    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
+                       timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        """Gloo's own any-source receive; the work's ``source_rank()`` names the sender."""
+        from .anysource import AnySourceWork
+
+        return AnySourceWork(self._engine.recv_anysource([tensor], 0), timeout)
 
     def new_window(self) -> Any:
         """A shared-memory window engine (ranks on one host; see ``torchcomms_gloo.window``)."""
@@ -55,3 +75,65 @@ class GlooBackend(C10dBackend):
 
         self._windows_made = getattr(self, "_windows_made", 0) + 1
         return GlooWindowEngine(self, self._windows_made)
+
+    # -- pairwise all-gather and reduce-scatter (fast_paths), above the crossover size --
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
+                          timeout: timedelta | None = None,
+                          hints: dict[str, str] | None = None) -> Any:
+        if output.nbytes < fast_paths.ALL_GATHER_MIN_BYTES:
+            return super().all_gather_single(output, input, async_op, timeout=timeout,
+                                             hints=hints)
+        outputs = output.view(-1).chunk(self._size)
+        work = fast_paths.all_gather(self._engine, self._rank, self._size, outputs,
+                                     input.view(-1), timeout)
+        return self._settle_pairwise(work, async_op)
+
+    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                   async_op: bool, *, timeout: timedelta | None = None,
+                   hints: dict[str, str] | None = None) -> Any:
+        if tensor.nbytes * self._size < fast_paths.ALL_GATHER_MIN_BYTES:
+            return super().all_gather(tensor_list, tensor, async_op, timeout=timeout,
+                                      hints=hints)
+        outputs = [t.view(-1) for t in tensor_list]
+        work = fast_paths.all_gather(self._engine, self._rank, self._size, outputs,
+                                     tensor.view(-1), timeout)
+        return self._settle_pairwise(work, async_op)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
+                              async_op: bool, *, timeout: timedelta | None = None,
+                              hints: dict[str, str] | None = None) -> Any:
+        if (input.nbytes < fast_paths.REDUCE_SCATTER_MIN_BYTES
+                or not fast_paths.reduces_natively(op, input.dtype)):
+            return super().reduce_scatter_single(output, input, op, async_op, timeout=timeout,
+                                                 hints=hints)
+        work = fast_paths.reduce_scatter(self._engine, self._rank, self._size, output.view(-1),
+                                         input.view(-1).chunk(self._size), op, timeout,
+                                         self._scratch)
+        return self._settle_pairwise(work, async_op)
+
+    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
+                       async_op: bool, *, timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        if (output.nbytes * self._size < fast_paths.REDUCE_SCATTER_MIN_BYTES
+                or not fast_paths.reduces_natively(op, output.dtype)):
+            return super().reduce_scatter(output, input_list, op, async_op, timeout=timeout,
+                                          hints=hints)
+        work = fast_paths.reduce_scatter(self._engine, self._rank, self._size, output.view(-1),
+                                         [t.view(-1) for t in input_list], op, timeout,
+                                         self._scratch)
+        return self._settle_pairwise(work, async_op)
+
+    @property
+    def _scratch(self) -> fast_paths.ScratchPool:
+        pool = self.__dict__.get("_scratch_pool")
+        if pool is None:
+            pool = self.__dict__["_scratch_pool"] = fast_paths.ScratchPool()
+        return pool
+
+    @staticmethod
+    def _settle_pairwise(work: fast_paths.PairwiseWork, async_op: bool) -> Any:
+        if async_op:
+            return work
+        work.wait()
+        return None
