@@ -133,13 +133,16 @@ SERIALIZATION = "TORCHCOMMS_SERIALIZATION"
 
 
 def fr_dump_prefix() -> str:
-    """Return the flight-recorder dump prefix (``<tmpdir>/torchcomm_fr_trace_rank_`` if unset)."""
+    """Return the flight-recorder dump prefix (``<cache>/torch/comm_lib_trace_rank_`` if unset).
+
+    ``<cache>`` is ``$XDG_CACHE_HOME``, else ``~/.cache``: a folder of this user, not a
+    name in the shared temporary folder that another user could plant first.
+    """
     raw = os.environ.get(FR_DUMP_TEMP_FILE)
     if raw:
         return raw
-    import tempfile
-
-    return os.path.join(tempfile.gettempdir(), "torchcomm_fr_trace_rank_")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "torch", "comm_lib_trace_rank_")
 
 
 def serialization_allows_pickle() -> bool:

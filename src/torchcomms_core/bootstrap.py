@@ -2,12 +2,20 @@
 
 Precedence of rank/size sources: TORCHCOMM_RANK/SIZE, torchrun, OpenMPI, SLURM, PMI.
 The store comes from MASTER_ADDR/MASTER_PORT: torchrun's agent store when it says so,
-otherwise rank 0 hosts a ``TCPStore``. One store per process serves every communicator.
+otherwise rank 0 hosts a ``TCPStore`` listening only on the address MASTER_ADDR names;
+``TORCHCOMM_STORE_FILE`` selects a ``FileStore`` instead (single host). One store per
+process serves every communicator.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import ipaddress
+import os
+import socket
 import threading
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -43,8 +51,11 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
     With ``required=False`` (engines such as MPI that rendezvous by themselves) and no
     ``MASTER_ADDR``/``MASTER_PORT``, a store local to this process stands in.
     """
-    from torch.distributed import HashStore, PrefixStore, TCPStore
+    from torch.distributed import HashStore, PrefixStore
 
+    path = _env.store_file()
+    if path is not None:
+        return _file_store(path)
     try:
         addr_port = _env.master_addr_port()
     except ValueError as exc:
@@ -67,8 +78,9 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
         addr, port = addr_port
         agent = _env.use_agent_store()
         try:
-            tcp = TCPStore(addr, port, size, is_master=(rank == 0 and not agent),
-                           timeout=timeout, wait_for_workers=False, multi_tenant=True)
+            tcp = _tcp_store(addr, port, size, rank == 0 and not agent, timeout)
+        except BootstrapError:
+            raise
         except Exception as exc:
             role = "connect to" if agent or rank != 0 else "host"
             raise BootstrapError(
@@ -79,3 +91,105 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
         store = PrefixStore(f"torchcomms/attempt_{_env.restart_count()}", tcp)
         _stores[addr_port] = store
         return store
+
+
+def _file_store(path: str) -> Any:
+    """The process's store over the file ``TORCHCOMM_STORE_FILE`` names (single-host jobs)."""
+    from torch.distributed import FileStore, PrefixStore
+
+    key = (path, -1)
+    with _store_lock:
+        store = _stores.get(key)
+        if store is not None:
+            return store
+        try:
+            files = FileStore(path, -1)
+        except Exception as exc:
+            raise BootstrapError(
+                f"could not open the rendezvous file {_env.STORE_FILE}={path!r}: {exc}. Point it "
+                f"at a file in a folder every rank of this host can write, or unset it to "
+                f"rendezvous over {_env.MASTER_ADDR}/{_env.MASTER_PORT}"
+            ) from exc
+        store = _stores[key] = PrefixStore(f"torchcomms/attempt_{_env.restart_count()}", files)
+        return store
+
+
+def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) -> Any:
+    """Connect to the TCP store, or host it listening only where ``MASTER_ADDR`` points."""
+    from torch.distributed import TCPStore
+
+    fd = _listen_fd(addr, port) if host else None
+    if fd is None:
+        return TCPStore(addr, port, size, is_master=host, timeout=timeout,
+                        wait_for_workers=False, multi_tenant=True)
+    try:
+        return TCPStore(addr, port, size, is_master=True, timeout=timeout,
+                        wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
+    except Exception:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+def _listen_fd(addr: str, port: int) -> int | None:
+    """A socket listening on ``addr`` (or ``TORCHCOMM_STORE_LISTEN_ADDR``), handed to TCPStore.
+
+    ``None`` leaves TCPStore to listen on every interface: asked for with ``*``, or when
+    ``MASTER_ADDR`` resolves to nothing this host can listen on for the other hosts.
+    """
+    listen = _env.store_listen_addr()
+    if listen in ("*", "0.0.0.0", "::"):
+        return None
+    target = listen or addr
+    what = f"{_env.STORE_LISTEN_ADDR}={listen!r}" if listen else f"{_env.MASTER_ADDR}={addr!r}"
+    try:
+        infos = socket.getaddrinfo(target, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        if listen:
+            raise BootstrapError(f"{what} does not resolve ({exc}); set it to an address of "
+                                 f"this host, or '*' to listen on every interface") from None
+        return None  # TCPStore reports the unresolvable MASTER_ADDR itself
+    ips = sorted({info[4][0] for info in infos})
+    if not listen and target != "localhost" and not _is_ip(target) and all(
+            ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in ips):
+        # A host name that maps to 127.0.1.1 in /etc/hosts: binding there would lock out
+        # the ranks on other hosts, which resolve the name to a routable address.
+        warnings.warn(
+            f"torchcomms: {what} resolves to {', '.join(ips)} on this host, a loopback address "
+            f"other hosts cannot reach, so the rendezvous store listens on every interface. "
+            f"Set {_env.MASTER_ADDR} to this host's address on the cluster network (or "
+            f"{_env.STORE_LISTEN_ADDR}) to listen on one interface only",
+            RuntimeWarning, stacklevel=4)
+        return None
+    failure: OSError | None = None
+    for family, kind, proto, _, sockaddr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+            sock.listen(socket.SOMAXCONN)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                return None  # TCPStore shares a server this process already hosts, or explains
+            failure = exc
+            continue
+        return sock.detach()
+    if listen:
+        raise BootstrapError(f"the rendezvous store cannot listen on {what} port {port} "
+                             f"({failure}); set it to an address of this host, or '*' to "
+                             f"listen on every interface")
+    warnings.warn(
+        f"torchcomms: {what} ({', '.join(ips)}) is not an address of this host ({failure}), so "
+        f"the rendezvous store listens on every interface. Set {_env.STORE_LISTEN_ADDR} to the "
+        f"address of this host that the other ranks reach it through",
+        RuntimeWarning, stacklevel=4)
+    return None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.split("%")[0])
+    except ValueError:
+        return False
+    return True

@@ -8,9 +8,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -52,15 +54,20 @@ def _environ(updates: dict[str, str | None]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def rank_environment(rank: int, nranks: int, port: int) -> dict[str, str | None]:
-    """The variables that make a child process rank ``rank`` of a local ``nranks``-rank job."""
+def rank_environment(rank: int, nranks: int, store_file: str) -> dict[str, str | None]:
+    """The variables that make a child process rank ``rank`` of a local ``nranks``-rank job.
+
+    The ranks rendezvous through ``store_file``, a ``FileStore`` only this user can open:
+    a purely local job has no reason to listen on a network port.
+    """
     return {
         _env.RANK: str(rank),
         _env.SIZE: str(nranks),
         "TORCHCOMM_LOCAL_RANK": str(rank),
-        _env.MASTER_ADDR: "127.0.0.1",
-        _env.MASTER_PORT: str(port),
-        # Rank 0 must host the store itself, whatever a surrounding launcher said.
+        _env.STORE_FILE: store_file,
+        _env.MASTER_ADDR: None,
+        _env.MASTER_PORT: None,
+        # Rank 0 must not look for a surrounding launcher's store.
         _env.USE_AGENT_STORE: None,
         # Like torchrun: N ranks each using every core would oversubscribe the machine.
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS") or ("1" if nranks > 1 else None),
@@ -103,14 +110,15 @@ def launch(nranks: int, target: Callable[..., int], args: tuple[Any, ...] = (), 
     if nranks < 1:
         raise ValueError(f"need at least one rank, got {nranks}")
     ctx = multiprocessing.get_context("spawn")
-    port = free_port()
+    private = tempfile.mkdtemp(prefix="torchcomms-launch-")  # mode 0700
+    store_file = os.path.join(private, "store")
     procs: dict[int, Any] = {}
     try:
         for rank in range(nranks):
             proc = ctx.Process(target=_child, args=(rank, target, args), name=f"rank{rank}")
             # A spawned child inherits the environment as it is at start(), before it
             # imports anything, so torchcomms reads these from the first import.
-            with _environ(rank_environment(rank, nranks, port)):
+            with _environ(rank_environment(rank, nranks, store_file)):
                 proc.start()
             procs[rank] = proc
         return _wait(procs, label)
@@ -119,6 +127,7 @@ def launch(nranks: int, target: Callable[..., int], args: tuple[Any, ...] = (), 
         return 130
     finally:
         _stop([p for p in procs.values() if p.exitcode is None])
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _wait(procs: dict[int, Any], label: str) -> int:

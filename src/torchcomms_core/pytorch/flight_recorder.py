@@ -7,10 +7,12 @@ Dumps use the fields of c10d's own flight recorder, so PyTorch's analyzer
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import pickle
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -124,7 +126,8 @@ class FlightRecorderHook:
     """Keep the last ``max_entries`` operations of the communicators it is registered with.
 
     ``max_entries=0`` records nothing (PyTorch passes 0 unless ``TORCH_FR_BUFFER_SIZE``
-    is set). ``dump()`` writes JSON to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<global rank>``; a
+    is set). ``dump()`` writes JSON to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<global rank>`` (by
+    default ``~/.cache/torch/comm_lib_trace_rank_<rank>``, mode 0600); a
     failed, timed-out or aborted operation dumps automatically.
     """
 
@@ -329,19 +332,13 @@ class FlightRecorderHook:
         if path is None:
             path = f"{_env.fr_dump_prefix()}{self._global_rank()}"
         data = self.dump_dict()
-        directory = os.path.dirname(path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}.tmp{os.getpid()}"
         if format == "json":
-            with open(tmp, "w") as f:
-                json.dump(data, f)
+            payload = json.dumps(data).encode()
         else:
             for entry in data["entries"]:
                 entry["process_group"] = tuple(entry["process_group"])
-            with open(tmp, "wb") as f:
-                pickle.dump(data, f)
-        os.replace(tmp, path)
+            payload = pickle.dumps(data)
+        _write_private(path, payload)
         return path
 
     def _global_rank(self) -> int:
@@ -364,6 +361,28 @@ class FlightRecorderHook:
     def __repr__(self) -> str:
         return (f"<FlightRecorderHook max_entries={self.max_entries} entries="
                 f"{len(self._entries)} comms={len(self._tracks)}>")
+
+
+def _write_private(path: str, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` readable by this user only, never through a symlink.
+
+    The bytes go to a fresh ``mkstemp`` file (``O_EXCL``, mode 0600, unpredictable name) in
+    the target folder, which is then renamed over ``path``: a rename replaces a symlink
+    planted at ``path`` instead of writing where it points. A missing folder is created
+    private (0700).
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _fallback_ranks(comm: TorchComm) -> list[int]:
