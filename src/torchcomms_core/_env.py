@@ -36,6 +36,8 @@ DISABLE_PLUGIN_AUTOLOAD = "TORCHCOMM_DISABLE_PLUGIN_AUTOLOAD"
 PLUGINS = "TORCHCOMM_PLUGINS"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
+#: Network interface the gloo backend binds to (e.g. ``eth1``); unset: the host name's address.
+GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
 #: torchrun sets this when its agent hosts the rendezvous store.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -98,6 +100,12 @@ def master_addr_port() -> tuple[str, int] | None:
         return addr, int(port)
     except ValueError:
         raise ValueError(f"{MASTER_PORT}={port!r} is not a port number") from None
+
+
+def gloo_interface() -> str | None:
+    """Return the interface name from ``TORCHCOMM_GLOO_INTERFACE``, or ``None`` if unset."""
+    raw = os.environ.get(GLOO_INTERFACE, "").strip()
+    return raw or None
 
 
 def use_agent_store() -> bool:

@@ -57,6 +57,8 @@ class TextReport:
                    f"step: {config.stepfactor}(factor)  warmup iters: {config.warmup}  "
                    f"iters: {config.iters}  validation: {config.check}  "
                    f"inplace: {config.inplace}{compare}")
+        if getattr(config, "network", None):
+            self._line(f"# network: {config.network}")
         self._line("# time: the slowest rank's mean per call; min/avg/max: over ranks of each "
                    "rank's mean")
         if config.compare:

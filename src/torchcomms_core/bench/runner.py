@@ -56,6 +56,8 @@ class BenchConfig:
     json_path: str | None = None
     #: Where rank 0 saves a busbw-vs-size plot (needs matplotlib).
     plot_path: str | None = None
+    #: The emulated network the ranks talk over (``--netns``), described; ``None``: the host's.
+    network: str | None = None
 
     @property
     def sizes(self) -> list[int]:

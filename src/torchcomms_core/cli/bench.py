@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from .. import _env
 from ..bench.compare import COMPARE_WITH
@@ -134,6 +135,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=_seconds, default=None,
                         help=f"seconds before an operation fails (default: "
                              f"${_env.TIMEOUT_SECONDS} or 600)")
+    parser.add_argument("--netns", type=_int_at_least(1), default=None, metavar="N",
+                        help="run N ranks as N hosts: one network namespace each, linked to a "
+                             "bridge by links shaped to --link-rate (needs root, ip and tc)")
+    parser.add_argument("--link-rate", default=None, metavar="RATE",
+                        help="with --netns: rate of every link, each way, in tc's units "
+                             "(profiles 1gbit, 10gbit; e.g. 100mbit) (default: 1gbit)")
 
 
 def _check_writable(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
@@ -177,6 +184,43 @@ def _replot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _netns_network(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   launched: tuple[int, int, str] | None) -> Any:
+    """The shaped network ``--netns`` asks for (not built yet), or ``None``."""
+    if args.netns is None:
+        if args.link_rate is not None:
+            parser.error("--link-rate shapes the links of --netns; give --netns N too")
+        return None
+    from ..bench import netns
+
+    if launched is not None:
+        parser.error(f"--netns starts its own ranks, one per namespace; run it directly, not "
+                     f"under {launched[2]}")
+    if args.nproc is not None and args.nproc != args.netns:
+        parser.error(f"--netns {args.netns} runs {args.netns} ranks; drop --nproc "
+                     f"{args.nproc} or make it equal")
+    reason = netns.unavailable_reason()
+    if reason is not None:
+        parser.error(f"--netns: {reason}")
+    try:
+        rate = netns.parse_rate(args.link_rate or "1gbit")
+    except ValueError as exc:
+        parser.error(f"--link-rate: {exc}")
+    return netns.Network(f"{netns.PREFIX}{os.getpid()}", args.netns, rate)
+
+
+def _run_in_namespaces(parser: argparse.ArgumentParser, network: Any,
+                       config: BenchConfig) -> int:
+    from ..bench import netns
+
+    try:
+        with netns.shaped_network(network.size, network.rate_bits) as net:
+            return netns.launch_in_namespaces(net, run_rank, (config,), label=parser.prog)
+    except netns.NetnsError as exc:
+        print(f"{parser.prog}: --netns: {exc}", file=sys.stderr)
+        return 1
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate the options, then launch the ranks or run as this launcher-started rank."""
     parser: argparse.ArgumentParser = args.parser
@@ -200,13 +244,15 @@ def run(args: argparse.Namespace) -> int:
         launched = _env.rank_and_size()
     except ValueError as exc:
         parser.error(str(exc))
-    nranks = launched[1] if launched else (args.nproc or DEFAULT_NPROC)
+    network = _netns_network(parser, args, launched)
+    nranks = launched[1] if launched else (args.netns or args.nproc or DEFAULT_NPROC)
     config = BenchConfig(
         backend=args.backend, device=args.device, ops=args.ops, minbytes=args.minbytes,
         maxbytes=args.maxbytes, stepfactor=args.stepfactor, iters=args.iters,
         warmup=args.warmup_iters, dtype=args.datatype, redop=args.op, root=args.root,
         check=args.check, timeout_s=args.timeout, inplace=args.inplace, compare=args.compare,
         json_path=args.json_path, plot_path=args.plot_path,
+        network=network.description if network is not None else None,
     )
     quiet = launched is not None and launched[0] != 0
     if config.ops == (ALL_OPS,):
@@ -220,6 +266,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TorchCommError) as exc:
         parser.error(str(exc))
 
+    if network is not None:
+        return _run_in_namespaces(parser, network, config)
     if launched is None:
         return launch(nranks, run_rank, (config,), label=parser.prog)
     rank, size, source = launched

@@ -12,7 +12,8 @@ import torch
 
 from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 
-from . import fast_paths, teardown
+from . import fast_paths
+from .interface import engine_options
 
 
 class GlooBackend(C10dBackend):
@@ -46,28 +47,10 @@ class GlooBackend(C10dBackend):
                       device: torch.device, options: CommOptions) -> Any:
         from torch.distributed import ProcessGroupGloo
 
-        before = teardown.socket_inodes()
-        engine = ProcessGroupGloo(store, rank, size, timeout)
-        self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
-        return engine
-
-    def abort(self) -> None:
-        """Abort the engine and close its connections, so nothing waits for a peer."""
-        # Connections first: dropping the engine joins its worker threads, which must no
-        # longer be blocked on a peer by then.
-        teardown.shut_down(getattr(self, "_sockets", {}))
-        super().abort()
+        return ProcessGroupGloo(store, rank, size, engine_options(timeout))
 
     def get_backend_name(self) -> str:
         return "gloo"
-
-    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
-        """Gloo's own any-source receive; the work's ``source_rank()`` names the sender."""
-        from .anysource import AnySourceWork
-
-        return AnySourceWork(self._engine.recv_anysource([tensor], 0), timeout)
 
     def new_window(self) -> Any:
         """A shared-memory window engine (ranks on one host; see ``torchcomms_gloo.window``)."""
