@@ -235,6 +235,9 @@ def test_use_after_end_raises(pool2, op) -> None:
 
 def body_use_after(op: str) -> str:
     comm = _comm()
+    # abort() closes this rank's connections at once: let every peer finish creating the
+    # communicator first, or its new_comm fails with "connection closed".
+    comm.barrier()
     getattr(comm, op)()
     getattr(comm, op)()  # idempotent
     try:

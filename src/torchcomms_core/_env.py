@@ -5,6 +5,7 @@ Names follow Meta's torchcomms where it defines one; new ones take ``TORCHCOMM_`
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 
@@ -43,6 +44,9 @@ USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 
 DEFAULT_TIMEOUT = timedelta(seconds=600)
+#: The longest timeout accepted anywhere: engines keep deadlines in 64-bit nanoseconds
+#: and overflow far beyond it.
+MAX_TIMEOUT = timedelta(days=365)
 
 
 def default_timeout() -> timedelta:
@@ -56,8 +60,15 @@ def default_timeout() -> timedelta:
         raise ValueError(
             f"{TIMEOUT_SECONDS}={raw!r} is not a number; set it to the timeout in seconds, e.g. 600"
         ) from None
-    if seconds <= 0:
-        raise ValueError(f"{TIMEOUT_SECONDS}={raw!r} must be a positive number of seconds")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(
+            f"{TIMEOUT_SECONDS}={raw!r} must be a positive, finite number of seconds, e.g. 600"
+        )
+    if seconds > MAX_TIMEOUT.total_seconds():
+        raise ValueError(
+            f"{TIMEOUT_SECONDS}={raw!r} is longer than the longest supported timeout "
+            f"({MAX_TIMEOUT.days} days = {int(MAX_TIMEOUT.total_seconds())} s); set a smaller value"
+        )
     return timedelta(seconds=seconds)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from . import _env
 from .bootstrap import default_store, resolve_rank_size
-from .consistency import UNCHECKED, verify_same_call
+from .consistency import verify_call
 from .errors import (
     BackendLoadError,
     CommInputError,
@@ -37,9 +37,9 @@ from .plugins import call_lifecycle, failed_plugins, load_plugins
 from .reduce_op import RedOpType, ReduceOp
 from .registry import get_backend_class
 from .spec import TorchCommBackend, method_support
-from .validation import Checker, split_sizes
+from .validation import Checker, check_hints, check_timeout, split_sizes, writable
 from .window import TorchCommWindow, create_window
-from .work import TorchWork, is_timeout_error
+from .work import TorchWork, WorkStatus, is_engine_failure, is_timeout_error
 
 _OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
 _auto_names = itertools.count()
@@ -124,6 +124,9 @@ class TorchComm:
         self._post_hooks: dict[int, Callable[..., Any]] = {}
         self._abort_hooks: dict[int, Callable[..., Any]] = {}
         self._lock = threading.Lock()
+        # Async works not yet waited on; at exit a communicator with any is aborted rather
+        # than finalized, so exit never waits for a peer that will not come.
+        self._inflight: weakref.WeakSet[TorchWork] = weakref.WeakSet()
         cls = type(backend)
         self._native_ops = frozenset(cls.supported_reduce_ops)
         self._check = Checker(name, device, self._rank, self._size, cls.supported_dtypes,
@@ -171,12 +174,12 @@ class TorchComm:
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Set the default timeout of every later operation."""
-        self._timeout = _check_timeout(timeout, "set_timeout")
+        self._timeout = check_timeout(timeout, "set_timeout")
         self._options.timeout = self._timeout
         self._backend.set_timeout(self._timeout)
 
     def set_hints(self, hints: dict[str, str]) -> None:
-        self._hints = dict(_check_hints(hints, "set_hints"))
+        self._hints = dict(check_hints(hints, "set_hints"))
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for unknown attributes: plugin collectives are installed on the
@@ -198,25 +201,42 @@ class TorchComm:
     # -- lifecycle -------------------------------------------------------------------
 
     def finalize(self) -> None:
-        """Release the communicator. Idempotent; every later operation raises."""
-        if self._state is _FINALIZED or self._state is _ABORTED:
-            return
-        self._state = _FINALIZED
+        """Release the communicator after its operations complete. Idempotent and thread-safe.
+
+        Every later operation raises :class:`CommStateError`. Operations still in flight are
+        waited for (each up to its timeout); use :meth:`abort` to abandon them instead.
+        """
+        with self._lock:
+            if self._state is _FINALIZED or self._state is _ABORTED:
+                return
+            self._state = _FINALIZED
         self._finalizer.detach()
         self._backend.finalize()
         call_lifecycle("torchcomms_comm_finalized", comm=self)
 
     def _release_quietly(self) -> None:
-        if self._state is _OK or self._state is _FAILED:
+        """Release at interpreter exit: finalize, or abort when operations are in flight."""
+        if any(w._status is WorkStatus.INPROGRESS and not w._engine_done()
+               for w in list(self._inflight)):
+            self.abort()
+            return
+        with self._lock:
+            if self._state is not _OK and self._state is not _FAILED:
+                return
             self._state = _FINALIZED
-            self._finalizer.detach()
-            self._backend.finalize()
+        self._finalizer.detach()
+        self._backend.finalize()
 
     def abort(self) -> None:
-        """Tear the communicator down now, abandoning operations in flight; runs abort hooks."""
-        if self._state is _FINALIZED or self._state is _ABORTED:
-            return
-        self._state = _ABORTED
+        """Tear the communicator down now, abandoning operations in flight; runs abort hooks.
+
+        Returns without waiting for peers. Works still in flight raise
+        :class:`CommStateError` from ``wait()``. Idempotent and thread-safe.
+        """
+        with self._lock:
+            if self._state is _FINALIZED or self._state is _ABORTED:
+                return
+            self._state = _ABORTED
         self._finalizer.detach()
         self._run_abort_hooks()
         if self.is_abort_supported():
@@ -311,13 +331,15 @@ class TorchComm:
         if hints is None:
             hints = self._hints
         try:
-            if self._check_calls and name not in UNCHECKED:
-                verify_same_call(self._backend, name, hook_values, self._size, timeout)
+            if self._check_calls:
+                verify_call(self._backend, name, hook_values, self._size, timeout)
             if extra:
                 inner = method(*bargs, async_op, timeout=timeout, hints=hints, **extra)
             else:
                 inner = method(*bargs, async_op, timeout=timeout, hints=hints)
         except Exception as exc:
+            if not is_engine_failure(exc):
+                raise  # refused by the backend's own checks: the communicator is fine
             # Failed while issuing (sync calls wait inside the backend): classify it and
             # update the communicator exactly as a failed wait() would.
             error = TorchWork.failed(exc, self, name).error
@@ -327,24 +349,45 @@ class TorchComm:
         work = TorchWork(inner, finishers, self, name)
         if not async_op and (inner is not None or finishers):
             work.wait()
+        elif async_op and work._status is WorkStatus.INPROGRESS:
+            self._inflight.add(work)
         if args is not None:
             args.work = work
             for hook in tuple(self._post_hooks.values()):
                 hook(op_id, args)
         return work
 
-    def _inout(self, t: torch.Tensor, finishers: list[Callable[[], None]]) -> torch.Tensor:
+    def _begin(self, op: str, timeout: Any, hints: Any
+               ) -> tuple[timedelta | None, dict[str, str] | None]:
+        """Refuse calls on an unusable communicator and check per-call timeout and hints.
+
+        Runs first in every operation, so a bad value never reaches the engine and never
+        changes the communicator's state.
+        """
+        if self._state is not _OK:
+            self._ensure_usable(op)
+        if timeout is not None:
+            timeout = check_timeout(timeout, op)
+        if hints is not None:
+            hints = check_hints(hints, op)
+        return timeout, hints
+
+    def _inout(self, t: torch.Tensor, finishers: list[Callable[[], None]], op: str
+               ) -> torch.Tensor:
         """A contiguous stand-in for an in-place tensor, copied back on completion."""
         if t.is_contiguous():
             return t
+        writable(op, t)
         tmp = t.contiguous()
         finishers.append(lambda: t.copy_(tmp))
         return tmp
 
-    def _out(self, t: torch.Tensor, finishers: list[Callable[[], None]]) -> torch.Tensor:
+    def _out(self, t: torch.Tensor, finishers: list[Callable[[], None]], op: str
+             ) -> torch.Tensor:
         """A contiguous stand-in for an output tensor, copied back on completion."""
         if t.is_contiguous():
             return t
+        writable(op, t)
         tmp = torch.empty_like(t, memory_format=torch.contiguous_format)
         finishers.append(lambda: t.copy_(tmp))
         return tmp
@@ -376,11 +419,10 @@ class TorchComm:
 
     # -- point to point --------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False, *,
+    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
              hints: dict[str, str] | None = None,
              timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("send")
+        timeout, hints = self._begin("send", timeout, hints)
         c = self._check
         c.tensor("send", "tensor", tensor)
         dst = c.peer("send", "dst", dst, allow_self=False)
@@ -388,16 +430,15 @@ class TorchComm:
         return self._issue("send", b.send, (_contiguous_in(tensor), dst), async_op, timeout,
                            hints, None, (tensor, dst))
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False, *,
+    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
              hints: dict[str, str] | None = None,
              timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("recv")
+        timeout, hints = self._begin("recv", timeout, hints)
         c = self._check
         c.tensor("recv", "tensor", tensor)
         src = c.peer("recv", "src", src, allow_self=False)
         fin: list[Callable[[], None]] = []
-        buf = self._out(tensor, fin)
+        buf = self._out(tensor, fin, "recv")
         return self._issue("recv", self._backend.recv, (buf, src), async_op, timeout, hints,
                            fin or None, (tensor, src))
 
@@ -409,15 +450,14 @@ class TorchComm:
 
     def _batch_issue(self, ops: list[P2POp], async_op: bool, timeout: timedelta | None,
                      hints: dict[str, str] | None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("batch_op_issue")
+        timeout, hints = self._begin("batch_op_issue", timeout, hints)
         fin: list[Callable[[], None]] = []
         prepared = []
         for kind, tensor, peer in ops:
             if kind == "send":
                 prepared.append(P2POp(kind, _contiguous_in(tensor), peer))
             else:
-                prepared.append(P2POp(kind, self._out(tensor, fin), peer))
+                prepared.append(P2POp(kind, self._out(tensor, fin, "batch_op_issue"), peer))
         if not prepared:
             return TorchWork(None, None, self, "batch_op_issue")
         return self._issue("batch_op_issue", self._backend.batch_op_issue, (prepared,),
@@ -425,24 +465,22 @@ class TorchComm:
 
     # -- collectives -----------------------------------------------------------------
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False, *,
+    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False,
                   hints: dict[str, str] | None = None,
                   timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("broadcast")
+        timeout, hints = self._begin("broadcast", timeout, hints)
         c = self._check
         c.tensor("broadcast", "tensor", tensor)
         root = c.peer("broadcast", "root", root)
         fin: list[Callable[[], None]] = []
-        buf = self._inout(tensor, fin)
+        buf = self._inout(tensor, fin, "broadcast")
         return self._issue("broadcast", self._backend.broadcast, (buf, root), async_op, timeout,
                            hints, fin or None, (tensor, root))
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool = False, *,
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool = False,
                    hints: dict[str, str] | None = None,
                    timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_reduce")
+        timeout, hints = self._begin("all_reduce", timeout, hints)
         c = self._check
         c.tensor("all_reduce", "tensor", tensor)
         red = c.reduce_op("all_reduce", op, tensor.dtype)
@@ -451,7 +489,7 @@ class TorchComm:
             return self._issue("all_reduce", self._backend.all_reduce, (tensor, red), async_op,
                                timeout, hints, None, (tensor, red))
         fin: list[Callable[[], None]] = []
-        buf = self._inout(tensor, fin)
+        buf = self._inout(tensor, fin, "all_reduce")
         if red.type not in self._native_ops:
             factor = self._premul(red)
             if factor is not None:
@@ -462,18 +500,17 @@ class TorchComm:
         return self._issue("all_reduce", self._backend.all_reduce, (buf, bop), async_op,
                            timeout, hints, fin or None, (tensor, red))
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool = False, *,
+    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool = False,
                hints: dict[str, str] | None = None,
                timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("reduce")
+        timeout, hints = self._begin("reduce", timeout, hints)
         c = self._check
         c.tensor("reduce", "tensor", tensor)
         root = c.peer("reduce", "root", root)
         red = c.reduce_op("reduce", op, tensor.dtype)
         fin: list[Callable[[], None]] = []
         is_root = self._rank == root
-        buf = self._inout(tensor, fin) if is_root else _contiguous_in(tensor)
+        buf = self._inout(tensor, fin, "reduce") if is_root else _contiguous_in(tensor)
         bop = red
         if red.type not in self._native_ops:
             factor = self._premul(red)
@@ -484,10 +521,9 @@ class TorchComm:
                            hints, fin or None, (tensor, root, red))
 
     def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool = False, *, hints: dict[str, str] | None = None,
+                   async_op: bool = False, hints: dict[str, str] | None = None,
                    timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_gather")
+        timeout, hints = self._begin("all_gather", timeout, hints)
         c = self._check
         c.tensor("all_gather", "tensor", tensor)
         outs = c.tensor_list("all_gather", "tensor_list", tensor_list, self._size)
@@ -496,16 +532,15 @@ class TorchComm:
             c.numel("all_gather", f"tensor_list[{i}]", t, tensor.numel(),
                     "the same as the input tensor")
         fin: list[Callable[[], None]] = []
-        bufs = [self._out(t, fin) for t in outs]
+        bufs = [self._out(t, fin, "all_gather") for t in outs]
         return self._issue("all_gather", self._backend.all_gather,
                            (bufs, _contiguous_in(tensor)), async_op, timeout, hints, fin or None,
                            (tensor_list, tensor))
 
     def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                     async_op: bool = False, *, hints: dict[str, str] | None = None,
+                     async_op: bool = False, hints: dict[str, str] | None = None,
                      timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_gather_v")
+        timeout, hints = self._begin("all_gather_v", timeout, hints)
         c = self._check
         c.tensor("all_gather_v", "tensor", tensor)
         outs = c.tensor_list("all_gather_v", "tensor_list", tensor_list, self._size)
@@ -514,16 +549,15 @@ class TorchComm:
         c.numel("all_gather_v", f"tensor_list[{self._rank}]", outs[self._rank], tensor.numel(),
                 "this rank's own entry receives its input tensor")
         fin: list[Callable[[], None]] = []
-        bufs = [self._out(t, fin) for t in outs]
+        bufs = [self._out(t, fin, "all_gather_v") for t in outs]
         return self._issue("all_gather_v", self._backend.all_gather_v,
                            (bufs, _contiguous_in(tensor)), async_op, timeout, hints, fin or None,
                            (tensor_list, tensor))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          async_op: bool = False, *, hints: dict[str, str] | None = None,
+                          async_op: bool = False, hints: dict[str, str] | None = None,
                           timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_gather_single")
+        timeout, hints = self._begin("all_gather_single", timeout, hints)
         c = self._check
         c.tensor("all_gather_single", "output", output)
         c.tensor("all_gather_single", "input", input)
@@ -531,20 +565,20 @@ class TorchComm:
         c.numel("all_gather_single", "output", output, input.numel() * self._size,
                 f"input.numel() * size = {input.numel()} * {self._size}")
         fin: list[Callable[[], None]] = []
-        out = self._out(output, fin)
+        out = self._out(output, fin, "all_gather_single")
         return self._issue("all_gather_single", self._backend.all_gather_single,
                            (out, _contiguous_in(input)), async_op, timeout, hints, fin or None,
                            (output, input))
 
     def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                       op: ReduceOp, async_op: bool = False, *,
+                       op: ReduceOp, async_op: bool = False,
                        hints: dict[str, str] | None = None,
                        timeout: timedelta | None = None) -> TorchWork:
         return self._reduce_scatter_lists("reduce_scatter", self._backend.reduce_scatter, output,
                                           input_list, op, async_op, hints, timeout, True)
 
     def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                         op: ReduceOp, async_op: bool = False, *,
+                         op: ReduceOp, async_op: bool = False,
                          hints: dict[str, str] | None = None,
                          timeout: timedelta | None = None) -> TorchWork:
         return self._reduce_scatter_lists("reduce_scatter_v", self._backend.reduce_scatter_v,
@@ -554,8 +588,7 @@ class TorchComm:
                               input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
                               hints: dict[str, str] | None, timeout: timedelta | None,
                               uniform: bool) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable(name)
+        timeout, hints = self._begin(name, timeout, hints)
         c = self._check
         c.tensor(name, "output", output)
         ins = c.tensor_list(name, "input_list", input_list, self._size)
@@ -566,17 +599,16 @@ class TorchComm:
                         "the same as the output tensor")
         red = c.reduce_op(name, op, output.dtype)
         fin: list[Callable[[], None]] = []
-        out = self._out(output, fin)
+        out = self._out(output, fin, name)
         bins = [self._scaled(_contiguous_in(t), red) for t in ins]
         bop = self._resolve_op(red, out, fin)
         return self._issue(name, method, (out, bins, bop), async_op, timeout, hints,
                            fin or None, (output, input_list, red))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool = False, *, hints: dict[str, str] | None = None,
+                              async_op: bool = False, hints: dict[str, str] | None = None,
                               timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("reduce_scatter_single")
+        timeout, hints = self._begin("reduce_scatter_single", timeout, hints)
         c = self._check
         c.tensor("reduce_scatter_single", "output", output)
         c.tensor("reduce_scatter_single", "input", input)
@@ -585,7 +617,7 @@ class TorchComm:
                 f"output.numel() * size = {output.numel()} * {self._size}")
         red = c.reduce_op("reduce_scatter_single", op, output.dtype)
         fin: list[Callable[[], None]] = []
-        out = self._out(output, fin)
+        out = self._out(output, fin, "reduce_scatter_single")
         bin_ = self._scaled(_contiguous_in(input), red)
         bop = self._resolve_op(red, out, fin)
         return self._issue("reduce_scatter_single", self._backend.reduce_scatter_single,
@@ -593,11 +625,10 @@ class TorchComm:
                            (output, input, red))
 
     def all_to_all(self, output_tensor_list: list[torch.Tensor],
-                   input_tensor_list: list[torch.Tensor], async_op: bool = False, *,
+                   input_tensor_list: list[torch.Tensor], async_op: bool = False,
                    hints: dict[str, str] | None = None,
                    timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_to_all")
+        timeout, hints = self._begin("all_to_all", timeout, hints)
         c = self._check
         outs = c.tensor_list("all_to_all", "output_tensor_list", output_tensor_list, self._size)
         ins = c.tensor_list("all_to_all", "input_tensor_list", input_tensor_list, self._size)
@@ -610,16 +641,15 @@ class TorchComm:
         c.numel("all_to_all", f"output_tensor_list[{me}]", outs[me], ins[me].numel(),
                 f"this rank sends input_tensor_list[{me}] to itself")
         fin: list[Callable[[], None]] = []
-        bouts = [self._out(t, fin) for t in outs]
+        bouts = [self._out(t, fin, "all_to_all") for t in outs]
         bins = [_contiguous_in(t) for t in ins]
         return self._issue("all_to_all", self._backend.all_to_all, (bouts, bins), async_op,
                            timeout, hints, fin or None, (output_tensor_list, input_tensor_list))
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          async_op: bool = False, *, hints: dict[str, str] | None = None,
+                          async_op: bool = False, hints: dict[str, str] | None = None,
                           timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_to_all_single")
+        timeout, hints = self._begin("all_to_all_single", timeout, hints)
         c = self._check
         c.tensor("all_to_all_single", "output", output)
         c.tensor("all_to_all_single", "input", input)
@@ -633,17 +663,16 @@ class TorchComm:
                 f"size {self._size}; use all_to_all_v_single for uneven splits"
             )
         fin: list[Callable[[], None]] = []
-        out = self._out(output, fin)
+        out = self._out(output, fin, "all_to_all_single")
         return self._issue("all_to_all_single", self._backend.all_to_all_single,
                            (out, _contiguous_in(input)), async_op, timeout, hints, fin or None,
                            (output, input))
 
     def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
                             output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                            async_op: bool = False, *, hints: dict[str, str] | None = None,
+                            async_op: bool = False, hints: dict[str, str] | None = None,
                             timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("all_to_all_v_single")
+        timeout, hints = self._begin("all_to_all_v_single", timeout, hints)
         op = "all_to_all_v_single"
         c = self._check
         c.tensor(op, "output", output)
@@ -666,23 +695,21 @@ class TorchComm:
                 f"{isz[me]} (this rank's block to itself)"
             )
         fin: list[Callable[[], None]] = []
-        out = self._out(output, fin)
+        out = self._out(output, fin, "all_to_all_v_single")
         return self._issue(op, self._backend.all_to_all_v_single,
                            (out, _contiguous_in(input), osz, isz), async_op, timeout, hints,
                            fin or None, (output, input, list(osz), list(isz)))
 
-    def barrier(self, async_op: bool = False, *, hints: dict[str, str] | None = None,
+    def barrier(self, async_op: bool = False, hints: dict[str, str] | None = None,
                 timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("barrier")
+        timeout, hints = self._begin("barrier", timeout, hints)
         return self._issue("barrier", self._backend.barrier, (), async_op, timeout, hints, None,
                            ())
 
     def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
-                root: int, async_op: bool = False, *, hints: dict[str, str] | None = None,
+                root: int, async_op: bool = False, hints: dict[str, str] | None = None,
                 timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("scatter")
+        timeout, hints = self._begin("scatter", timeout, hints)
         c = self._check
         c.tensor("scatter", "output_tensor", output_tensor)
         root = c.peer("scatter", "root", root)
@@ -696,15 +723,14 @@ class TorchComm:
                         "the same as output_tensor")
             bins = [_contiguous_in(t) for t in ins]
         fin: list[Callable[[], None]] = []
-        out = self._out(output_tensor, fin)
+        out = self._out(output_tensor, fin, "scatter")
         return self._issue("scatter", self._backend.scatter, (out, bins, root), async_op,
                            timeout, hints, fin or None, (output_tensor, input_tensor_list, root))
 
     def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
-               root: int, async_op: bool = False, *, hints: dict[str, str] | None = None,
+               root: int, async_op: bool = False, hints: dict[str, str] | None = None,
                timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("gather")
+        timeout, hints = self._begin("gather", timeout, hints)
         c = self._check
         c.tensor("gather", "input_tensor", input_tensor)
         root = c.peer("gather", "root", root)
@@ -717,16 +743,15 @@ class TorchComm:
                              input_tensor)
                 c.numel("gather", f"output_tensor_list[{i}]", t, input_tensor.numel(),
                         "the same as input_tensor")
-            bouts = [self._out(t, fin) for t in outs]
+            bouts = [self._out(t, fin, "gather") for t in outs]
         return self._issue("gather", self._backend.gather,
                            (bouts, _contiguous_in(input_tensor), root), async_op, timeout, hints,
                            fin or None, (output_tensor_list, input_tensor, root))
 
     def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
-                      async_op: bool = False, *, hints: dict[str, str] | None = None,
+                      async_op: bool = False, hints: dict[str, str] | None = None,
                       timeout: timedelta | None = None) -> TorchWork:
-        if self._state is not _OK:
-            self._ensure_usable("gather_single")
+        timeout, hints = self._begin("gather_single", timeout, hints)
         c = self._check
         c.tensor("gather_single", "input", input)
         root = c.peer("gather_single", "root", root)
@@ -737,7 +762,7 @@ class TorchComm:
             c.same_dtype("gather_single", "output", output, "input", input)
             c.numel("gather_single", "output", output, input.numel() * self._size,
                     f"input.numel() * size = {input.numel()} * {self._size}")
-            out = self._out(output, fin)
+            out = self._out(output, fin, "gather_single")
         return self._issue("gather_single", self._backend.gather_single,
                            (out, _contiguous_in(input), root), async_op, timeout, hints,
                            fin or None, (output, input, root))
@@ -767,12 +792,13 @@ class TorchComm:
             self._ensure_usable("split")
         if not isinstance(ranks, (list, tuple, range)):
             raise CommTypeError(f"split: ranks must be a list of ints, got {type(ranks).__name__}")
-        if not isinstance(name, str) or not name:
-            raise CommInputError(f"split: name must be a non-empty string, got {name!r}")
+        if not isinstance(name, str) or not name or "/" in name:
+            raise CommInputError(f"split: name must be a non-empty string without '/', got "
+                                 f"{name!r}")
         c = self._check
         members = [c.peer("split", f"ranks[{i}]", r) for i, r in enumerate(ranks)]
-        hints = _check_hints(hints, "split") if hints is not None else None
-        timeout = _check_timeout(timeout, "split") if timeout is not None else self._timeout
+        hints = check_hints(hints, "split") if hints is not None else None
+        timeout = check_timeout(timeout, "split") if timeout is not None else self._timeout
         if len(set(members)) != len(members):
             dupes = sorted({r for r in members if members.count(r) > 1})
             raise CommInputError(f"split: ranks {list(ranks)} contain duplicates {dupes}; "
@@ -801,10 +827,14 @@ class TorchComm:
             self._post_plain(hook_args)
             return None
         _claim_name(self._store, f"split/{name}", self._rank, self._name)
-        child = self._backend.split(members, name, options)
-        if child is None:
-            raise TorchCommError(f"split: backend {self.get_backend()!r} returned no "
-                                 f"communicator for members {members}")
+        try:
+            child = self._backend.split(members, name, options)
+            if child is None:
+                raise TorchCommError(f"split: backend {self.get_backend()!r} returned no "
+                                     f"communicator for members {members}")
+        except BaseException:
+            _release_name(self._store, f"split/{name}", self._rank)
+            raise
         comm = TorchComm(child, self._device, name, options, store)
         self._post_plain(hook_args)
         call_lifecycle("torchcomms_comm_created", comm=comm)
@@ -847,7 +877,7 @@ class BatchSendRecv:
         self.ops.append(P2POp("recv", tensor, c.peer("batch recv", "src", src, allow_self=False)))
         return self
 
-    def issue(self, async_op: bool = False, *, hints: dict[str, str] | None = None,
+    def issue(self, async_op: bool = False, hints: dict[str, str] | None = None,
               timeout: timedelta | None = None) -> TorchWork:
         """Issue every operation before waiting on any, so rings cannot deadlock."""
         return self._comm._batch_issue(self.ops, async_op, timeout, hints)
@@ -862,33 +892,36 @@ def _callable(fn: Any, where: str) -> Callable[..., Any]:
     return fn
 
 
-def _check_timeout(timeout: Any, where: str) -> timedelta:
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        timeout = timedelta(seconds=timeout)
-    if not isinstance(timeout, timedelta):
-        raise CommTypeError(f"{where}: timeout must be a datetime.timedelta, got {timeout!r}")
-    if timeout <= timedelta(0):
-        raise CommInputError(f"{where}: timeout must be positive, got {timeout}")
-    return timeout
-
-
-def _check_hints(hints: Any, where: str) -> dict[str, str]:
-    if not isinstance(hints, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in hints.items()
-    ):
-        raise CommTypeError(f"{where}: hints must be a dict[str, str], got {hints!r}")
-    return hints
-
-
 def _claim_name(store: Any, key: str, rank: int, parent: str | None = None) -> None:
     """Refuse a communicator name this rank already used with this store."""
     if store.add(f"names/{key}/{rank}", 1) > 1:
+        store.add(f"names/{key}/{rank}", -1)
         where = f"split of {parent!r}" if parent else "this job"
         name = key.split("/", 1)[-1]
         raise CommInputError(
             f"a communicator named {name!r} already exists in {where} (rank {rank}); every "
             f"communicator needs a unique name: pass a different name="
         )
+
+
+def _release_name(store: Any, key: str, rank: int) -> None:
+    """Give back a name whose communicator could not be created, so a retry may use it."""
+    try:
+        store.add(f"names/{key}/{rank}", -1)
+    except Exception:  # the store itself may be what failed; the original error matters
+        pass
+
+
+def _auto_name() -> str:
+    # Auto names are "comm_<n>" in creation order, which only matches across ranks when
+    # every rank creates its communicators in the same order: from one thread.
+    if threading.current_thread() is not threading.main_thread():
+        raise CommInputError(
+            "new_comm: pass name= when creating a communicator from a thread other than the "
+            "main thread; generated names follow creation order, which threads make "
+            "different on different ranks"
+        )
+    return f"comm_{next(_auto_names)}"
 
 
 def new_comm(
@@ -917,9 +950,14 @@ def new_comm(
     if name is not None and (not isinstance(name, str) or not name or "/" in name):
         raise CommInputError(f"new_comm: name must be a non-empty string without '/', got "
                              f"{name!r}")
-    timeout = _check_timeout(timeout, "new_comm") if timeout is not None else (
-        _env.default_timeout())
-    hints = dict(_check_hints(hints, "new_comm")) if hints is not None else {}
+    if timeout is not None:
+        timeout = check_timeout(timeout, "new_comm")
+    else:
+        try:
+            timeout = _env.default_timeout()
+        except ValueError as exc:
+            raise CommInputError(f"new_comm: {exc}") from None
+    hints = dict(check_hints(hints, "new_comm")) if hints is not None else {}
     if enable_reconfigure:
         raise CommInputError("new_comm: enable_reconfigure=True is not supported by this "
                              "version of torchcomms; leave it False")
@@ -936,7 +974,7 @@ def new_comm(
         )
     rank, size, _source = resolve_rank_size()
     if name is None:
-        name = f"comm_{next(_auto_names)}"
+        name = _auto_name()
     root = store if store is not None else default_store(rank, size, timeout,
                                                          required=cls.needs_store)
     from torch.distributed import PrefixStore
@@ -958,8 +996,10 @@ def new_comm(
     try:
         instance.init(device, name, options)
     except TorchCommError:
+        _release_name(root, name, rank)
         raise
     except Exception as exc:
+        _release_name(root, name, rank)
         what = (f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
                 f"{rank} of {size}")
         if is_timeout_error(exc):

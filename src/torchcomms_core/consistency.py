@@ -1,13 +1,19 @@
-"""Optional cross-rank check that every rank issues the same collective (debug mode).
+"""Optional cross-rank check that every rank issues matching calls (debug mode).
 
 With ``TORCHCOMM_CHECK_COLLECTIVES=1`` each collective first all-gathers a short
-description of the call, so a mismatch raises on every rank instead of corrupting
-data, hanging, or crashing the engine. It costs one extra small all-gather per call.
+description of the call, and each send, receive and batch first exchanges a header with
+its peer (element count and dtype) and waits for the peer's verdict, so a mismatch
+raises a :class:`CommInputError` on both sides instead of corrupting data, hanging, or
+crashing the engine. It costs one small all-gather per collective and two small
+messages per point-to-point operation.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import zlib
+from collections.abc import Sequence
 
 import torch
 
@@ -19,8 +25,8 @@ _UNIFORM = frozenset({
     "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
     "reduce_scatter_single", "all_to_all_single",
 })
-#: Operations without a cross-rank shape contract (point to point) are not checked.
-UNCHECKED = frozenset({"send", "recv", "batch_op_issue"})
+#: Point-to-point operations: checked pairwise instead of by an all-gather.
+P2P = frozenset({"send", "recv", "batch_op_issue"})
 
 
 def describe(name: str, values: tuple[Any, ...]) -> str:
@@ -63,3 +69,100 @@ def verify_same_call(backend: Any, name: str, values: tuple[Any, ...], size: int
             f"{name}: ranks issued mismatched collectives ({listing}); every rank must call "
             f"the same operation with the same element count, dtype, root and op"
         )
+
+
+def verify_call(backend: Any, name: str, values: tuple[Any, ...], size: int,
+                timeout: Any) -> None:
+    """Check that the peers of this call issued a matching one; raise on mismatch."""
+    if name in P2P:
+        if name == "batch_op_issue":
+            ops = [(op[0], op[1], op[2]) for op in values[0]]
+        else:
+            ops = [(name, values[0], values[1])]
+        verify_p2p(backend, ops, timeout)
+    else:
+        verify_same_call(backend, name, values, size, timeout)
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    return zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
+
+
+def _dtype_name(code: int, candidates: Sequence[torch.Tensor]) -> str:
+    for t in candidates:
+        if _dtype_code(t.dtype) == code:
+            return str(t.dtype).replace("torch.", "")
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+                  torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+                  torch.complex64, torch.complex128):
+        if _dtype_code(dtype) == code:
+            return str(dtype).replace("torch.", "")
+    return f"dtype#{code}"
+
+
+def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeout: Any) -> None:
+    """Exchange (dtype, numel) with each peer and its verdict before any data moves.
+
+    Round 1: every send ships a header to its receiver. Round 2: every receiver compares
+    the header with its own buffer and returns a verdict. Both sides then raise the same
+    error when they differ, and neither has sent or received any data.
+    """
+    device = getattr(backend, "device", torch.device("cpu"))
+    me = backend.get_rank()
+    headers = []
+    round1 = []
+    for kind, tensor, peer in ops:
+        h = torch.tensor([_dtype_code(tensor.dtype), tensor.numel()], dtype=torch.int64)
+        if kind == "send":
+            round1.append(("send", h.to(device), peer))
+            headers.append(None)
+        else:
+            buf = torch.zeros(2, dtype=torch.int64, device=device)
+            round1.append(("recv", buf, peer))
+            headers.append(buf)
+    _run(backend, round1, timeout)
+    problems: list[str] = []
+    round2 = []
+    verdicts = []
+    for (kind, tensor, peer), got in zip(ops, headers):
+        mine = (_dtype_code(tensor.dtype), tensor.numel())
+        if kind == "recv":
+            theirs = tuple(int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]
+            ok = theirs == mine
+            if not ok:
+                problems.append(
+                    f"rank {peer} sends {theirs[1]} elements of "
+                    f"{_dtype_name(theirs[0], [tensor])} to rank {me}, which receives "
+                    f"{mine[1]} elements of {_dtype_name(mine[0], [tensor])}"
+                )
+            verdict = torch.tensor([int(ok), *mine], dtype=torch.int64)
+            round2.append(("send", verdict.to(device), peer))
+            verdicts.append(None)
+        else:
+            buf = torch.zeros(3, dtype=torch.int64, device=device)
+            round2.append(("recv", buf, peer))
+            verdicts.append(buf)
+    _run(backend, round2, timeout)
+    for (kind, tensor, peer), got in zip(ops, verdicts):
+        if kind != "send":
+            continue
+        ok, code, numel = (int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]
+        if not ok:
+            problems.append(
+                f"rank {me} sends {tensor.numel()} elements of "
+                f"{str(tensor.dtype).replace('torch.', '')} to rank {peer}, which receives "
+                f"{numel} elements of {_dtype_name(code, [tensor])}"
+            )
+    if problems:
+        raise CommInputError(
+            "point-to-point mismatch, nothing was sent: " + "; ".join(problems) +
+            ". A send and its receive must have the same element count and dtype"
+        )
+
+
+def _run(backend: Any, ops: list[tuple[str, torch.Tensor, int]], timeout: Any) -> None:
+    if not ops:
+        return
+    work = backend.batch_op_issue(ops, False, timeout=timeout, hints=None)
+    if work is not None:
+        work.wait()

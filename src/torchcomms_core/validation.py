@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 
+from . import _env
 from .errors import CommInputError, CommTypeError
 from .reduce_op import RedOpType, ReduceOp, coerce_reduce_op
 
@@ -162,3 +165,76 @@ def split_sizes(op: str, arg: str, sizes: Any, n: int, rows: int) -> list[int]:
             f"{op}: {arg} sums to {sum(out)} but the tensor has {rows} rows along dim 0"
         )
     return out
+
+
+# -- per-call options -------------------------------------------------------------------
+
+
+def check_timeout(timeout: Any, where: str) -> timedelta:
+    """Accept a positive ``timedelta`` or a number of seconds up to ``MAX_TIMEOUT``.
+
+    The same rule serves ``new_comm``, ``set_timeout``, ``split`` and every operation's
+    ``timeout=``, so a value refused here never reaches an engine.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
+        raise CommTypeError(
+            f"{where}: timeout must be a datetime.timedelta or a number of seconds, got "
+            f"{timeout!r}"
+        )
+    if not isinstance(timeout, timedelta):
+        if not math.isfinite(timeout):
+            raise CommInputError(f"{where}: timeout must be a finite number of seconds, got "
+                                 f"{timeout!r}")
+        if timeout > _env.MAX_TIMEOUT.total_seconds():
+            raise _too_long(where, f"{timeout} s")
+        timeout = timedelta(seconds=timeout)
+    if timeout <= timedelta(0):
+        raise CommInputError(f"{where}: timeout must be positive, got {timeout}; pass e.g. "
+                             f"timedelta(seconds=30)")
+    if timeout > _env.MAX_TIMEOUT:
+        raise _too_long(where, str(timeout))
+    return timeout
+
+
+def _too_long(where: str, shown: str) -> CommInputError:
+    return CommInputError(
+        f"{where}: timeout {shown} is longer than the longest supported "
+        f"({_env.MAX_TIMEOUT.days} days); engines overflow beyond it. Pass a shorter timeout"
+    )
+
+
+def check_hints(hints: Any, where: str) -> dict[str, str]:
+    """Accept a ``dict[str, str]`` of backend hints."""
+    if not isinstance(hints, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in hints.items()
+    ):
+        raise CommTypeError(f"{where}: hints must be a dict[str, str], got {hints!r}")
+    return hints
+
+
+# -- tensors the operation writes into ---------------------------------------------------
+
+_OVERLAP_YES = 1  # at::MemOverlap::Yes
+
+
+def writable(op: str, t: torch.Tensor) -> None:
+    """Refuse a non-contiguous result tensor the core could not copy the result back into.
+
+    Called only for non-contiguous tensors (the core stages those through a contiguous
+    copy), so the common contiguous case pays nothing.
+    """
+    if torch._debug_has_internal_overlap(t) == _OVERLAP_YES:
+        raise CommInputError(
+            f"{op}: the tensor that receives the result (shape {tuple(t.shape)}, stride "
+            f"{tuple(t.stride())}) has elements that share memory, e.g. an expand() or "
+            f"broadcast view, so a result cannot be written into it; pass a tensor with its "
+            f"own storage, e.g. t.clone() or torch.empty(shape)"
+        )
+    if t.requires_grad and torch.is_grad_enabled():
+        base = t._base if t._base is not None else t
+        if base.is_leaf:
+            raise CommInputError(
+                f"{op}: the tensor that receives the result is a view of a leaf tensor that "
+                f"requires grad, and autograd forbids writing into it in place; pass "
+                f"t.detach() or run the call under torch.no_grad()"
+            )

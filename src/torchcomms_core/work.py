@@ -7,10 +7,18 @@ It wraps whatever the backend returned (``None`` when done, else an object with
 from __future__ import annotations
 
 import enum
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import CommOperationError, CommTimeoutError, TorchCommError
+from .errors import (
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+    CommTypeError,
+    TorchCommError,
+)
 
 if TYPE_CHECKING:
     from .comm import TorchComm
@@ -28,17 +36,38 @@ _TIMEOUT_MARKERS = ("timed out", "timeout", "deadline")
 
 
 def is_timeout_error(exc: BaseException) -> bool:
-    """Tell whether an engine exception reports an expired timeout."""
+    """Tell whether an engine exception reports an expired timeout.
+
+    Engines (c10d, gloo) report timeouts as ``RuntimeError`` subclasses whose text says
+    so; only those are read. A ``TypeError`` that merely mentions "timeout" is not one.
+    """
     if isinstance(exc, TimeoutError):
         return True
+    if not isinstance(exc, RuntimeError) or isinstance(exc, (NotImplementedError,
+                                                             TorchCommError)):
+        return False
     text = str(exc).lower()
     return any(marker in text for marker in _TIMEOUT_MARKERS)
+
+
+def is_engine_failure(exc: BaseException) -> bool:
+    """Tell whether ``exc`` means the engine failed while running an operation.
+
+    Only such errors mark a communicator failed. Argument errors (``TypeError``,
+    ``ValueError``, our own input and state errors) leave it healthy: nothing ran.
+    """
+    if isinstance(exc, (CommInputError, CommTypeError, CommStateError)):
+        return False
+    if isinstance(exc, (TorchCommError, TimeoutError, ConnectionError)):
+        return True
+    return isinstance(exc, RuntimeError) and not isinstance(exc, NotImplementedError)
 
 
 class TorchWork:
     """Handle of an issued operation: ``wait()``, ``is_completed()``, ``status``, ``error``."""
 
-    __slots__ = ("_inner", "_status", "_error", "_finishers", "_comm", "_op", "__weakref__")
+    __slots__ = ("_inner", "_status", "_error", "_finishers", "_comm", "_op", "_lock",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -52,10 +81,13 @@ class TorchWork:
         self._comm = comm
         self._op = op
         self._error: BaseException | None = None
+        self._lock: threading.Lock | None = None
         if inner is None and not finishers:
             self._status = WorkStatus.COMPLETED
         else:
             self._status = WorkStatus.INPROGRESS
+            # Serialises wait() from several threads: the completion steps run once.
+            self._lock = threading.Lock()
 
     @classmethod
     def failed(cls, exc: BaseException, comm: TorchComm | None = None, op: str = ""
@@ -81,24 +113,54 @@ class TorchWork:
     def wait(self) -> bool:
         """Block until the operation is done on the host (CPU) or queued (GPU streams).
 
-        Raises :class:`CommTimeoutError` or :class:`CommOperationError` if it failed.
+        Safe to call from several threads; each returns once the result is in place.
+
+        Raises:
+            CommTimeoutError: the operation did not complete within its timeout.
+            CommOperationError: the engine failed (a peer died, a connection broke).
+            CommStateError: the communicator was aborted while the operation was in flight.
         """
-        status = self._status
-        if status is WorkStatus.COMPLETED:
+        if self._status is WorkStatus.COMPLETED:
             return True
-        if status is not WorkStatus.INPROGRESS:
+        lock = self._lock
+        if lock is None:  # failed at issue time
             raise self._error  # type: ignore[misc]
-        inner = self._inner
-        try:
-            if inner is not None:
-                inner.wait()
+        with lock:
+            status = self._status
+            if status is WorkStatus.COMPLETED:
+                return True
+            if status is not WorkStatus.INPROGRESS:
+                raise self._error  # type: ignore[misc]
+            comm = self._comm
+            if comm is not None and comm.is_aborted() and not self._engine_done():
+                self._fail(self._aborted_error())
+                raise self._error  # type: ignore[misc]
+            inner = self._inner
+            try:
+                if inner is not None:
+                    inner.wait()
+            except Exception as exc:  # classified, recorded and re-raised
+                self._fail(exc)
+                if self._error is exc:
+                    raise
+                raise self._error from exc  # type: ignore[misc]
             self._finish()
-        except Exception as exc:  # classified, recorded and re-raised as a TorchCommError
-            self._fail(exc)
-            if self._error is exc:
-                raise
-            raise self._error from exc  # type: ignore[misc]
         return True
+
+    def _engine_done(self) -> bool:
+        probe = getattr(self._inner, "is_completed", None)
+        try:
+            return self._inner is None or (probe is not None and bool(probe()))
+        except Exception:  # an aborted engine may refuse to answer
+            return False
+
+    def _aborted_error(self) -> CommStateError:
+        name = self._comm.get_name() if self._comm is not None else "?"
+        return CommStateError(
+            f"{self._op} on communicator {name!r} was abandoned: the communicator was aborted "
+            f"while the operation was in flight; its result is undefined. Create a new "
+            f"communicator to continue"
+        )
 
     def wait_blocking(self) -> bool:
         """Block the calling host thread until the operation has completed.
@@ -138,19 +200,32 @@ class TorchWork:
         return True
 
     def _finish(self) -> None:
+        # The engine is done. Copy-back steps are the core's own work: if one fails the
+        # work ends in ERROR, but the communicator stays healthy.
         finishers = self._finishers
-        if finishers:
-            self._finishers = None
-            for step in finishers:
-                step()
+        self._finishers = None
         self._inner = None
+        if finishers:
+            try:
+                for step in finishers:
+                    step()
+            except Exception as exc:
+                self._status = WorkStatus.ERROR
+                self._error = exc
+                raise
         self._status = WorkStatus.COMPLETED
 
     def _fail(self, exc: BaseException) -> None:
-        comm_name = self._comm.get_name() if self._comm is not None else "?"
-        if isinstance(exc, CommTimeoutError):
+        comm = self._comm
+        comm_name = comm.get_name() if comm is not None else "?"
+        engine = is_engine_failure(exc)
+        if comm is not None and engine and comm.is_aborted() and not isinstance(
+                exc, CommStateError):
+            err: BaseException = self._aborted_error()
+            self._status = WorkStatus.ERROR
+        elif isinstance(exc, CommTimeoutError):
             self._status, err = WorkStatus.TIMEDOUT, exc
-        elif isinstance(exc, TorchCommError):
+        elif isinstance(exc, TorchCommError) or not engine:
             self._status, err = WorkStatus.ERROR, exc
         elif is_timeout_error(exc):
             self._status = WorkStatus.TIMEDOUT
@@ -167,8 +242,8 @@ class TorchWork:
         self._error = err
         self._inner = None
         self._finishers = None
-        if self._comm is not None:
-            self._comm._on_work_failure(self, err)
+        if comm is not None and engine and not isinstance(err, CommStateError):
+            comm._on_work_failure(self, err)
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._op} {self._status.name}>"

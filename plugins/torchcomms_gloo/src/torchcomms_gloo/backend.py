@@ -12,7 +12,7 @@ import torch
 
 from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 
-from . import fast_paths
+from . import fast_paths, teardown
 from .interface import engine_options
 
 
@@ -47,7 +47,17 @@ class GlooBackend(C10dBackend):
                       device: torch.device, options: CommOptions) -> Any:
         from torch.distributed import ProcessGroupGloo
 
-        return ProcessGroupGloo(store, rank, size, engine_options(timeout))
+        before = teardown.socket_inodes()
+        engine = ProcessGroupGloo(store, rank, size, engine_options(timeout))
+        self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
+        return engine
+
+    def abort(self) -> None:
+        """Abort the engine and close its connections, so nothing waits for a peer."""
+        # Connections first: dropping the engine joins its worker threads, which must no
+        # longer be blocked on a peer by then.
+        teardown.shut_down(getattr(self, "_sockets", {}))
+        super().abort()
 
     def get_backend_name(self) -> str:
         return "gloo"
