@@ -230,3 +230,17 @@ def test_a_synchronous_call_times_out_instead_of_hanging(mpi_pool) -> None:
     first = mpi_pool.run(body_sync_timeout, 1.0, timeout=60)[0]
     assert "recv did not complete within 1 s" in first["message"], first
     assert 1.0 <= first["seconds"] < 5.0, first
+
+
+def test_bench_runs_under_mpiexec_and_compares_with_mpi4py() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "torchcomms_core.cli", "bench", "--backend", "mpi", "--nproc",
+         "2", "--compare", "mpi4py", "--ops", "all_reduce,broadcast,all_to_all_single,window_put",
+         "-b", "8", "-e", "4K", "-f", "32", "-n", "3", "-w", "1"],
+        capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = res.stdout
+    assert "ours/mpi4py" in out and "mpi4py MPI.Comm.Allreduce on its own communicator" in out
+    assert out.count("# Out of bounds values : 0 OK (mpi4py: 0 OK)") == 3
+    assert "# window_put: backend mpi, 2 ranks" in out
+    assert out.count("# Out of bounds values : 0 OK") == 4

@@ -111,6 +111,9 @@ class TorchCommBackend(abc.ABC):
     #: ``False`` for engines that rendezvous by themselves (MPI): without ``MASTER_ADDR``
     #: the core then gives the communicator a store local to the process.
     needs_store: ClassVar[bool] = True
+    #: ``"mpiexec"`` when the ranks must be MPI processes started by ``mpiexec``; tools that
+    #: start ranks themselves (``torchcomms bench``, the conformance suite) then use it.
+    launcher: ClassVar[str | None] = None
 
     device: torch.device
     comm_name: str

@@ -21,8 +21,8 @@ C10D_BACKENDS: dict[str, str] = {
     "rccl": "nccl",
 }
 
-#: What ``--compare`` accepts.
-COMPARE_WITH: tuple[str, ...] = ("c10d",)
+#: What ``--compare`` accepts: torch.distributed, or raw mpi4py for the mpi backend.
+COMPARE_WITH: tuple[str, ...] = ("c10d", "mpi4py")
 
 
 def c10d_backend(backend: str) -> str:

@@ -31,6 +31,7 @@ from .data import (
     uneven_sizes,
     values,
 )
+from .window_ops import WindowPutSignal
 
 __all__ = [
     "DEFAULT_OPS",
@@ -724,7 +725,7 @@ OPS: dict[str, BenchOp] = {
     for op in (AllReduce(), AllGatherSingle(), ReduceScatterSingle(), AllToAllSingle(),
                Broadcast(), AllGather(), ReduceScatter(), AllGatherV(), ReduceScatterV(),
                AllToAll(), AllToAllVSingle(), Reduce(), Gather(), GatherSingle(), Scatter(),
-               SendRecv(), Barrier())
+               SendRecv(), Barrier(), WindowPutSignal())
 }
 
 #: What ``torchcomms bench`` runs by default: the collectives nccl-tests users compare first.

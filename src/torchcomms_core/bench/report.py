@@ -17,6 +17,8 @@ _KEY = (("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 9), ("red
 _PASS = (("time", "(us)", 10), ("min", "(us)", 10), ("avg", "(us)", 10), ("max", "(us)", 10),
          ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("#wrong", "", 7))
 _COMPARE = (("c10d", "(us)", 10), ("ours/c10d", "median", 11), ("IQR", "", 13))
+# The same columns when comparing with raw mpi4py (--compare mpi4py).
+_COMPARE_MPI4PY = (("mpi4py", "(us)", 10), ("ours/mpi4py", "median", 12), ("IQR", "", 13))
 NOT_APPLICABLE = "n/a"
 
 
@@ -40,12 +42,15 @@ class TextReport:
         self._out = out if out is not None else sys.stdout
         self._compare = False
         self._passes = 1
+        self._them = "c10d"
 
     def _line(self, text: str = "") -> None:
         print(text.rstrip(), file=self._out, flush=True)
 
     def _group(self) -> tuple[tuple[str, str, int], ...]:
-        return _PASS + (_COMPARE if self._compare else ())
+        if not self._compare:
+            return _PASS
+        return _PASS + (_COMPARE_MPI4PY if self._them == "mpi4py" else _COMPARE)
 
     def _cells(self, cells: list[str]) -> str:
         widths = [w for _n, _u, w in _KEY] + [w for _n, _u, w in self._group()] * self._passes
@@ -61,7 +66,12 @@ class TextReport:
             self._line(f"# network: {config.network}")
         self._line("# time: the slowest rank's mean per call; min/avg/max: over ranks of each "
                    "rank's mean")
-        if config.compare:
+        self._them = config.compare or "c10d"
+        if config.compare == "mpi4py":
+            self._line("# mpi4py: raw blocking mpi4py calls on the same tensors, calls "
+                       "interleaved A/B; ours/mpi4py: median of per-call ratios, IQR: their "
+                       "quartiles")
+        elif config.compare:
             self._line("# c10d: torch.distributed on the same engine and tensors, calls "
                        "interleaved A/B; ours/c10d: median of per-call ratios, IQR: their "
                        "quartiles")
@@ -96,7 +106,7 @@ class TextReport:
 
     def _compare_cells(self, p: Pass) -> list[str]:
         if p.c10d is None or p.ratio is None:
-            return [NOT_APPLICABLE] * len(_COMPARE)
+            return [NOT_APPLICABLE] * len(_COMPARE)  # both column sets have three
         q1, median, q3 = p.ratio
         return [format_time(p.c10d.time_us), f"{median:.3f}", f"{q1:.2f}-{q3:.2f}"]
 
@@ -117,13 +127,13 @@ class TextReport:
             wrong = sum(checked)
             theirs = [p.c10d.wrong for r in rows for p in r.passes
                       if p.c10d is not None and p.c10d.wrong is not None]
-            c10d = f" (c10d: {sum(theirs)} {'OK' if sum(theirs) == 0 else 'FAILED'})" if (
-                theirs) else ""
+            c10d = (f" ({self._them}: {sum(theirs)} {'OK' if sum(theirs) == 0 else 'FAILED'})"
+                    if theirs else "")
             self._line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
                        f"{c10d}")
         self._line(f"# Avg bus bandwidth    : {_average_busbw(rows, c10d=False)}")
         if self._compare:
-            self._line(f"# Avg bus bandwidth c10d: {_average_busbw(rows, c10d=True)}")
+            self._line(f"# Avg bus bandwidth {self._them}: {_average_busbw(rows, c10d=True)}")
 
 
 def _average_busbw(rows: list[Row], c10d: bool) -> str:

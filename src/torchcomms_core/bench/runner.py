@@ -104,7 +104,12 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         if config.compare not in COMPARE_WITH:
             raise ValueError(f"--compare must be one of {', '.join(COMPARE_WITH)}, got "
                              f"{config.compare!r}")
-        c10d_backend(config.backend)
+        if config.compare == "mpi4py":
+            from .compare_mpi import check_backend
+
+            check_backend(config.backend)
+        else:
+            c10d_backend(config.backend)
     if nranks is not None and not 0 <= config.root < nranks:
         raise ValueError(f"root {config.root} is not a rank of a {nranks}-rank run; "
                          f"use 0..{nranks - 1}")
@@ -172,6 +177,9 @@ class Runner:
         """Why ``op`` is not compared, or ``None`` when it is (or no comparison was asked)."""
         if self.dist is None or self.c10d_backend is None:
             return None
+        refuses = getattr(self.dist, "refuses", None)  # raw mpi4py (--compare mpi4py)
+        if refuses is not None:
+            return refuses(op, self.case)
         return op.c10d_refuses(self.case, self.c10d_backend)
 
     def measure(self, op: BenchOp, bufs: Buffers) -> Pass:
@@ -303,9 +311,12 @@ class Runner:
 
 def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:
     """``torch.distributed.<fn> on <backend>``, or ``n/a (<why>)``."""
-    note = op.c10d_refuses(case, c10d_backend)
+    refuses = getattr(dist, "refuses", None)  # raw mpi4py (--compare mpi4py)
+    note = refuses(op, case) if refuses is not None else op.c10d_refuses(case, c10d_backend)
     if note is not None:
         return f"n/a ({note})"
+    if refuses is not None:
+        return dist.describe(op)
     return f"torch.distributed.{op.c10d_function_name(dist)} on {c10d_backend}"
 
 
@@ -337,7 +348,11 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
 def _document(config: BenchConfig, case: Case, rows: list[Row], started: datetime.datetime
               ) -> dict[str, Any]:
     functions: dict[str, str | None] = {}
-    if config.compare:
+    if config.compare == "mpi4py":
+        from .compare_mpi import MPI_FUNCTIONS
+
+        functions = {name: MPI_FUNCTIONS.get(name) for name in config.ops}
+    elif config.compare:
         import torch.distributed as dist
 
         backend = c10d_backend(config.backend)
@@ -363,16 +378,21 @@ def run_rank(config: BenchConfig) -> int:
                 device=comm.get_device(), redop=config.redop, root=config.root)
     dist = None
     try:
-        if config.compare:
+        if config.compare == "mpi4py":
+            from .compare_mpi import Mpi4pyCalls
+
+            dist = Mpi4pyCalls(case)
+        elif config.compare:
             dist = init_c10d(config.backend, rank, nranks, case.device, timeout)
-        runner = Runner(comm, case, config, dist,
-                        c10d_backend(config.backend) if dist is not None else None)
+        engine = None if dist is None else (
+            "mpi4py" if config.compare == "mpi4py" else c10d_backend(config.backend))
+        runner = Runner(comm, case, config, dist, engine)
         # With the JSON on standard output, the tables go to standard error.
         out = sys.stderr if config.json_path == "-" else sys.stdout
         rows = run_benchmarks(runner, TextReport(out) if rank == 0 else None)
     finally:
         if dist is not None:
-            close_c10d(dist)
+            dist.close() if config.compare == "mpi4py" else close_c10d(dist)
         comm.finalize()
     if rank == 0:
         document = _document(config, case, rows, started)

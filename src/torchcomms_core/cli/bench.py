@@ -117,9 +117,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "quantized collectives against their documented error bound "
                              "(default: %(default)s)")
     parser.add_argument("--compare", choices=COMPARE_WITH, default=None,
-                        help="also run each operation through raw torch.distributed on the same "
-                             "engine and tensors, interleaved call by call, and print the time "
-                             "ratio ours/c10d")
+                        help="also run each operation through raw torch.distributed (c10d) on "
+                             "the same engine and tensors, or raw mpi4py calls (mpi4py, with "
+                             "--backend mpi), interleaved call by call, and print the time "
+                             "ratio ours/theirs")
     parser.add_argument("--json", metavar="PATH", dest="json_path", default=None,
                         help="write every row with every field, and a header describing the "
                              "run, as JSON to PATH ('-': standard output; the tables then go "
@@ -269,6 +270,12 @@ def run(args: argparse.Namespace) -> int:
     if network is not None:
         return _run_in_namespaces(parser, network, config)
     if launched is None:
+        from ..registry import get_backend_class
+
+        if get_backend_class(config.backend).launcher == "mpiexec":
+            from ..bench.mpiexec import relaunch_under_mpiexec
+
+            return relaunch_under_mpiexec(nranks, label=parser.prog)
         return launch(nranks, run_rank, (config,), label=parser.prog)
     rank, size, source = launched
     if args.nproc is not None and args.nproc != size and rank == 0:

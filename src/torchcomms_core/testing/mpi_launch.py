@@ -10,25 +10,20 @@ from __future__ import annotations
 import multiprocessing.connection
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 from typing import Any
 
+from ..bench.mpiexec import find_mpiexec
+
+__all__ = ["MpiRank", "find_mpiexec", "mpiexec_unavailable", "start"]
+
 #: Launcher variables the ranks must not inherit: their rank and size come from mpiexec.
 _FOREIGN_RANK_VARS = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
                       "TORCHCOMM_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                       "SLURM_PROCID", "SLURM_NTASKS")
-
-
-def find_mpiexec() -> str | None:
-    """``mpiexec`` of this Python environment (the MPICH wheel puts it there), else on PATH."""
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(here, os.X_OK):
-        return here
-    return shutil.which("mpiexec")
 
 
 def mpiexec_unavailable() -> str | None:

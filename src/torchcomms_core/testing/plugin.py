@@ -23,9 +23,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device type the communicators use (default cpu)")
     group.addoption("--torchcomms-timeout", type=float, default=120.0, metavar="SECONDS",
                     help="time limit of one contract body on all ranks (default 120)")
-    group.addoption("--torchcomms-launcher", choices=("spawn", "mpiexec"), default="spawn",
-                    help="how ranks start: spawned processes, or MPI processes under mpiexec "
-                         "(backends such as mpi need it; default spawn)")
+    group.addoption("--torchcomms-launcher", choices=("auto", "spawn", "mpiexec"),
+                    default="auto",
+                    help="how ranks start: spawned processes, or MPI processes under mpiexec; "
+                         "auto (default) uses what the backend declares (mpi: mpiexec)")
 
 
 _pools: dict[int, RankPool] = {}
@@ -57,6 +58,10 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
     if size < 2:
         raise pytest.UsageError("--torchcomms-world-size must be at least 2")
     launcher = str(request.config.getoption("--torchcomms-launcher"))
+    if launcher == "auto":
+        from ..registry import get_backend_class
+
+        launcher = get_backend_class(torchcomms_backend).launcher or "spawn"
     if launcher == "mpiexec":
         from .mpi_launch import mpiexec_unavailable
 

@@ -30,6 +30,7 @@ class MpiBackend(TorchCommBackend):
     supported_reduce_ops = BASIC_REDUCE_OPS
     #: MPI rendezvouses through mpiexec: no MASTER_ADDR needed.
     needs_store: ClassVar[bool] = False
+    launcher: ClassVar[str | None] = "mpiexec"
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:

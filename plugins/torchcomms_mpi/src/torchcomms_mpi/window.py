@@ -9,6 +9,7 @@ the data to the peer, then adds 1 to this rank's counter there with an atomic
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,9 @@ if TYPE_CHECKING:
     from .backend import MpiBackend
 
 _COUNTER = MPI.INT64_T
+#: Seconds wait_signal polls flat out before napping ``_NAP_S`` between polls.
+_BUSY_S = 2.0
+_NAP_S = 0.0002
 
 
 class _FlushWork:
@@ -63,15 +67,19 @@ class _SignalWaitWork:
         return self._done
 
     def wait(self) -> bool:
-        nap = 1e-6
+        # Polling flat out at first: MPI's passive-target progress happens in these calls.
+        busy_until = time.monotonic() + _BUSY_S
         while not self.is_completed():
-            if time.monotonic() > self._deadline:
+            now = time.monotonic()
+            if now > self._deadline:
                 raise CommTimeoutError(
                     f"wait_signal: no signal from rank {self._peer} within {self._seconds:g} s "
                     f"(timed out); the peer must call window.signal({self._engine.rank}, ...)"
                 )
-            time.sleep(nap)
-            nap = min(nap * 2, 0.0005)
+            if now > busy_until:
+                time.sleep(_NAP_S)
+            else:
+                os.sched_yield()  # let the peer run on a machine with more ranks than cores
         return True
 
 

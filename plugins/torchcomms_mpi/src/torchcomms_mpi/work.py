@@ -8,6 +8,7 @@ is raised, and the core marks the communicator failed (and aborts the process if
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,10 @@ def complete(reqs: list[Any], seconds: float, what: str) -> None:
                 f"{what} did not complete within {seconds:g} s (timed out); a peer may have "
                 f"died, hung or issued a different operation"
             )
-        time.sleep(_NAP_S if now > busy_until else 0)
+        if now > busy_until:
+            time.sleep(_NAP_S)
+        else:
+            os.sched_yield()  # let peers run on a machine with more ranks than cores
 
 
 class MpiWork:
