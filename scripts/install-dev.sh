@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Every folder under plugins/ is a distribution; torchcomms-mpi pulls mpi4py and the
+# MPICH wheel (libmpi and mpiexec inside the virtual environment) from the registry.
 plugins=()
 for dir in plugins/*/; do
     plugins+=(-e "./${dir%/}")
