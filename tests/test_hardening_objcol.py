@@ -176,9 +176,9 @@ def body_one_rank_refuses() -> dict:
         "broadcast": _caught(objcol.broadcast_object_list, comm,
                              [lambda: 0] if r == 0 else [None], root=0),
         # The root forgets its input list.
-        "scatter": _caught(objcol.scatter_object_list, comm, [None], None, root=n - 1),
+        "scatter": _caught(objcol.scatter_object_list, comm, n - 1, [None], None),
         # The root passes no list to gather into.
-        "gather": _caught(objcol.gather_object, comm, r, None, root=0),
+        "gather": _caught(objcol.gather_object, comm, r, 0, None),
     }
     gathered = [None] * n
     objcol.all_gather_object(comm, gathered, r)

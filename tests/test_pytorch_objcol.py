@@ -46,14 +46,14 @@ def body_every_collective() -> dict:
     objcol.all_gather_object(comm, everyone, mine)
     res["all_gather"] = [(o["rank"], o["t"].tolist(), o["nested"]) for o in everyone]
     gathered = [None] * n if r == 1 else None
-    objcol.gather_object(comm, OrderedDict(r=r), gathered, root=1)
+    objcol.gather_object(comm, OrderedDict(r=r), 1, gathered)
     res["gather"] = [dict(o) for o in gathered] if gathered else None
     lst = [{"a": 1}, "text", torch.ones(2)] if r == 0 else [None, None, None]
     objcol.broadcast_object_list(comm, lst, root=0)
     res["broadcast"] = [lst[0], lst[1], lst[2].tolist()]
     out = [None]
-    objcol.scatter_object_list(comm, out, [f"for {k}" * (k + 1) for k in range(n)]
-                               if r == n - 1 else None, root=n - 1)
+    objcol.scatter_object_list(comm, n - 1, out, [f"for {k}" * (k + 1) for k in range(n)]
+                               if r == n - 1 else None)
     res["scatter"] = out[0]
     if r == 0:
         objcol.send_object_list(comm, [{"k": 1}, [2, 3]], 1)

@@ -1,8 +1,11 @@
 """Object collectives over a ``TorchComm``: gather, broadcast, scatter, send and receive objects.
 
+The six functions take the reference's arguments in the reference's order, e.g.
+``gather_object(comm, obj, root, object_gather_list=None, timeout=None, weights_only=True)``.
 Received bytes are decoded like ``torch.load(weights_only=True)`` by default, so a peer
-cannot make this rank run code; full pickle only with ``weights_only=False`` or
-``TORCHCOMMS_SERIALIZATION=pickle``.
+cannot make this rank run code; full pickle only with ``weights_only=False``, or with
+``TORCHCOMMS_SERIALIZATION=pickle``, which (as in the reference) serializes with plain
+``pickle`` and decodes with it whatever ``weights_only`` says.
 
 Every call first exchanges a small header (item count, whether the rank accepted its own
 arguments, payload size, size limit), so a mismatch between ranks or an oversized payload
@@ -12,11 +15,13 @@ and nothing is allocated from a size a peer declared beyond ``TORCHCOMM_OBJCOL_M
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import pickle
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,11 +45,59 @@ _INT64 = 8
 
 
 def _weights_only(weights_only: bool | None) -> bool:
-    if weights_only is not None:
-        if not isinstance(weights_only, bool):
-            raise CommTypeError(f"weights_only must be True, False or None, got {weights_only!r}")
-        return weights_only
-    return not _env.serialization_allows_pickle()
+    """Whether received objects are decoded safely (``None`` means the default, True)."""
+    if weights_only is None:
+        return True
+    if not isinstance(weights_only, bool):
+        raise CommTypeError(f"weights_only must be True or False, got {weights_only!r}")
+    return weights_only
+
+
+def _use_pickle() -> bool:
+    """``TORCHCOMMS_SERIALIZATION=pickle``: plain pickle both ways, as the reference does."""
+    try:
+        return _env.serialization_allows_pickle()
+    except ValueError as exc:
+        raise CommInputError(str(exc)) from None
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _reference_order(fn: _F) -> _F:
+    """Explain a call that does not fit the reference's parameter order.
+
+    Keeps ``fn``'s signature for ``inspect``; a call that cannot bind (for example the
+    old ``gather_object(comm, obj, gather_list, root=0)``) raises a ``CommTypeError``
+    that shows the order to use.
+    """
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise CommTypeError(
+                f"{fn.__name__}: {exc}. The arguments are {fn.__name__}{sig} (the order of "
+                f"Meta's torchcomms; root comes before the lists)"
+            ) from None
+        return fn(*args, **kwargs)
+
+    return call  # type: ignore[return-value]
+
+
+def _check_root(root: Any, n: int, where: str) -> int:
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise CommTypeError(
+            f"{where}: root must be a rank (int), got {type(root).__name__}. The order is "
+            f"{where}(comm, ..., root, ...) as in Meta's torchcomms: pass the rank before "
+            f"the object lists"
+        )
+    if not 0 <= root < n:
+        raise CommInputError(f"{where}: root {root} is not a rank of this communicator "
+                             f"(0..{n - 1})")
+    return root
 
 
 def _limit() -> int:
@@ -54,9 +107,12 @@ def _limit() -> int:
         raise CommInputError(str(exc)) from None
 
 
-def _encode(obj: Any) -> torch.Tensor:
+def _encode(obj: Any, plain_pickle: bool = False) -> torch.Tensor:
     buf = io.BytesIO()
-    torch.save(obj, buf)
+    if plain_pickle:
+        pickle.dump(obj, buf)
+    else:
+        torch.save(obj, buf)
     return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
 
 
@@ -84,12 +140,28 @@ def _unpack(blob: torch.Tensor, count: int, peer: int, where: str) -> list[torch
     return out
 
 
+# ``torch.save`` writes a zip archive; ``pickle`` (protocol 2 and later) starts with PROTO.
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
 def _decode(data: torch.Tensor, weights_only: bool, peer: int, where: str) -> Any:
-    raw = io.BytesIO(bytes(data.cpu().clone().untyped_storage()))
+    raw = bytes(data.cpu().clone().untyped_storage())
+    plain_pickle = _use_pickle()
+    if not raw.startswith(_ZIP_MAGIC):
+        # Plain pickle from a rank with TORCHCOMMS_SERIALIZATION=pickle.
+        if not plain_pickle:
+            raise UnsafeObjectError(
+                f"{where}: refused the object from rank {peer}: it was serialized with plain "
+                f"pickle (TORCHCOMMS_SERIALIZATION=pickle on that rank), which would let that "
+                f"rank run code here. Set TORCHCOMMS_SERIALIZATION=pickle on every rank if "
+                f"every rank is trusted, or unset it everywhere"
+            )
+        return pickle.loads(raw)
     try:
-        return torch.load(raw, weights_only=weights_only, map_location="cpu")
+        return torch.load(io.BytesIO(raw), weights_only=weights_only and not plain_pickle,
+                          map_location="cpu")
     except pickle.UnpicklingError as exc:
-        if not weights_only:
+        if not weights_only or plain_pickle:
             raise
         raise UnsafeObjectError(
             f"{where}: refused the object from rank {peer}: it needs full pickle to decode, "
@@ -164,9 +236,9 @@ def _padded(data: torch.Tensor, length: int, device: torch.device) -> torch.Tens
     return out
 
 
-def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any, *,
-                      timeout: timedelta | None = None,
-                      weights_only: bool | None = None) -> None:
+@_reference_order
+def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any,
+                      timeout: timedelta | None = None, weights_only: bool = True) -> None:
     """Fill ``object_list`` (one slot per rank) with every rank's ``obj``.
 
     Raises:
@@ -182,7 +254,7 @@ def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any, *,
         limit = _limit()
         _check_list(object_list, where, "object_list", n)
         safe = _weights_only(weights_only)
-        data = _encode(obj)
+        data = _encode(obj, _use_pickle())
     except Exception as exc:  # told to every rank first, then raised here
         error = exc
     table = _exchange(comm, _header(1, error, data.numel(), limit, device), timeout)
@@ -195,9 +267,10 @@ def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any, *,
         object_list[r] = _decode(gathered[r * width:r * width + sizes[r]], safe, r, where)
 
 
-def gather_object(comm: TorchComm, obj: Any, object_gather_list: list[Any] | None,
-                  root: int = 0, *, timeout: timedelta | None = None,
-                  weights_only: bool | None = None) -> None:
+@_reference_order
+def gather_object(comm: TorchComm, obj: Any, root: int,
+                  object_gather_list: list[Any] | None = None,
+                  timeout: timedelta | None = None, weights_only: bool = True) -> None:
     """On ``root``, fill ``object_gather_list`` (one slot per rank); others pass ``None``."""
     where = "gather_object"
     comm = _check_comm(comm, where)
@@ -206,10 +279,11 @@ def gather_object(comm: TorchComm, obj: Any, object_gather_list: list[Any] | Non
     data, limit = torch.zeros(0, dtype=torch.uint8), 0
     try:
         limit = _limit()
+        root = _check_root(root, n, where)
         if me == root:
             _check_list(object_gather_list, where, "object_gather_list", n)
         safe = _weights_only(weights_only)
-        data = _encode(obj)
+        data = _encode(obj, _use_pickle())
     except Exception as exc:
         error = exc
     table = _exchange(comm, _header(1, error, data.numel(), limit, device), timeout)
@@ -224,9 +298,9 @@ def gather_object(comm: TorchComm, obj: Any, object_gather_list: list[Any] | Non
             object_gather_list[r] = _decode(out[r * width:r * width + sizes[r]], safe, r, where)
 
 
-def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int = 0, *,
-                          timeout: timedelta | None = None,
-                          weights_only: bool | None = None) -> None:
+@_reference_order
+def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int,
+                          timeout: timedelta | None = None, weights_only: bool = True) -> None:
     """Replace every rank's ``object_list`` entries with ``root``'s (same length on all).
 
     Raises:
@@ -240,10 +314,12 @@ def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int = 0
     count, blob, limit = 0, torch.zeros(0, dtype=torch.uint8), 0
     try:
         limit = _limit()
+        root = _check_root(root, comm.get_size(), where)
         count = len(_check_list(object_list, where, "object_list"))
         safe = _weights_only(weights_only)
         if me == root:
-            blob = _pack([_encode(o) for o in object_list])
+            plain = _use_pickle()
+            blob = _pack([_encode(o, plain) for o in object_list])
     except Exception as exc:
         error = exc
     table = _exchange(comm, _header(count, error, blob.numel(), limit, device), timeout)
@@ -271,11 +347,16 @@ def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int = 0
         object_list[i] = _decode(data, safe, root, where)
 
 
-def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
-                        scatter_object_input_list: list[Any] | None, root: int = 0, *,
-                        timeout: timedelta | None = None,
-                        weights_only: bool | None = None) -> None:
-    """Put ``root``'s ``scatter_object_input_list[r]`` into rank r's output list slot 0."""
+@_reference_order
+def scatter_object_list(comm: TorchComm, root: int, scatter_object_output_list: list[Any],
+                        scatter_object_input_list: list[Any] | None = None,
+                        timeout: timedelta | None = None, weights_only: bool = True) -> None:
+    """Put ``root``'s ``scatter_object_input_list[r]`` into rank r's output list slot 0.
+
+    Raises:
+        CommInputError (a ``ValueError``): on every rank, if a rank's output list is empty
+            or the root gives no input list (one entry per rank).
+    """
     where = "scatter_object_list"
     comm = _check_comm(comm, where)
     n, me, device = comm.get_size(), comm.get_rank(), comm.get_device()
@@ -284,6 +365,7 @@ def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
     limit = 0
     try:
         limit = _limit()
+        root = _check_root(root, n, where)
         _check_list(scatter_object_output_list, where, "scatter_object_output_list")
         if not scatter_object_output_list:
             raise CommInputError(f"{where}: scatter_object_output_list needs at least one slot")
@@ -291,7 +373,8 @@ def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
         if me == root:
             inputs = _check_list(scatter_object_input_list, where, "scatter_object_input_list",
                                  n)
-            chunks = [_pack([_encode(o)]) for o in inputs]
+            plain = _use_pickle()
+            chunks = [_pack([_encode(o, plain)]) for o in inputs]
     except Exception as exc:
         error = exc
     width = max((c.numel() for c in chunks), default=0)
@@ -310,7 +393,8 @@ def scatter_object_list(comm: TorchComm, scatter_object_output_list: list[Any],
     scatter_object_output_list[0] = _decode(data, safe, root, where)
 
 
-def send_object_list(comm: TorchComm, object_list: list[Any], dst: int, *,
+@_reference_order
+def send_object_list(comm: TorchComm, object_list: list[Any], dst: int,
                      timeout: timedelta | None = None) -> None:
     """Send ``object_list`` to ``dst``, which calls ``recv_object_list`` with as many slots.
 
@@ -325,7 +409,8 @@ def send_object_list(comm: TorchComm, object_list: list[Any], dst: int, *,
     count, blob = 0, torch.zeros(0, dtype=torch.uint8)
     try:
         count = len(_check_list(object_list, where, "object_list"))
-        blob = _pack([_encode(o) for o in object_list])
+        plain = _use_pickle()
+        blob = _pack([_encode(o, plain) for o in object_list])
     except Exception as exc:
         error = exc
     comm.send(_header(count, error, blob.numel(), 0, device), dst, timeout=timeout)
@@ -354,9 +439,9 @@ def send_object_list(comm: TorchComm, object_list: list[Any], dst: int, *,
         comm.send(blob.to(device), dst, timeout=timeout)
 
 
-def recv_object_list(comm: TorchComm, object_list: list[Any], src: int, *,
-                     timeout: timedelta | None = None,
-                     weights_only: bool | None = None) -> None:
+@_reference_order
+def recv_object_list(comm: TorchComm, object_list: list[Any], src: int,
+                     timeout: timedelta | None = None, weights_only: bool = True) -> None:
     """Fill ``object_list`` with the objects ``src`` sent with ``send_object_list``.
 
     Raises:
