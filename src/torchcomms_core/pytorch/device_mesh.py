@@ -2,6 +2,8 @@
 
 Each mesh dimension is one communicator (e.g. made with ``split``); FSDP2, DTensor and
 tensor parallelism then run their collectives on them through registered wrappers.
+``_create_torchcomm_process_group`` and ``_flatten_with_comm`` are the reference's
+helpers for registering one communicator as a group and for a flattened dimension.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from ..comm import TorchComm
 from ..errors import CommInputError, CommTypeError
+from .backend_wrapper import _BackendWrapper
 from .groups import as_process_group
 
 
@@ -59,6 +62,139 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
     for pg in groups:
         device_mesh._pg_registry[pg.group_name] = pg
     return device_mesh
+
+
+def _create_torchcomm_process_group(comm: TorchComm, group_name: str,
+                                    backend_str: str = "torchcomm",
+                                    global_ranks_mapping: dict[int, int] | None = None) -> Any:
+    """Register ``comm`` in ``torch.distributed`` as the process group ``group_name``.
+
+    As in Meta's torchcomms: the group runs every operation on ``comm``, is recorded
+    under backend ``backend_str`` and tag ``ptd:<group_name>``, and maps global ranks to
+    ``comm``'s ranks by ``global_ranks_mapping`` (``{global rank: group rank}``; default
+    the identity). Returns the group (a ``ProcessGroup``).
+    """
+    where = "_create_torchcomm_process_group"
+    if not isinstance(comm, TorchComm):
+        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got "
+                            f"{type(comm).__name__}")
+    if not isinstance(group_name, str) or not group_name:
+        raise CommTypeError(f"{where}: group_name must be a non-empty string, got "
+                            f"{group_name!r}")
+    if not isinstance(backend_str, str) or not backend_str:
+        raise CommTypeError(f"{where}: backend_str must be a non-empty string, got "
+                            f"{backend_str!r}")
+    size = comm.get_size()
+    mapping = _check_mapping(global_ranks_mapping, size, where)
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if group_name in c10d._world.pg_names.values():
+        raise CommInputError(
+            f"{where}: a process group named {group_name!r} is already registered; pass a "
+            f"name no other group uses (e.g. {group_name + '_' + comm.get_name()!r})"
+        )
+    if dist.is_initialized():
+        me = dist.get_rank()
+        if mapping.get(me) != comm.get_rank():
+            raise CommInputError(
+                f"{where}: global_ranks_mapping maps this rank (global rank {me}) to "
+                f"{mapping.get(me)}, but it is rank {comm.get_rank()} of communicator "
+                f"{comm.get_name()!r}; map every member's global rank to its rank in comm"
+            )
+    pg = _BackendWrapper(comm)
+    pg._set_group_name(group_name)
+    pg._set_group_desc(group_name)
+    pg._set_global_ranks([g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])])
+    c10d._register_pg_in_world(
+        pg,
+        backend_name=backend_str,
+        store=pg.get_group_store(),
+        group_name=group_name,
+        backend_config=f"{comm.get_device().type}:{backend_str}",
+        rank_mapping=mapping,
+    )
+    return pg
+
+
+def _check_mapping(mapping: Any, size: int, where: str) -> dict[int, int]:
+    if mapping is None:
+        return {i: i for i in range(size)}
+    if not isinstance(mapping, dict):
+        raise CommTypeError(f"{where}: global_ranks_mapping must be a dict "
+                            f"{{global rank: group rank}}, got {type(mapping).__name__}")
+    ok = all(isinstance(k, int) and isinstance(v, int) and k >= 0 for k, v in mapping.items())
+    if not ok or sorted(mapping.values()) != list(range(size)):
+        raise CommInputError(
+            f"{where}: global_ranks_mapping {mapping} must map one non-negative global rank "
+            f"to each group rank 0..{size - 1} of the communicator"
+        )
+    return dict(mapping)
+
+
+def _flatten_with_comm(mesh: Any, mesh_dim_name: str, comm: TorchComm,
+                       global_ranks: list[int], layout: Any) -> Any:
+    """Add to ``mesh``'s root a flattened 1-D dimension ``mesh_dim_name`` running on ``comm``.
+
+    ``global_ranks`` are the global ranks of ``comm``'s members in its rank order (this
+    rank's flattened group); ``layout`` is the flattened dimension's ``_MeshLayout`` (for
+    a whole mesh, ``_MeshLayout([mesh._layout.collapse()])``; ``None`` means that).
+    Afterwards ``root[mesh_dim_name]`` and ``root.get_group(mesh_dim_name)`` resolve to it.
+    """
+    where = "_flatten_with_comm"
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if not isinstance(mesh, DeviceMesh):
+        raise CommTypeError(f"{where}: mesh must be a DeviceMesh, got {type(mesh).__name__}")
+    if not isinstance(comm, TorchComm):
+        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got "
+                            f"{type(comm).__name__}")
+    root = mesh._get_root_mesh()
+    if not isinstance(mesh_dim_name, str) or not mesh_dim_name:
+        raise CommTypeError(f"{where}: mesh_dim_name must be a non-empty string, got "
+                            f"{mesh_dim_name!r}")
+    if mesh_dim_name in (root.mesh_dim_names or ()) or mesh_dim_name in root._flatten_mapping:
+        raise CommInputError(f"{where}: the mesh already has a dimension named "
+                             f"{mesh_dim_name!r}; choose another name")
+    ranks = list(global_ranks) if isinstance(global_ranks, (list, tuple)) else None
+    if ranks is None or len(ranks) != comm.get_size() or not all(
+            isinstance(r, int) for r in ranks):
+        raise CommInputError(
+            f"{where}: global_ranks must list the global rank of each of the "
+            f"{comm.get_size()} members of communicator {comm.get_name()!r}, in its rank "
+            f"order; got {global_ranks!r}"
+        )
+    if layout is None:
+        from torch.distributed._mesh_layout import _MeshLayout
+
+        layout = _MeshLayout([mesh._layout.collapse()])
+    flat = DeviceMesh(root.device_type, _layout=layout, _rank_map=root._rank_map,
+                      mesh_dim_names=(mesh_dim_name,), _root_mesh=root, _init_backend=False)
+    expected = flat.mesh.tolist()
+    if expected != ranks:
+        raise CommInputError(
+            f"{where}: layout {layout} puts this rank in the group {expected}, but "
+            f"global_ranks is {ranks}; pass the global ranks of this rank's flattened group "
+            f"(and a communicator over exactly them)"
+        )
+    pg = _create_torchcomm_process_group(
+        comm, _free_group_name(comm.get_name()),
+        global_ranks_mapping={g: i for i, g in enumerate(ranks)})
+    flat._dim_group_names = [pg.group_name]
+    root._pg_registry[pg.group_name] = pg
+    root._flatten_mapping[mesh_dim_name] = flat
+    return flat
+
+
+def _free_group_name(base: str) -> str:
+    from torch.distributed import distributed_c10d
+
+    taken = set(distributed_c10d._world.pg_names.values())
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}#{k}"
+    return name
 
 
 def _check_comms(mesh_dim_comms: Any) -> list[TorchComm]:
