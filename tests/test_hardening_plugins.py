@@ -231,3 +231,16 @@ def test_two_packages_sharing_a_new_name_are_refused_until_one_is_chosen(pool2, 
     env = {"TORCHCOMM_BACKEND_OVERRIDE": "tcdup=tc-beta"}
     for out in pool2.run(body_backend_conflict, str(impostors), env, "tcdup", timeout=60):
         assert out["class"] == "BetaBackend" and out["sum"] == 2.0
+
+
+def test_a_malformed_override_is_explained(monkeypatch, capsys) -> None:
+    from torchcomms_core.cli import main
+
+    monkeypatch.setenv("TORCHCOMM_BACKEND_OVERRIDE", "gloo")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["backends"])
+    assert exit_info.value.code == 2
+    assert "'gloo' is not name=distribution; write e.g. TORCHCOMM_BACKEND_OVERRIDE=gloo=" in (
+        capsys.readouterr().err)
+    with pytest.raises(torchcomms.BackendLoadError, match="is not name=distribution"):
+        torchcomms.new_comm("no-such-backend", "cpu", name="never-created")

@@ -61,7 +61,12 @@ def describe_backends() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = describe_backends()
+    from ..errors import TorchCommError
+
+    try:
+        rows = describe_backends()
+    except TorchCommError as exc:  # e.g. a malformed TORCHCOMM_BACKEND_OVERRIDE
+        args.parser.error(str(exc))
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -20,9 +20,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..plugins import list_collectives, plugin_records
+    from ..plugins import PluginError, list_collectives, plugin_records
 
-    records = plugin_records()
+    try:
+        records = plugin_records()
+    except PluginError as exc:  # two plugins claim one collective: say so, not a traceback
+        args.parser.error(str(exc))
     if args.json:
         json.dump({"plugins": [dataclasses.asdict(r) for r in records],
                    "collectives": list_collectives()}, sys.stdout, indent=2)
