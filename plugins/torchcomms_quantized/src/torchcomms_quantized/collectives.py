@@ -4,13 +4,16 @@ They run on any backend through ``all_to_all_single`` and ``all_gather_single``.
 
 Algorithm (``quantized_all_reduce``, ``n`` ranks, blocks of ``B`` elements): pad the
 flattened tensor with zeros to ``n`` chunks of whole blocks; quantize every block to
-int8 with one float32 scale ``s = max|x| / 127``; exchange chunks with one
+int8 with one float32 scale ``s = max|x| / 127``; exchange chunks with
 ``all_to_all_single`` (rank ``r`` receives chunk ``r`` of every rank, scales and payload
 packed into one message); dequantize and add them in float32 in rank order (then
 divide by ``n`` for AVG); re-quantize that reduced chunk; ``all_gather_single`` every
-reduced chunk; dequantize and write into ``tensor``. Each reduced chunk is computed by
-one rank only and every rank dequantizes the same gathered bytes the same way, so the
-result is bit-identical on every rank. ``quantized_reduce_scatter`` is the first half.
+reduced chunk; dequantize and write into ``tensor``. On CPU each chunk goes in pieces of
+whole blocks, pipelined so that quantizing, reducing and dequantizing overlap the
+transfers; the blocks, and so the results, are the same as in one piece. Each reduced
+chunk is computed by one rank only and every rank dequantizes the same gathered bytes
+the same way, so the result is bit-identical on every rank. ``quantized_reduce_scatter``
+is the first half.
 
 Error bound. Let ``A_b`` be, for block ``b``, the sum over ranks of that rank's
 ``max|x|`` over the block, and ``S`` the exact sum.
@@ -46,9 +49,67 @@ from typing import Any
 import torch
 
 from torchcomms_core import RedOpType, ReduceOp, TorchCommBackend
-from torchcomms_core.spec import then
+from torchcomms_core.spec import MultiWork, ThenWork
 
+from . import workspace
 from .quantization import Layout, padded_cols
+
+#: Elements (of the padded float32 tensor, all rows) per pipeline piece on CPU: while one
+#: piece travels, the next is quantized and the previous reduced or dequantized.
+PIECE_ELEMENTS = 1 << 20
+#: Most pieces a collective is cut into (each costs a few collective calls).
+MAX_PIECES = 16
+
+
+def piece_bounds(cols: int, block_size: int, rows: int, device: torch.device
+                 ) -> list[tuple[int, int]]:
+    """Column ranges ``[a, b)`` of whole blocks the ``(rows, cols)`` matrix is cut into.
+
+    One piece off CPU, where every torch op is a kernel launch anyway.
+    """
+    nblocks = cols // block_size
+    pieces = 1
+    if device.type == "cpu":
+        pieces = max(1, min(MAX_PIECES, nblocks, -(-(rows * cols) // PIECE_ELEMENTS)))
+    edges = [nblocks * k // pieces * block_size for k in range(pieces + 1)]
+    return [(edges[k], edges[k + 1]) for k in range(pieces)]
+
+
+class _Pipeline:
+    """Buffers of one quantized collective: per piece, the packed messages; one shared
+    float32 accumulator; all carved from one reused workspace buffer."""
+
+    def __init__(self, backend: TorchCommBackend, n: int, cols: int, block_size: int,
+                 device: torch.device, gathers: bool, staged: int) -> None:
+        self.backend = backend
+        self.bounds = piece_bounds(cols, block_size, n, device)
+        self.layouts = [Layout(n, b - a, block_size) for a, b in self.bounds]
+        self.singles = [Layout(1, b - a, block_size) for a, b in self.bounds]
+        widest = max(b - a for a, b in self.bounds)
+        messages = 3 if gathers else 2
+        parts = [(n * lay.width, torch.int8) for lay in self.layouts for _ in range(messages)]
+        if gathers:
+            parts += [(lay.width, torch.int8) for lay in self.singles]
+        parts += [(widest, torch.float32), (staged, torch.float32)]
+        self.buf = workspace.take(backend, workspace.Arena.size(*parts), device)
+        arena = workspace.Arena(self.buf)
+        shape = [(n, lay.width) for lay in self.layouts]
+        self.send = [arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
+        self.recv = [arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
+        self.gathered = ([arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
+                         if gathers else [])
+        self.part = ([arena.tensor(lay.width, torch.int8).view(1, lay.width)
+                      for lay in self.singles] if gathers else [])
+        self.acc = arena.tensor(widest, torch.float32)
+        self.staged = arena.tensor(staged, torch.float32)
+
+    def release(self) -> None:
+        workspace.give(self.backend, self.buf)
+
+
+def _wait(work: Any) -> None:
+    if work is not None:
+        work.wait()
 
 
 def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: ReduceOp,
@@ -57,10 +118,11 @@ def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: Re
                          dtype: torch.dtype = torch.int8) -> Any:
     """All-reduce ``tensor`` in place with int8 traffic: about a quarter of float32's bytes.
 
-    With ``async_op=True`` the first phase (the all-to-all and the local reduction)
-    completes before this returns, and the returned work covers the all-gather and the
-    final dequantization. The all-gather needs the reduced data, and issuing it later,
-    from ``wait()``, would let ranks that wait at different points issue collectives in
+    On CPU the tensor goes in pieces, pipelined: piece ``k + 1`` is quantized and sent while
+    piece ``k`` is reduced, re-quantized and gathered, and piece ``k - 1`` dequantized.
+    With ``async_op=True`` every all-to-all completes before this returns, and the returned
+    work covers the last all-gather and the final dequantization. Issuing them later, from
+    ``wait()``, would let ranks that wait at different points issue collectives in
     different orders. On GPU backends "completes" means "is ordered on the stream".
     """
     n = backend.get_size()
@@ -68,32 +130,61 @@ def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: Re
     if numel == 0:
         return None
     cols = padded_cols(numel, n, block_size)
-    layout = Layout(n, cols, block_size)
     device = tensor.device
-    send = layout.empty(device)
-    layout.quantize_into(_as_float32_rows(tensor, n, cols), send)
-    received = layout.empty(device)
-    backend.all_to_all_single(received.view(-1), send.view(-1), False, timeout=timeout,
-                              hints=hints)
+    direct = tensor.dtype == torch.float32 and tensor.is_contiguous() and numel == n * cols
+    pipe = _Pipeline(backend, n, cols, block_size, device, True, 0 if direct else n * cols)
+    if direct:
+        x = tensor.view(n, cols)
+    else:
+        x = pipe.staged.view(n, cols)
+        flat = pipe.staged
+        flat[:numel].copy_(tensor.reshape(-1))
+        flat[numel:].zero_()
+    bounds = pipe.bounds
+    a2a: list[Any] = [None] * len(bounds)
+    gather: list[Any] = [None] * len(bounds)
 
-    reduced = _reduce_rows(layout, received, op, n, device)
-    mine = Layout(1, cols, block_size)
-    part = mine.empty(device)
-    mine.quantize_into(reduced.view(1, cols), part)
-    gathered = layout.empty(device)
-    work = backend.all_gather_single(gathered.view(-1), part.view(-1), async_op,
-                                     timeout=timeout, hints=hints)
+    def start(k: int) -> None:
+        a, b = bounds[k]
+        pipe.layouts[k].quantize_into(x[:, a:b], pipe.send[k])
+        a2a[k] = backend.all_to_all_single(pipe.recv[k].view(-1), pipe.send[k].view(-1), True,
+                                           timeout=timeout, hints=hints)
 
-    def dequantize_into_tensor() -> None:
-        direct = (tensor.dtype == torch.float32 and tensor.is_contiguous()
-                  and numel == n * cols)
-        values = (tensor.view(n, cols) if direct
-                  else torch.empty((n, cols), dtype=torch.float32, device=device))
-        layout.dequantize_all(gathered, values)
+    def reduce(k: int) -> None:
+        a, b = bounds[k]
+        _wait(a2a[k])
+        acc = pipe.acc[: b - a]
+        pipe.layouts[k].sum_rows(pipe.recv[k], acc)
+        _finish_reduction(acc, op, n)
+        pipe.singles[k].quantize_into(acc.view(1, b - a), pipe.part[k])
+        gather[k] = backend.all_gather_single(pipe.gathered[k].view(-1), pipe.part[k].view(-1),
+                                              True, timeout=timeout, hints=hints)
+
+    def finish(k: int) -> None:
+        a, b = bounds[k]
+        _wait(gather[k])
+        # Piece k of the input was quantized long ago: writing the result over it is safe.
+        pipe.layouts[k].dequantize_into(pipe.gathered[k], x[:, a:b])
+
+    start(0)
+    for k in range(len(bounds)):
+        if k + 1 < len(bounds):
+            start(k + 1)
+        reduce(k)
+        if k:
+            finish(k - 1)
+
+    def complete() -> None:
+        finish(len(bounds) - 1)
         if not direct:
-            tensor.copy_(values.view(-1)[:numel].view(tensor.shape))
+            tensor.copy_(x.view(-1)[:numel].view(tensor.shape))
+        # Only once every transfer is done: a failed one may still write into the buffer.
+        pipe.release()
 
-    return then(work, dequantize_into_tensor)
+    if async_op:
+        return ThenWork(_Pending(gather[-1]), complete)
+    complete()
+    return None
 
 
 def quantized_reduce_scatter(backend: TorchCommBackend, output: torch.Tensor,
@@ -101,53 +192,69 @@ def quantized_reduce_scatter(backend: TorchCommBackend, output: torch.Tensor,
                              timeout: timedelta | None = None,
                              hints: dict[str, str] | None = None, block_size: int = 256,
                              dtype: torch.dtype = torch.int8) -> Any:
-    """Reduce-scatter ``input`` into ``output`` with one int8 all-to-all (fully asynchronous)."""
+    """Reduce-scatter ``input`` into ``output`` with int8 all-to-alls (fully asynchronous).
+
+    On CPU the chunks go in pieces: quantizing piece ``k + 1`` overlaps sending piece ``k``,
+    and reducing each piece overlaps receiving the next.
+    """
     n = backend.get_size()
     chunk = output.numel()
     if chunk == 0:
         return None
     cols = padded_cols(chunk, 1, block_size)
-    layout = Layout(n, cols, block_size)
     device = output.device
-    send = layout.empty(device)
-    layout.quantize_into(_as_float32_rows(input, n, cols, chunk), send)
-    received = layout.empty(device)
-    work = backend.all_to_all_single(received.view(-1), send.view(-1), async_op,
-                                     timeout=timeout, hints=hints)
+    direct_in = input.dtype == torch.float32 and input.is_contiguous() and chunk == cols
+    direct_out = output.dtype == torch.float32 and output.is_contiguous() and chunk == cols
+    staged = (0 if direct_in else n * cols) + (0 if direct_out else cols)
+    pipe = _Pipeline(backend, n, cols, block_size, device, False, staged)
+    if direct_in:
+        x = input.view(n, cols)
+    else:
+        x = pipe.staged[: n * cols].view(n, cols)
+        x[:, :chunk].copy_(input.reshape(n, chunk))
+        x[:, chunk:].zero_()
+    result = output.view(-1) if direct_out else pipe.staged[staged - cols :]
+    works = []
+    for k, (a, b) in enumerate(pipe.bounds):
+        pipe.layouts[k].quantize_into(x[:, a:b], pipe.send[k])
+        works.append(backend.all_to_all_single(pipe.recv[k].view(-1), pipe.send[k].view(-1),
+                                               True, timeout=timeout, hints=hints))
 
     def reduce_into_output() -> None:
-        reduced = _reduce_rows(layout, received, op, n, device)
-        output.copy_(reduced[:chunk].view(output.shape))
+        for k, (a, b) in enumerate(pipe.bounds):
+            _wait(works[k])
+            pipe.layouts[k].sum_rows(pipe.recv[k], result[a:b])
+            _finish_reduction(result[a:b], op, n)
+        if not direct_out:
+            output.copy_(result[:chunk].view(output.shape))
+        pipe.release()
 
-    return then(work, reduce_into_output)
-
-
-def _as_float32_rows(t: torch.Tensor, rows: int, cols: int, used: int | None = None
-                     ) -> torch.Tensor:
-    """``t`` as float32 ``(rows, cols)``: row ``r`` holds elements ``r*used ..`` zero-padded.
-
-    Without ``used``, the flattened tensor fills the rows in order (then zeros).
-    """
-    if used is None:
-        if t.dtype == torch.float32 and t.is_contiguous() and t.numel() == rows * cols:
-            return t.view(rows, cols)
-        flat = torch.zeros(rows * cols, dtype=torch.float32, device=t.device)
-        flat[: t.numel()].copy_(t.reshape(-1))
-        return flat.view(rows, cols)
-    if t.dtype == torch.float32 and t.is_contiguous() and used == cols:
-        return t.view(rows, cols)
-    padded = torch.zeros((rows, cols), dtype=torch.float32, device=t.device)
-    padded[:, :used].copy_(t.reshape(rows, used))
-    return padded
+    pending = [w for w in works if w is not None]
+    if async_op and pending:
+        return ThenWork(MultiWork(pending), reduce_into_output)
+    reduce_into_output()
+    return None
 
 
-def _reduce_rows(layout: Layout, received: torch.Tensor, op: ReduceOp, n: int,
-                 device: torch.device) -> torch.Tensor:
-    """Dequantize every received row and add them in rank order (float32); mean for AVG."""
-    acc = torch.empty(layout.cols, dtype=torch.float32, device=device)
-    layout.sum_rows(received, acc)
+class _Pending:
+    """A work that may be ``None`` (already complete)."""
+
+    __slots__ = ("_work",)
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def wait(self) -> bool:
+        _wait(self._work)
+        return True
+
+    def is_completed(self) -> bool:
+        probe = getattr(self._work, "is_completed", None)
+        return self._work is None or (probe is not None and bool(probe()))
+
+
+def _finish_reduction(acc: torch.Tensor, op: ReduceOp, n: int) -> None:
     if op.type is RedOpType.AVG:
         # A tensor divisor: true division on every device (a Python number may become a
         # multiplication by its reciprocal on some).
-        acc.div_(torch.tensor(float(n), dtype=torch.float32, device=device))
-    return acc
+        acc.div_(torch.tensor(float(n), dtype=torch.float32, device=acc.device))

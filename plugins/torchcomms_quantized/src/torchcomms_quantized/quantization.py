@@ -52,24 +52,39 @@ def quantize_blocks(x: torch.Tensor, block_size: int, *, q_out: torch.Tensor | N
     x3 = x.reshape(rows, nblocks, block_size)
     q3 = q_out.view(rows, nblocks, block_size)
     s2 = scales_out.view(rows, nblocks)
-    for part in _slices(x, rows, nblocks, block_size):
-        _quantize_slice(x3[part], q3[part], s2[part])
+    # Every block's scale at once: max(amax, -amin) is max|x| (NaN included) without an
+    # |x| temporary, and the per-block arithmetic runs as a few whole-tensor ops rather
+    # than a few per slice.
+    absmax = torch.maximum(x3.amax(dim=-1), x3.amin(dim=-1).neg_())
+    inv = _scales_and_inverses(absmax, s2)
+    slices = _slices(x, rows, nblocks, block_size)
+    if len(slices) == 1:
+        q3.copy_((x3 * inv.unsqueeze(-1)).round_())
+        return q_out, scales_out
+    work = torch.empty(min(nblocks, _slice_blocks(block_size)) * block_size, dtype=torch.float32)
+    for part in slices:
+        blocks = x3[part]
+        tmp = work[: blocks.numel()].view(blocks.shape)
+        # |x * inv| <= 127 up to one rounding, which round() absorbs, so no clamp is
+        # needed; NaN (inf * 0 in a non-finite block) converts to some int8, dequantized
+        # by a non-finite scale anyway.
+        torch.mul(blocks, inv[part].unsqueeze(-1), out=tmp)
+        q3[part].copy_(tmp.round_())
     return q_out, scales_out
 
 
-def _quantize_slice(blocks: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> None:
-    absmax = blocks.abs().amax(dim=-1)
+def _scales_and_inverses(absmax: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Write ``max|x| / 127`` per block into ``scales``; return ``127 / max|x|`` per block.
+
+    Blocks below ``FLUSH_BELOW`` get 0 for both.
+    """
     # Tensor-by-tensor division is correctly rounded on every device; dividing by a
     # Python number may become a multiplication by its reciprocal on some devices, and
     # the fused kernel must produce the same bits.
     small = absmax < FLUSH_BELOW
     qmax = torch.full_like(absmax, float(QMAX))
     scales.copy_(torch.where(small, 0.0, torch.div(absmax, qmax)))
-    inv = torch.where(small, 0.0, torch.div(qmax, absmax))
-    # |x * inv| <= 127 up to one rounding, which round() absorbs, so no clamp is needed;
-    # NaN (inf * 0 in a non-finite block) converts to some int8, dequantized by a
-    # non-finite scale anyway.
-    q.copy_((blocks * inv.unsqueeze(-1)).round_())
+    return torch.where(small, 0.0, torch.div(qmax, absmax))
 
 
 def dequantize_blocks(q: torch.Tensor, scales: torch.Tensor, block_size: int, *,
@@ -87,12 +102,24 @@ def dequantize_blocks(q: torch.Tensor, scales: torch.Tensor, block_size: int, *,
 
         cuda_kernels.dequantize(q, scales, block_size, out, accumulate)
         return out
+    dequantize_rows(q, scales, block_size, out, accumulate)
+    return out
+
+
+def dequantize_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor,
+                    accumulate: bool = False) -> None:
+    """:func:`dequantize_blocks` with torch ops into ``out`` of ``q``'s shape, float32, whose
+    last dimension is contiguous (rows may be strided: a column range of a larger tensor)."""
+    rows, nblocks = _check_blocks(q, block_size, "q")
     q3 = q.reshape(rows, nblocks, block_size)
     s2 = scales.reshape(rows, nblocks)
-    o3 = out.view(rows, nblocks, block_size)
-    for part in _slices(q, rows, nblocks, block_size):
-        _dequantize_slice(q3[part], s2[part], o3[part], accumulate)
-    return out
+    o3 = out.view(rows, nblocks, block_size) if out.is_contiguous() else (
+        out.unflatten(-1, (nblocks, block_size)).reshape(rows, nblocks, block_size))
+    slices = _slices(q, rows, nblocks, block_size)
+    work = (torch.empty(min(nblocks, _slice_blocks(block_size)) * block_size,
+                        dtype=torch.float32, device=q.device) if accumulate else None)
+    for part in slices:
+        _dequantize_slice(q3[part], s2[part], o3[part], accumulate, work)
 
 
 def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
@@ -115,20 +142,25 @@ def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
         return out
     q3 = q.view(rows, nblocks, block_size)
     o2 = out.view(nblocks, block_size)
+    work = torch.empty(min(nblocks, _slice_blocks(block_size)) * block_size, dtype=torch.float32)
     # Slices outermost: the partial sum of a slice stays in cache across the rows.
     for _, part in _slices(q, 1, nblocks, block_size):
         for r in range(rows):
-            _dequantize_slice(q3[r, part], scales[r, part], o2[part], accumulate=r > 0)
+            _dequantize_slice(q3[r, part], scales[r, part], o2[part], r > 0, work)
     return out
 
 
 def _dequantize_slice(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
-                      accumulate: bool) -> None:
-    values = q.to(torch.float32).mul_(scales.unsqueeze(-1))
-    if accumulate:
-        out.add_(values)
-    else:
-        out.copy_(values)
+                      accumulate: bool, work: torch.Tensor | None) -> None:
+    # int8 times float32 converts and multiplies in one pass (the conversion is exact, so
+    # the bits are those of converting first); the product is rounded before any addition.
+    if not accumulate:
+        torch.mul(q, scales.unsqueeze(-1), out=out)
+        return
+    assert work is not None
+    values = work[: q.numel()].view(q.shape)
+    torch.mul(q, scales.unsqueeze(-1), out=values)
+    out.add_(values)
 
 
 def _slices(t: torch.Tensor, rows: int, nblocks: int, block_size: int
@@ -140,9 +172,13 @@ def _slices(t: torch.Tensor, rows: int, nblocks: int, block_size: int
     """
     if t.device.type != "cpu":
         return [(slice(None), slice(None))]
-    step = max(1, CPU_SLICE // block_size)
+    step = _slice_blocks(block_size)
     return [(r, slice(a, min(a + step, nblocks)))
             for r in range(rows) for a in range(0, nblocks, step)]
+
+
+def _slice_blocks(block_size: int) -> int:
+    return max(1, CPU_SLICE // block_size)
 
 
 def _check_blocks(t: torch.Tensor, block_size: int, name: str) -> tuple[int, int]:
@@ -238,6 +274,17 @@ class Layout:
         """Write (or add) row ``row`` of ``packed``, dequantized, into float32 ``out``."""
         dequantize_blocks(self.payload(packed)[row], self.scales(packed)[row], self.block_size,
                           out=out, accumulate=accumulate)
+
+    def dequantize_into(self, packed: torch.Tensor, out: torch.Tensor) -> None:
+        """Dequantize every row of ``packed`` into float32 ``out`` of shape ``(rows, cols)``,
+        whose rows may be strided (a column range of a larger tensor)."""
+        payload, scales = self.payload(packed), self.scales(packed)
+        if _use_fused(payload, None):
+            staged = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+            dequantize_blocks(payload, scales, self.block_size, out=staged)
+            out.copy_(staged)
+            return
+        dequantize_rows(payload, scales, self.block_size, out)
 
     def dequantize_all(self, packed: torch.Tensor, out: torch.Tensor) -> None:
         """Dequantize every row of ``packed`` into float32 ``out`` of shape ``(rows, cols)``."""
