@@ -31,6 +31,8 @@ INTERFACE = "eth0"
 SUBNET = "10.77.0"
 #: Named link rates (``--link-rate`` also takes any ``<number><unit>``).
 PROFILES: dict[str, str] = {"1gbit": "1gbit", "10gbit": "10gbit"}
+#: Port of the rendezvous store in rank 0's namespace.
+STORE_PORT = 29500
 #: Seconds an ``ip``/``tc`` command may take.
 COMMAND_TIMEOUT_S = 30
 
@@ -129,9 +131,18 @@ class Network:
             f"{format_rate(self.rate_bits)} each way"
         )
 
-    def rank_environment(self, rank: int) -> dict[str, str]:
-        """What a rank in namespace ``rank`` needs to rendezvous and bind over the bridge."""
-        return {_env.MASTER_ADDR: self.address(0), _env.GLOO_INTERFACE: INTERFACE}
+    def rank_environment(self, rank: int) -> dict[str, str | None]:
+        """What a rank in namespace ``rank`` needs to rendezvous and bind over the bridge.
+
+        The store is a TCP store in rank 0's namespace (a file store would bypass the
+        network); any port is free in a namespace of its own.
+        """
+        return {
+            _env.MASTER_ADDR: self.address(0),
+            _env.MASTER_PORT: str(STORE_PORT),
+            _env.STORE_FILE: None,
+            _env.GLOO_INTERFACE: INTERFACE,
+        }
 
 
 def _host_link(prefix: str, rank: int) -> str:
@@ -264,7 +275,11 @@ def run_rank_in(net: Network, target: Callable[..., int], args: tuple[Any, ...])
     rendezvous and gloo at the bridge, then run ``target(*args)``."""
     rank = int(os.environ[_env.RANK])
     enter_namespace(net.namespaces[rank])
-    os.environ.update(net.rank_environment(rank))
+    for key, value in net.rank_environment(rank).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
     return target(*args)
 
 
