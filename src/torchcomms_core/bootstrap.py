@@ -163,7 +163,11 @@ def _listen_fd(addr: str, port: int) -> int | None:
         return None
     failure: OSError | None = None
     for family, kind, proto, _, sockaddr in infos:
-        sock = socket.socket(family, kind, proto)
+        try:
+            sock = socket.socket(family, kind, proto)
+        except OSError as exc:  # e.g. IPv6 disabled in this kernel
+            failure = exc
+            continue
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(sockaddr)
