@@ -90,3 +90,8 @@ if is_torch_compile_supported_and_enabled():
     # TORCHCOMMS_PATCH_FOR_COMPILE=1: register the torchcomms custom ops and route
     # TorchComm collectives through them while tracing (docs/torch-compile.md).
     from .functional import collectives as _compile_collectives  # noqa: F401
+
+# Imported before torch, we were half-initialised when torch.distributed looked for us.
+from .pytorch.c10d_context import complete_torch_registration as _complete_registration
+
+_complete_registration()

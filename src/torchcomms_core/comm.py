@@ -972,7 +972,15 @@ def new_comm(
             f"new_comm: backend {backend!r} runs on {', '.join(cls.devices)} devices, not "
             f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
         )
-    rank, size, _source = resolve_rank_size()
+    from .pytorch.c10d_context import creating_group
+
+    # Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, init_process_group's rank, size and timeout.
+    c10d_group = creating_group(store)
+    if c10d_group is not None:
+        rank, size = c10d_group.rank, c10d_group.size
+        timeout = c10d_group.timeout or timeout
+    else:
+        rank, size, _source = resolve_rank_size()
     if name is None:
         name = _auto_name()
     root = store if store is not None else default_store(rank, size, timeout,

@@ -58,7 +58,7 @@ DERIVABLE_METHODS: tuple[str, ...] = (
 )
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
-OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window")
+OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource")
 
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -349,6 +349,18 @@ class TorchCommBackend(abc.ABC):
         The core's ``TorchCommWindow`` does the checks and bookkeeping around it.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support windows")
+
+    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
+                       timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        """Receive into ``tensor`` from whichever rank sends to us first (optional).
+
+        Always returns a work, even when ``async_op`` is false: its ``source_rank()``
+        names the sender once ``wait()`` returned.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot receive from any source; pass the sender's rank"
+        )
 
 
 # -- helpers shared by the defaults, the core and backends ------------------------------

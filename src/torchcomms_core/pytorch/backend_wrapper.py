@@ -14,9 +14,11 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
+from ..anysource import recv_anysource
 from ..comm import TorchComm
 from ..errors import CommInputError, CommTypeError
 from ..reduce_op import ReduceOp, coerce_reduce_op
+from . import profiling
 from .work import CommWork
 
 _batch_code: Any = None
@@ -139,7 +141,9 @@ class _BackendWrapper(ProcessGroup):
 
     ``torch.distributed`` builds one per communicator when
     ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``; ``torchcomms.device_mesh`` builds and
-    registers them for meshes. Ranks are the communicator's ranks.
+    registers them for meshes. Ranks are the communicator's ranks. It is its own backend
+    (``_get_backend(device)`` returns it) and reports its engine's name (``"gloo"``),
+    options and profiler records, as a group with that engine would.
     """
 
     # Backend-level capabilities c10d asks of ``_get_backend(device)``, which is us.
@@ -155,11 +159,22 @@ class _BackendWrapper(ProcessGroup):
         super().__init__(comm.get_rank(), comm.get_size())
         self._comm = comm
         self._device = torch.device(comm.get_device().type)
-        # c10d keeps a group's name in its backends, and we register none.
+        self._engine = _c10d_engine(comm)
+        # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
+        self._backend_name = (str(self._engine.name()) if self._engine is not None
+                              else comm.get_backend())
+        self._options: Any = None
+        # c10d keeps a group's name in its backends, and we register none of our own.
         self._group_name = ""
         self._group_desc = "undefined"
+        self._global_ranks: list[int] = []
         self._pending: _P2PBatch | None = None
         self._coalesced: list[CommWork] | None = None
+        self._split_names: dict[str, int] = {}
+        if self._engine is not None:
+            # C++ callers (DDP's logger) look the engine up by the type the name says.
+            self._register_backend(self._device, _backend_type(self._backend_name),
+                                   self._engine)
 
     # -- identity --------------------------------------------------------------------
 
@@ -173,15 +188,13 @@ class _BackendWrapper(ProcessGroup):
         return store if isinstance(store, Store) else None
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's virtual method name
-        # Not plain "gloo"/"nccl": C++ code (DDP's logger) looks up an engine of that
-        # type inside a group that says so, and this group registers no engine.
-        return f"torchcomms_{self._comm.get_backend()}"
+        return self._backend_name
 
     def getGroupName(self) -> str:  # noqa: N802
         return self._group_name
 
     def setGroupName(self, name: str) -> None:  # noqa: N802
-        self._group_name = str(name)
+        self._set_group_name(name)
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._group_desc
@@ -191,9 +204,19 @@ class _BackendWrapper(ProcessGroup):
 
     def _set_group_name(self, name: str) -> None:
         self._group_name = str(name)
+        opts = self.options
+        if hasattr(opts, "group_name"):
+            opts.group_name = self._group_name
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = str(desc)
+
+    def _set_global_ranks(self, ranks: Sequence[int]) -> None:
+        """The members' global ranks, as c10d records them in a gloo group's options."""
+        self._global_ranks = [int(r) for r in ranks]
+        opts = self.options
+        if hasattr(opts, "global_ranks_in_group"):
+            opts.global_ranks_in_group = list(self._global_ranks)
 
     @property
     def group_name(self) -> str:
@@ -204,15 +227,31 @@ class _BackendWrapper(ProcessGroup):
         return self._group_desc
 
     @property
+    def options(self) -> Any:
+        """The backend options c10d's group would hold (the engine's own when it has one)."""
+        if self._options is None:
+            engine = self._engine
+            if engine is not None and hasattr(engine, "options"):
+                self._options = engine.options
+            else:
+                from torch._C._distributed_c10d import Backend
+
+                self._options = Backend.Options(self._backend_name,
+                                                self._comm.get_timeout())
+        return self._options
+
+    @property
     def _device_types(self) -> list[torch.device]:
         return [self._device]
 
     def _get_backend(self, device: Any) -> _BackendWrapper:
         kind = torch.device(device).type
         if kind != self._device.type:
-            raise CommInputError(
-                f"process group {self._group_name!r} runs on {self._device.type} (communicator "
-                f"{self._comm.get_name()!r}); it has no backend for device {kind!r}"
+            # c10d's own words, so code that handles a plain group's refusal handles ours.
+            raise RuntimeError(
+                f"No backend type associated with device type {kind} (process group "
+                f"{self._group_name!r} runs on {self._device.type} over torchcomms "
+                f"communicator {self._comm.get_name()!r})"
             )
         return self
 
@@ -259,11 +298,19 @@ class _BackendWrapper(ProcessGroup):
         if self.rank() not in ranks:
             self._comm.split([], group_name)
             return None
-        child = self._comm.split(ranks, group_name, timeout=timeout)
+        # c10d names a split after its ranks, so the same ranks split twice (two
+        # new_group calls) share a name; members count their splits alike, so each
+        # communicator still gets a name of its own.
+        seen = self._split_names.get(group_name, 0)
+        self._split_names[group_name] = seen + 1
+        comm_name = group_name if not seen else f"{group_name}.{seen}"
+        child = self._comm.split(ranks, comm_name, timeout=timeout)
         assert child is not None  # members always get a communicator
         pg = _BackendWrapper(child)
         pg._set_group_name(group_name)
         pg._set_group_desc(group_desc or "undefined")
+        parent = self._global_ranks or list(range(self.size()))
+        pg._set_global_ranks([parent[r] for r in ranks])
         from .flight_recorder import inherit_recorders
 
         inherit_recorders(self._comm, child)
@@ -287,11 +334,36 @@ class _BackendWrapper(ProcessGroup):
                 pending.issue()
 
     def _work(self, works: Sequence[Any], result: Any, then: Callable[[], None] | None = None,
-              source_rank: int = -1) -> CommWork:
+              source_rank: int | Callable[[], int] = -1) -> CommWork:
         work = CommWork(works, result, then, source_rank)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _recorded(self, op: str, op_inputs: Sequence[Any], work: str,
+                  work_inputs: Sequence[torch.Tensor], issue: Callable[[], CommWork],
+                  per_input: bool = False) -> CommWork:
+        """Run ``issue`` under the profiler records c10d and the engine would make.
+
+        ``per_input``: the engine records one work per input tensor.
+        """
+        if not profiling.is_enabled():
+            return issue()
+        name = f"{self._backend_name}:{work}"
+        works = ([(name, (t,)) for t in work_inputs] if per_input
+                 else [(name, work_inputs)])
+        rec = profiling.begin(op, op_inputs, works)
+        try:
+            result = issue()
+        except BaseException:
+            if rec is not None:
+                rec.issued()
+                rec.done()
+            raise
+        if rec is not None:
+            rec.issued()
+            result.add_record(rec)
+        return result
 
     def _start_coalescing(self, device: Any = None) -> None:
         self._flush()
@@ -325,261 +397,406 @@ class _BackendWrapper(ProcessGroup):
         return self._work([batch], [tensor], source_rank=peer if kind == "recv" else -1)
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-        return self._p2p("send", tensors, dstRank)
+        return self._recorded("c10d::send", _SLOTS[4], "send", _tensor_list(tensors, "send"),
+                              lambda: self._p2p("send", tensors, dstRank))
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-        return self._p2p("recv", tensors, srcRank)
+        return self._recorded("c10d::recv_", _SLOTS[4], "recv", _tensor_list(tensors, "recv"),
+                              lambda: self._p2p("recv", tensors, srcRank))
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> CommWork:
-        raise NotImplementedError(
-            "torchcomms process groups cannot receive from any source; pass the sender's "
-            "rank (src=...)"
-        )
+        """Receive from whichever rank sends first; ``work._source_rank()`` names it."""
+        tensor = _one(tensors, "recv_anysource")
+
+        def issue() -> CommWork:
+            self._flush()
+            work, source = recv_anysource(self._comm, tensor, True)
+            return self._work([work], [tensor], source_rank=source)
+
+        return self._recorded("c10d::recv_any_source_", _SLOTS[3], "recvAnySource", [tensor],
+                              issue)
 
     # -- collectives -----------------------------------------------------------------
 
     def broadcast(self, tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         ts = _tensor_list(tensors, "broadcast")
-        root, timeout = _root(opts), _timeout(opts)
-        works = [self._comm.broadcast(t, root, True, timeout=timeout) for t in ts]
-        return self._work(works, ts)
+
+        def issue() -> CommWork:
+            self._flush()
+            root, timeout = _root(opts), _timeout(opts)
+            works = [self._comm.broadcast(t, root, True, timeout=timeout) for t in ts]
+            return self._work(works, ts)
+
+        return self._recorded("c10d::broadcast_", _SLOTS[6], "broadcast", ts, issue)
 
     def allreduce(self, tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         ts = _tensor_list(tensors, "allreduce")
-        op, timeout = _reduce_op(opts), _timeout(opts)
-        works = [self._comm.all_reduce(t, op, True, timeout=timeout) for t in ts]
-        return self._work(works, ts)
+        if any(t.layout == torch.sparse_coo for t in ts):
+            return self._recorded("c10d::allreduce_", _SLOTS[6], "sparse_all_reduce", ts,
+                                  lambda: self._sparse_allreduce(ts, opts))
+
+        def issue() -> CommWork:
+            self._flush()
+            op, timeout = _reduce_op(opts), _timeout(opts)
+            works = [self._comm.all_reduce(t, op, True, timeout=timeout) for t in ts]
+            return self._work(works, ts)
+
+        return self._recorded("c10d::allreduce_", _SLOTS[6], "all_reduce", ts, issue)
+
+    def _sparse_allreduce(self, ts: list[torch.Tensor], opts: Any) -> CommWork:
+        from .sparse import sparse_all_reduce
+
+        self._flush()
+        op = _reduce_op(opts)
+        output = sparse_all_reduce(self._comm, ts, op, _timeout(opts))
+        for t in ts:  # as gloo: every input becomes the (coalesced) sum
+            t.copy_(output)
+        return self._work([], [output])
 
     def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> CommWork:
-        """One all-reduce per dtype over the tensors flattened together."""
-        self._flush()
+        """One all-reduce over the tensors flattened together; per-tensor results."""
         ts = _tensor_list(tensors, "allreduce_coalesced")
-        op, timeout = _reduce_op(opts), _timeout(opts)
-        works, steps = [], []
-        for group in _by_dtype(ts):
-            if len(group) == 1:
-                works.append(self._comm.all_reduce(group[0], op, True, timeout=timeout))
-                continue
-            flat = torch.cat([t.reshape(-1) for t in group])
-            works.append(self._comm.all_reduce(flat, op, True, timeout=timeout))
-            steps.append(_unflatten_into(flat, group))
-        return self._work(works, ts, _chain(steps))
+
+        def issue() -> CommWork:
+            _check_coalesced("allreduce_coalesced", ts)
+            self._flush()
+            op, timeout = _reduce_op(opts), _timeout(opts)
+            if len(ts) == 1:
+                return self._work([self._comm.all_reduce(ts[0], op, True, timeout=timeout)],
+                                  ts)
+            flat = torch.cat([t.reshape(-1) for t in ts])
+            work = self._comm.all_reduce(flat, op, True, timeout=timeout)
+            return self._work([work], ts, _unflatten_into(flat, ts))
+
+        return self._recorded("c10d::allreduce_coalesced_", _SLOTS[5], "all_reduce", ts, issue)
 
     def reduce(self, tensors: Any, opts: Any = None, op: Any = None) -> CommWork:
         """``reduce(tensors, ReduceOptions)`` or ``reduce(tensor, root, op)``."""
-        self._flush()
         t = _one(tensors, "reduce")
-        red = _reduce_op(op if isinstance(opts, int) else opts)
-        work = self._comm.reduce(t, _root(opts), red, True, timeout=_timeout(opts))
-        return self._work([work], [t])
+
+        def issue() -> CommWork:
+            self._flush()
+            red = _reduce_op(op if isinstance(opts, int) else opts)
+            work = self._comm.reduce(t, _root(opts), red, True, timeout=_timeout(opts))
+            return self._work([work], [t])
+
+        return self._recorded("c10d::reduce_", _SLOTS[7], "reduce", [t], issue)
 
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         if isinstance(input_tensors, torch.Tensor):  # allgather(list, tensor) overload
             output_tensors = [output_tensors]
         ins = _tensor_list(input_tensors, "allgather")
-        _same_length("allgather", output_tensors, ins)
-        timeout = _timeout(opts)
-        works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
-                 for outs, t in zip(output_tensors, ins, strict=True)]
-        return self._work(works, output_tensors)
+
+        def issue() -> CommWork:
+            self._flush()
+            _same_length("allgather", output_tensors, ins)
+            timeout = _timeout(opts)
+            works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
+                     for outs, t in zip(output_tensors, ins, strict=True)]
+            return self._work(works, output_tensors)
+
+        return self._recorded("c10d::allgather_", _SLOTS[5], "all_gather", ins, issue)
 
     def allgather_coalesced(self, output_lists: Any, input_list: Any,
                             opts: Any = None) -> CommWork:
-        self._flush()
+        """All-gathers of several tensors in one exchange; ``output_lists[rank][input]``."""
         ins = _tensor_list(input_list, "allgather_coalesced")
-        _same_length("allgather_coalesced", output_lists, ins)
-        timeout = _timeout(opts)
-        works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
-                 for outs, t in zip(output_lists, ins, strict=True)]
-        return self._work(works, output_lists)
+
+        def issue() -> CommWork:
+            _check_gather_coalesced(output_lists, ins, self.size())
+            self._flush()
+            n = self.size()
+            flat_in = torch.cat([t.reshape(-1) for t in ins]) if len(ins) > 1 else (
+                ins[0].reshape(-1))
+            flat_out = flat_in.new_empty(n * flat_in.numel())
+            work = self._comm.all_gather_single(flat_out, flat_in, True,
+                                                timeout=_timeout(opts))
+            rows = flat_out.view(n, -1)
+            return self._work([work], output_lists,
+                              _chain([_unflatten_into(rows[r], list(output_lists[r]))
+                                      for r in range(n)]))
+
+        return self._recorded("c10d::allgather_coalesced_", _SLOTS[4], "all_gather", ins,
+                              issue)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> CommWork:
-        self._flush()
-        work = self._comm.all_gather_single(output, input, True, timeout=_timeout(opts))
-        return self._work([work], [output])
+        def issue() -> CommWork:
+            self._flush()
+            work = self._comm.all_gather_single(output, input, True, timeout=_timeout(opts))
+            return self._work([work], [output])
+
+        return self._recorded("c10d::_allgather_base_", (output, input, *_SLOTS[3]),
+                              "all_gather", [input], issue)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: Any, inputs: Any,
                                     opts: Any = None) -> CommWork:
         """All-gathers of several tensors, as one exchange per dtype."""
-        self._flush()
         outs = _tensor_list(outputs, "all_gather_single_coalesced")
         ins = _tensor_list(inputs, "all_gather_single_coalesced")
-        _same_length("all_gather_single_coalesced", outs, ins)
-        timeout = _timeout(opts)
-        n = self.size()
-        works, steps = [], []
-        for idx in _index_by_dtype(ins):
-            if len(idx) == 1:
-                i = idx[0]
-                works.append(self._comm.all_gather_single(outs[i], ins[i], True,
+
+        def issue() -> CommWork:
+            self._flush()
+            _same_length("all_gather_single_coalesced", outs, ins)
+            timeout = _timeout(opts)
+            n = self.size()
+            works, steps = [], []
+            for idx in _index_by_dtype(ins):
+                if len(idx) == 1:
+                    i = idx[0]
+                    works.append(self._comm.all_gather_single(outs[i], ins[i], True,
+                                                              timeout=timeout))
+                    continue
+                for i in idx:
+                    if outs[i].numel() != ins[i].numel() * n:
+                        raise CommInputError(
+                            f"all_gather_single_coalesced: output {i} has {outs[i].numel()} "
+                            f"elements but must have input numel * size = "
+                            f"{ins[i].numel()} * {n}"
+                        )
+                flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
+                # Flat output: engines split it into chunks shaped like the input.
+                flat_out = flat_in.new_empty(n * flat_in.numel())
+                works.append(self._comm.all_gather_single(flat_out, flat_in, True,
                                                           timeout=timeout))
-                continue
-            for i in idx:
-                if outs[i].numel() != ins[i].numel() * n:
-                    raise CommInputError(
-                        f"all_gather_single_coalesced: output {i} has {outs[i].numel()} "
-                        f"elements but must have input numel * size = {ins[i].numel()} * {n}"
-                    )
-            flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
-            # Flat output: engines split it into chunks shaped like the input.
-            flat_out = flat_in.new_empty(n * flat_in.numel())
-            works.append(self._comm.all_gather_single(flat_out, flat_in, True, timeout=timeout))
-            steps.append(_scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx]))
-        return self._work(works, outs, _chain(steps))
+                steps.append(_scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx]))
+            return self._work(works, outs, _chain(steps))
+
+        return self._recorded("c10d::allgather_into_tensor_coalesced_", _SLOTS[4],
+                              "all_gather", ins, issue)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def reduce_scatter(self, output_tensors: Any, input_lists: Any, opts: Any = None) -> CommWork:
-        self._flush()
         if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(tensor, list) overload
             input_lists = [input_lists]
         outs = _tensor_list(output_tensors, "reduce_scatter")
-        _same_length("reduce_scatter", outs, input_lists)
-        op, timeout = _reduce_op(opts), _timeout(opts)
-        works = [self._comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
-                 for o, ins in zip(outs, input_lists, strict=True)]
-        return self._work(works, outs)
+
+        def issue() -> CommWork:
+            self._flush()
+            _same_length("reduce_scatter", outs, input_lists)
+            op, timeout = _reduce_op(opts), _timeout(opts)
+            works = [self._comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
+                     for o, ins in zip(outs, input_lists, strict=True)]
+            return self._work(works, outs)
+
+        # Gloo runs a reduce-scatter as one all-reduce per input.
+        first = list(input_lists[0]) if input_lists else []
+        return self._recorded("c10d::reduce_scatter_", _SLOTS[6], "all_reduce", first, issue,
+                              per_input=True)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
                               opts: Any = None) -> CommWork:
-        self._flush()
-        work = self._comm.reduce_scatter_single(output, input, _reduce_op(opts), True,
-                                                timeout=_timeout(opts))
-        return self._work([work], [output])
+        def issue() -> CommWork:
+            self._flush()
+            work = self._comm.reduce_scatter_single(output, input, _reduce_op(opts), True,
+                                                    timeout=_timeout(opts))
+            return self._work([work], [output])
+
+        return self._recorded("c10d::_reduce_scatter_base_", (output, input, *_SLOTS[4]),
+                              "all_reduce", [input], issue)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> CommWork:
         """Reduce-scatters of several tensors, as one exchange per dtype."""
-        self._flush()
         outs = _tensor_list(outputs, "reduce_scatter_single_coalesced")
         ins = _tensor_list(inputs, "reduce_scatter_single_coalesced")
-        _same_length("reduce_scatter_single_coalesced", outs, ins)
-        op, timeout = _reduce_op(opts), _timeout(opts)
-        n = self.size()
-        works, steps = [], []
-        for idx in _index_by_dtype(ins):
-            if len(idx) == 1:
-                i = idx[0]
-                works.append(self._comm.reduce_scatter_single(outs[i], ins[i], op, True,
-                                                              timeout=timeout))
-                continue
-            for i in idx:
-                if ins[i].numel() != outs[i].numel() * n:
-                    raise CommInputError(
-                        f"reduce_scatter_single_coalesced: input {i} has {ins[i].numel()} "
-                        f"elements but must have output numel * size = "
-                        f"{outs[i].numel()} * {n}"
-                    )
-            flat_in = torch.cat([ins[i].reshape(n, -1) for i in idx], dim=1)
-            flat_out = flat_in.new_empty(flat_in.shape[1])
-            works.append(self._comm.reduce_scatter_single(flat_out, flat_in.reshape(-1), op,
-                                                          True, timeout=timeout))
-            steps.append(_unflatten_into(flat_out, [outs[i] for i in idx]))
-        return self._work(works, outs, _chain(steps))
+
+        def issue() -> CommWork:
+            self._flush()
+            _same_length("reduce_scatter_single_coalesced", outs, ins)
+            op, timeout = _reduce_op(opts), _timeout(opts)
+            n = self.size()
+            works, steps = [], []
+            for idx in _index_by_dtype(ins):
+                if len(idx) == 1:
+                    i = idx[0]
+                    works.append(self._comm.reduce_scatter_single(outs[i], ins[i], op, True,
+                                                                  timeout=timeout))
+                    continue
+                for i in idx:
+                    if ins[i].numel() != outs[i].numel() * n:
+                        raise CommInputError(
+                            f"reduce_scatter_single_coalesced: input {i} has "
+                            f"{ins[i].numel()} elements but must have output numel * size = "
+                            f"{outs[i].numel()} * {n}"
+                        )
+                flat_in = torch.cat([ins[i].reshape(n, -1) for i in idx], dim=1)
+                flat_out = flat_in.new_empty(flat_in.shape[1])
+                works.append(self._comm.reduce_scatter_single(flat_out, flat_in.reshape(-1),
+                                                              op, True, timeout=timeout))
+                steps.append(_unflatten_into(flat_out, [outs[i] for i in idx]))
+            return self._work(works, outs, _chain(steps))
+
+        # Gloo reduce-scatters each input with an all-reduce of its own.
+        return self._recorded("c10d::reduce_scatter_tensor_coalesced_", _SLOTS[6],
+                              "all_reduce", ins, issue, per_input=True)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         outs = _tensor_list(output_tensors, "alltoall")
-        work = self._comm.all_to_all(outs, _tensor_list(input_tensors, "alltoall"), True,
-                                     timeout=_timeout(opts))
-        return self._work([work], outs)
+        ins = _tensor_list(input_tensors, "alltoall")
+
+        def issue() -> CommWork:
+            self._flush()
+            work = self._comm.all_to_all(outs, ins, True, timeout=_timeout(opts))
+            return self._work([work], outs)
+
+        return self._recorded("c10d::alltoall_", _SLOTS[5], "all_to_all", ins, issue)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: Sequence[int] = (),
                           input_split_sizes: Sequence[int] = (), opts: Any = None) -> CommWork:
-        self._flush()
-        timeout = _timeout(opts)
-        if not output_split_sizes and not input_split_sizes and input.dim() > 0 and (
-                input.shape[0] % self.size() == 0):
-            work = self._comm.all_to_all_single(output, input, True, timeout=timeout)
-        else:
-            work = self._comm.all_to_all_v_single(output, input, list(output_split_sizes),
-                                                  list(input_split_sizes), True,
-                                                  timeout=timeout)
-        return self._work([work], [output])
+        def issue() -> CommWork:
+            self._flush()
+            timeout = _timeout(opts)
+            if not output_split_sizes and not input_split_sizes and input.dim() > 0 and (
+                    input.shape[0] % self.size() == 0):
+                work = self._comm.all_to_all_single(output, input, True, timeout=timeout)
+            else:
+                work = self._comm.all_to_all_v_single(output, input, list(output_split_sizes),
+                                                      list(input_split_sizes), True,
+                                                      timeout=timeout)
+            return self._work([work], [output])
+
+        return self._recorded("c10d::alltoall_base_", (output, input, *_SLOTS[5]),
+                              "all_to_all", [input], issue)
 
     alltoall_base = all_to_all_single
 
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         if isinstance(input_tensors, torch.Tensor) and output_tensors and isinstance(
                 output_tensors[0], torch.Tensor):  # gather(list, tensor, root) overload
             output_tensors = [output_tensors]
         t = _one(input_tensors, "gather")
-        root = _root(opts)
-        outs = list(output_tensors[0]) if output_tensors and self.rank() == root else []
-        work = self._comm.gather(outs, t, root, True, timeout=_timeout(opts))
-        return self._work([work], [outs])
+
+        def issue() -> CommWork:
+            self._flush()
+            root = _root(opts)
+            outs = list(output_tensors[0]) if output_tensors and self.rank() == root else []
+            work = self._comm.gather(outs, t, root, True, timeout=_timeout(opts))
+            return self._work([work], [outs])
+
+        return self._recorded("c10d::gather_", _SLOTS[6], "gather", [t], issue)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
-        self._flush()
         if isinstance(output_tensors, torch.Tensor) and input_tensors and isinstance(
                 input_tensors[0], torch.Tensor):  # scatter(tensor, list, root) overload
             input_tensors = [input_tensors]
         out = _one(output_tensors, "scatter")
         root = _root(opts)
         ins = list(input_tensors[0]) if input_tensors and self.rank() == root else []
-        work = self._comm.scatter(out, ins, root, True, timeout=_timeout(opts))
-        return self._work([work], [out])
+
+        def issue() -> CommWork:
+            self._flush()
+            work = self._comm.scatter(out, ins, root, True, timeout=_timeout(opts))
+            return self._work([work], [out])
+
+        return self._recorded("c10d::scatter_", _SLOTS[6], "scatter", ins, issue)
 
     def barrier(self, opts: Any = None, timeout: timedelta | None = None) -> CommWork:
-        self._flush()
-        work = self._comm.barrier(True, timeout=_timeout(timeout if opts is None else opts))
-        return self._work([work], [])
+        def issue() -> CommWork:
+            self._flush()
+            work = self._comm.barrier(True, timeout=_timeout(timeout if opts is None else opts))
+            return self._work([work], [])
+
+        return self._recorded("c10d::barrier", (_barrier_tensor(1), *_SLOTS[4]), "barrier", (),
+                              issue)
 
     def monitored_barrier(self, timeout: timedelta | None = None,
                           wait_all_ranks: bool = False) -> None:
-        """Rank 0 hears from every rank within ``timeout`` and names the ones it did not."""
+        """gloo's ``monitoredBarrier``: rank 0 hears from every rank and names the late ones."""
+        from .monitored_barrier import monitored_barrier
+
         self._flush()
-        comm, me, n = self._comm, self.rank(), self.size()
-        if n == 1:
-            return
-        token = torch.zeros(1, dtype=torch.int32, device=self._device)
-        if me != 0:
-            comm.send(token, 0, timeout=timeout)
-            comm.recv(token, 0, timeout=timeout)
-            return
-        works = {r: comm.recv(torch.zeros_like(token), r, True, timeout=timeout)
-                 for r in range(1, n)}
-        missing = []
-        for r, work in works.items():
-            try:
-                work.wait()
-            except Exception as exc:
-                missing.append(r)
-                if not wait_all_ranks:
-                    raise RuntimeError(
-                        f"monitored_barrier: rank {r} did not reach the barrier of group "
-                        f"{self._group_name!r} within {timeout}"
-                    ) from exc
-        if missing:
-            raise RuntimeError(f"monitored_barrier: ranks {missing} did not reach the barrier "
-                               f"of group {self._group_name!r} within {timeout}")
-        for r in range(1, n):
-            comm.send(token, r, timeout=timeout)
+        # The op's record spans the barrier; its sends and receives record themselves.
+        rec = profiling.begin("c10d::monitored_barrier_", (_barrier_tensor(0), *_SLOTS[4]),
+                              (), quiet=False)
+        try:
+            monitored_barrier(self._comm, _timeout(timeout) or self._comm.get_timeout(),
+                              wait_all_ranks, self._backend_name)
+        finally:
+            if rec is not None:
+                rec.issued()
+                rec.done()
+
+
+_SLOTS = tuple((None,) * k for k in range(8))
+_BARRIER_TENSORS: dict[int, torch.Tensor] = {}
+
+
+def _barrier_tensor(n: int) -> torch.Tensor:
+    """The placeholder tensor c10d passes its barrier ops (recorded as their first input)."""
+    t = _BARRIER_TENSORS.get(n)
+    if t is None:
+        t = _BARRIER_TENSORS[n] = torch.empty(n)
+    return t
+
+
+def _c10d_engine(comm: TorchComm) -> Any:
+    """The c10d ``Backend`` a communicator runs on (``ProcessGroupGloo``), if any."""
+    from torch._C._distributed_c10d import Backend
+
+    engine = getattr(comm.get_backend_impl(), "engine", None)
+    return engine if isinstance(engine, Backend) else None
+
+
+def _backend_type(name: str) -> Any:
+    kinds = ProcessGroup.BackendType
+    return {"gloo": kinds.GLOO, "nccl": kinds.NCCL, "ucc": kinds.UCC, "mpi": kinds.MPI,
+            "xccl": kinds.XCCL}.get(name, kinds.CUSTOM)
+
+
+def _check_coalesced(where: str, tensors: list[torch.Tensor]) -> None:
+    """Gloo's rules for coalesced tensors: at least one, one dtype, one layout, dense."""
+    if not tensors:
+        raise RuntimeError(f"ProcessGroupGloo::{where}: requires non-empty tensor list")
+    first = tensors[0]
+    for t in tensors[1:]:
+        if t.dtype != first.dtype:
+            raise RuntimeError(f"ProcessGroupGloo::{where}: tensors must all have the same "
+                               f"type (got {first.dtype} and {t.dtype})")
+        if t.layout != first.layout:
+            raise RuntimeError(f"ProcessGroupGloo::{where}: tensors must all have the same "
+                               f"layout (got {first.layout} and {t.layout})")
+    if first.layout != torch.strided:
+        raise RuntimeError(f"ProcessGroupGloo::{where}: unsupported layout {first.layout}; "
+                           f"only dense tensors can be coalesced")
+
+
+def _check_gather_coalesced(output_lists: Any, ins: list[torch.Tensor], size: int) -> None:
+    """Gloo's rules for ``allgather_coalesced``: outputs ``[rank][input]`` like the inputs."""
+    where = "ProcessGroupGloo::allgather_coalesced"
+    if not ins:
+        raise RuntimeError(f"{where}: requires non-empty input list")
+    if len(output_lists) != size:
+        raise RuntimeError(f"{where}: output list should be size {size} (one list per "
+                           f"rank), got {len(output_lists)}")
+    dtype = ins[0].dtype
+    for outs in output_lists:
+        if len(outs) != len(ins):
+            raise RuntimeError(f"{where}: invalid output size: (expected length {len(ins)}, "
+                               f"got {len(outs)})")
+        for i, (out, t) in enumerate(zip(outs, ins, strict=True)):
+            if out.shape != t.shape:
+                raise RuntimeError(f"{where}: invalid size of output tensor at index {i} "
+                                   f"(expected length {list(t.shape)}, got {list(out.shape)})")
+            if out.dtype != dtype:
+                raise RuntimeError(f"{where}: invalid tensor type at index {i} (expected "
+                                   f"{dtype}, got {out.dtype})")
+    if any(t.layout != torch.strided for t in ins):
+        raise RuntimeError(f"{where}: only dense tensors are supported")
 
 
 def _same_length(where: str, outs: Sequence[Any], ins: Sequence[Any]) -> None:
     if len(outs) != len(ins):
         raise CommInputError(f"{where}: {len(outs)} outputs for {len(ins)} inputs; pass one "
                              f"output per input")
-
-
-def _by_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[torch.dtype, list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault(t.dtype, []).append(t)
-    return list(groups.values())
 
 
 def _index_by_dtype(tensors: list[torch.Tensor]) -> list[list[int]]:

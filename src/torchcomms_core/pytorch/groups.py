@@ -78,6 +78,8 @@ def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = Fa
     )
     if default:
         c10d._update_default_pg(pg)
+    else:  # as c10d records a subgroup's members in its backend's options
+        pg._set_global_ranks(global_ranks)
 
 
 def _new_wrapper(comm: TorchComm, desc: str) -> _BackendWrapper:

@@ -22,15 +22,19 @@ class CommWork(Work):
 
     ``result`` is the value of the future (what c10d's own engines put there: the output
     tensors); ``then`` runs once after every handle completed, on whichever thread settles.
+    ``source_rank`` is the peer of a receive (a function when only completion tells, as
+    for a receive from any source); ``record`` is the profiler record ended on completion.
     """
 
     def __init__(self, works: Sequence[Any], result: Any,
-                 then: Callable[[], None] | None = None, source_rank: int = -1) -> None:
+                 then: Callable[[], None] | None = None,
+                 source_rank: int | Callable[[], int] = -1, record: Any = None) -> None:
         super().__init__()
         self._works: Sequence[Any] = works
         self._result = result
         self._then = then
         self._src_rank = source_rank
+        self._record = record
         # Settling runs completion steps (copy-backs, AVG division) that must run once,
         # while the caller and the future's completion thread may both try.
         self._lock = threading.Lock()
@@ -85,10 +89,22 @@ class CommWork(Work):
         return _flat_tensors(self._result)
 
     def source_rank(self) -> int:
-        return self._src_rank
+        src = self._src_rank
+        if callable(src):
+            self.wait()
+            return src()
+        return src
 
     def _source_rank(self) -> int:
-        return self._src_rank
+        return self.source_rank()
+
+    def add_record(self, record: Any) -> None:
+        """End ``record`` (a profiler record) when this work completes."""
+        with self._lock:
+            if not self._done:
+                self._record = record
+                return
+        record.done()
 
     def synchronize(self) -> None:
         self.wait()
@@ -111,6 +127,9 @@ class CommWork(Work):
                 self._done = True
                 self._works = ()
                 self._then = None
+                record, self._record = self._record, None
+                if record is not None:
+                    record.done()
         self._resolve()
 
     def _resolve(self) -> None:

@@ -62,6 +62,14 @@ class GlooBackend(C10dBackend):
     def get_backend_name(self) -> str:
         return "gloo"
 
+    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
+                       timeout: timedelta | None = None,
+                       hints: dict[str, str] | None = None) -> Any:
+        """Gloo's own any-source receive; the work's ``source_rank()`` names the sender."""
+        from .anysource import AnySourceWork
+
+        return AnySourceWork(self._engine.recv_anysource([tensor], 0), timeout)
+
     def new_window(self) -> Any:
         """A shared-memory window engine (ranks on one host; see ``torchcomms_gloo.window``)."""
         from .window import GlooWindowEngine

@@ -1,0 +1,65 @@
+"""Receive from any source: the optional ``recv_anysource`` capability, through the core.
+
+Backends that can (gloo) implement ``TorchCommBackend.recv_anysource``; ``method_support``
+reports it. The call runs like any other receive (checks, hooks with ``src=-1``, timeout,
+work status); the sender is known once it completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .comm import TorchComm
+    from .work import TorchWork
+
+#: The ``src`` hooks and flight records see for a receive from any source (c10d's value).
+ANY_SOURCE = -1
+
+
+def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False, *,
+                   timeout: timedelta | None = None, hints: dict[str, str] | None = None
+                   ) -> tuple[TorchWork, Callable[[], int]]:
+    """Receive into ``tensor`` from whichever rank sends first.
+
+    Returns the work and a function that gives the sender's rank once the work is done.
+
+    Raises:
+        NotImplementedError: the communicator's backend cannot receive from any source.
+    """
+    if comm.method_support().get("recv_anysource") != "native":
+        raise NotImplementedError(
+            f"recv from any source: backend {comm.get_backend()!r} of communicator "
+            f"{comm.get_name()!r} cannot receive from any source; pass the sender's rank "
+            f"(src=...)"
+        )
+    timeout, hints = comm._begin("recv", timeout, hints)
+    comm._check.tensor("recv", "tensor", tensor)
+    finishers: list[Callable[[], None]] = []
+    buf = comm._out(tensor, finishers, "recv")
+    issued: list[Any] = []
+    sender: list[int] = []
+
+    def issue(buf: torch.Tensor, async_op: bool, *, timeout: timedelta | None,
+              hints: dict[str, str] | None) -> Any:
+        work = comm.get_backend_impl().recv_anysource(buf, async_op, timeout=timeout,
+                                                      hints=hints)
+        issued.append(work)
+        return work
+
+    # Read the sender before the core drops the backend's work.
+    finishers.insert(0, lambda: sender.append(issued[0].source_rank()))
+    work = comm._issue("recv", issue, (buf,), async_op, timeout, hints, finishers,
+                       (tensor, ANY_SOURCE))
+
+    def source_rank() -> int:
+        if not sender:
+            raise RuntimeError("recv from any source: the sender is known only once the "
+                               "receive completed; call wait() first")
+        return sender[0]
+
+    return work, source_rank
