@@ -24,11 +24,13 @@ from torchcomms_core import RedOpType, ReduceOp
 #: in the same collective order, so concurrent collectives pair up correctly.
 TAG = 0x7C0A_11E5
 
-#: Output bytes (all-gather) or input bytes (reduce-scatter) from which the pairwise paths
-#: are used; measured with ``torchcomms bench --compare c10d`` (docs/benchmarks.md).
-ALL_GATHER_MIN_BYTES = 64 << 10
-REDUCE_SCATTER_MIN_BYTES = 64 << 10
-ALL_TO_ALL_MIN_BYTES = 64 << 10
+#: Output bytes (all-gather), input bytes (reduce-scatter) and buffer bytes (all-to-all)
+#: from which the pairwise paths are used: below them per-message costs dominate and the
+#: engine's own collectives are as fast or faster. Measured with ``torchcomms bench
+#: --compare c10d`` at 2 and 4 ranks (docs/benchmarks.md).
+ALL_GATHER_MIN_BYTES = 8 << 20
+REDUCE_SCATTER_MIN_BYTES = 4 << 20
+ALL_TO_ALL_MIN_BYTES = 8 << 20
 
 #: Bytes per piece a reduce-scatter message is cut into, so reducing one piece overlaps
 #: receiving the next; pieces stay cache-friendly and few enough to keep per-call costs low.
