@@ -59,6 +59,13 @@ class GlooBackend(C10dBackend):
         teardown.shut_down(getattr(self, "_sockets", {}))
         super().abort()
 
+    def reconfigure_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
+                           options: CommOptions) -> None:
+        """A fresh ``ProcessGroupGloo`` over the uuid-scoped store the core passes."""
+        self._rank, self._size = rank, size
+        self._opts_cache.clear()
+        self._engine = self.create_engine(store, rank, size, timeout, self.device, options)
+
     def get_backend_name(self) -> str:
         return "gloo"
 
