@@ -338,3 +338,29 @@ def test_shrink_then_grow_after_sigkill_4_ranks(pool4: RankPool) -> None:
     res0 = outcomes[0].value
     assert res0["joiner_exit"] == 0
     assert res0["joiner"] == "3,4,4.0,6.0"
+
+
+# -- the elastic training example -------------------------------------------------------------
+
+
+def test_elastic_training_example_survives_sigkill_and_rejoin(tmp_path) -> None:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "elastic.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(root, "examples", "elastic_training.py"), "--steps", "16",
+         "--kill-at", "5", "--rejoin-at", "7", "--after-rejoin", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+
+    res = json.loads(out.read_text())
+    assert res["victim_exit"] == -signal.SIGKILL
+    assert res["missing_steps"] == [] and res["loss_disagreements"] == 0
+    assert res["max_loss_error"] < 1e-4  # equals the single-process run: no step lost/doubled
+    sizes = [t["size"] for t in res["trace"]]
+    kill = sizes.index(3)
+    assert set(sizes[:kill]) == {4} and 3 not in sizes[sizes.index(4, kill):], sizes
+    reasons = [(r["reason"], r["size"]) for r in res["recoveries"]]
+    assert ("failure", 3) in reasons and ("grow", 4) in reasons, reasons
+    assert all(r["identical"] for r in res["recoveries"])
+    assert res["recover_s"] < 2 + 2.0, res["recover_s"]  # goal: 2 s + detection timeout
