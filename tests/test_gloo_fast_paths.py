@@ -47,7 +47,7 @@ def _counting(name: str) -> Iterator[list[int]]:
 
 @contextlib.contextmanager
 def _low_crossover() -> Iterator[None]:
-    names = ("ALL_GATHER_MIN_BYTES", "REDUCE_SCATTER_MIN_BYTES", "ALL_TO_ALL_MIN_BYTES")
+    names = ("ALL_GATHER_MIN_BYTES", "REDUCE_SCATTER_MIN_BYTES")
     saved = {name: getattr(fast_paths, name) for name in names}
     for name in names:
         setattr(fast_paths, name, MIN_BYTES)
@@ -248,22 +248,3 @@ def body_scratch_is_reused() -> int:
 
 def test_reduce_scatter_reuses_its_receive_buffer(pool2) -> None:
     assert pool2.run(body_scratch_is_reused) == [1, 1]
-
-
-def body_all_to_all_single() -> None:
-    comm = _comm()
-    r, n = comm.get_rank(), comm.get_size()
-
-    def block(src: int, dst: int) -> torch.Tensor:
-        return _input(src * n + dst, COUNT, torch.float32)
-
-    with _counting("all_to_all") as calls, _low_crossover():
-        out = torch.zeros(n * COUNT)
-        comm.all_to_all_single(out, torch.cat([block(r, d) for d in range(n)]))
-        assert torch.equal(out, torch.cat([block(s, r) for s in range(n)])), "pairwise"
-    assert calls[0] == 1, "all_to_all_single above the crossover must take the pairwise path"
-    comm.finalize()
-
-
-def test_all_to_all_single_above_the_crossover_is_exact(pool) -> None:
-    pool.run(body_all_to_all_single)

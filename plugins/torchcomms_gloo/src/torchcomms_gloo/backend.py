@@ -132,18 +132,6 @@ class GlooBackend(C10dBackend):
                                          self._scratch)
         return self._settle_pairwise(work, async_op)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
-        n = self._size
-        if (output.nbytes < fast_paths.ALL_TO_ALL_MIN_BYTES or output.numel() % n
-                or fast_paths.overlaps(output, input)):
-            return super().all_to_all_single(output, input, async_op, timeout=timeout,
-                                             hints=hints)
-        work = fast_paths.all_to_all(self._engine, self._rank, n, output.view(-1).chunk(n),
-                                     input.view(-1).chunk(n), timeout)
-        return self._settle_pairwise(work, async_op)
-
     @property
     def _scratch(self) -> fast_paths.ScratchPool:
         pool = self.__dict__.get("_scratch_pool")
