@@ -17,9 +17,11 @@ from torchcomms import ReduceOp
 from torchcomms_core.testing import unique_name
 from torchcomms_gloo import fast_paths
 
-#: Elements per rank: above the crossover for every dtype below, and not a whole number
+#: Crossover the bodies set, so the pairwise paths run at sizes a test can afford.
+MIN_BYTES = 64 << 10
+#: Elements per rank: above that crossover for every dtype below, and not a whole number
 #: of the small pieces the bodies set, so the last piece is a short one.
-COUNT = (fast_paths.REDUCE_SCATTER_MIN_BYTES // 2) + 37
+COUNT = (MIN_BYTES // 2) + 37
 
 
 def _comm() -> torchcomms.TorchComm:
@@ -41,6 +43,19 @@ def _counting(name: str) -> Iterator[list[int]]:
         yield calls
     finally:
         setattr(fast_paths, name, real)
+
+
+@contextlib.contextmanager
+def _low_crossover() -> Iterator[None]:
+    names = ("ALL_GATHER_MIN_BYTES", "REDUCE_SCATTER_MIN_BYTES")
+    saved = {name: getattr(fast_paths, name) for name in names}
+    for name in names:
+        setattr(fast_paths, name, MIN_BYTES)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(fast_paths, name, value)
 
 
 @contextlib.contextmanager
@@ -98,7 +113,7 @@ def body_all_gather_forms(dtype_name: str) -> None:
     comm = _comm()
     r, n = comm.get_rank(), comm.get_size()
     want = torch.cat([_input(s, COUNT, dtype) for s in range(n)])
-    with _counting("all_gather") as calls:
+    with _counting("all_gather") as calls, _low_crossover():
         out = torch.zeros(n * COUNT, dtype=dtype)
         comm.all_gather_single(out, _input(r, COUNT, dtype))
         assert torch.equal(out, want), "all_gather_single out of place"
@@ -127,7 +142,7 @@ def body_reduce_scatter_forms(dtype_name: str, op_name: str) -> None:
     inputs = [_input(s, n * COUNT, dtype) for s in range(n)]
     want = _reference(op_name, [x[r * COUNT : (r + 1) * COUNT] for x in inputs])
     op = _OPS[op_name]
-    with _counting("reduce_scatter") as calls, _small_pieces(16 << 10):
+    with _counting("reduce_scatter") as calls, _small_pieces(16 << 10), _low_crossover():
         out = torch.zeros(COUNT, dtype=dtype)
         comm.reduce_scatter_single(out, inputs[r].clone(), op)
         assert torch.equal(out, want), f"reduce_scatter_single {op_name} out of place"
@@ -189,17 +204,18 @@ def body_concurrent_async() -> None:
     r, n = comm.get_rank(), comm.get_size()
     inputs = [[_input(s + 10 * k, n * COUNT, torch.float32) for s in range(n)] for k in range(3)]
     outs = [torch.zeros(COUNT) for _ in range(3)]
-    works = [
-        comm.reduce_scatter_single(outs[k], inputs[k][r], ReduceOp.SUM, async_op=True)
-        for k in range(3)
-    ]
     gathered = torch.zeros(n * COUNT)
-    gwork = comm.all_gather_single(gathered, _input(r, COUNT, torch.float32), async_op=True)
+    with _low_crossover():
+        works = [
+            comm.reduce_scatter_single(outs[k], inputs[k][r], ReduceOp.SUM, async_op=True)
+            for k in range(3)
+        ]
+        mine = _input(r, COUNT, torch.float32)
+        gwork = comm.all_gather_single(gathered, mine, async_op=True)
     # A user's own point-to-point traffic in between never matches the collectives' messages.
     peer = (r + 1) % n
-    mine = torch.full((8,), float(r))
     got = torch.zeros(8)
-    comm.batch_op_create().send(mine, peer).recv(got, (r - 1) % n).issue()
+    comm.batch_op_create().send(torch.full((8,), float(r)), peer).recv(got, (r - 1) % n).issue()
     assert torch.equal(got, torch.full((8,), float((r - 1) % n)))
     for k in reversed(range(3)):  # waited out of order on purpose
         works[k].wait()
@@ -219,10 +235,12 @@ def body_scratch_is_reused() -> int:
     r, n = comm.get_rank(), comm.get_size()
     x = _input(r, n * COUNT, torch.float32)
     out = torch.zeros(COUNT)
-    comm.reduce_scatter_single(out, x, ReduceOp.SUM)
+    with _low_crossover():
+        comm.reduce_scatter_single(out, x, ReduceOp.SUM)
     pool = comm._backend._scratch
     first = [b.data_ptr() for b in pool._free]
-    comm.reduce_scatter_single(out, x, ReduceOp.SUM)
+    with _low_crossover():
+        comm.reduce_scatter_single(out, x, ReduceOp.SUM)
     assert [b.data_ptr() for b in pool._free] == first, "receive buffer not reused"
     comm.finalize()
     return len(first)
@@ -230,22 +248,3 @@ def body_scratch_is_reused() -> int:
 
 def test_reduce_scatter_reuses_its_receive_buffer(pool2) -> None:
     assert pool2.run(body_scratch_is_reused) == [1, 1]
-
-
-def body_all_to_all_single() -> None:
-    comm = _comm()
-    r, n = comm.get_rank(), comm.get_size()
-
-    def block(src: int, dst: int) -> torch.Tensor:
-        return _input(src * n + dst, COUNT, torch.float32)
-
-    with _counting("all_to_all") as calls:
-        out = torch.zeros(n * COUNT)
-        comm.all_to_all_single(out, torch.cat([block(r, d) for d in range(n)]))
-        assert torch.equal(out, torch.cat([block(s, r) for s in range(n)])), "pairwise"
-    assert calls[0] == 1, "all_to_all_single above the crossover must take the pairwise path"
-    comm.finalize()
-
-
-def test_all_to_all_single_above_the_crossover_is_exact(pool) -> None:
-    pool.run(body_all_to_all_single)

@@ -42,7 +42,7 @@ def body_dump_next_to_planted_symlinks(shared: str, cache: str, victim: str) -> 
     saved = {k: os.environ.pop(k, None) for k in keys}
     try:
         comm = torchcomms.new_comm("gloo", "cpu", name=unique_name("frsafe"))
-        recorder = FlightRecorderHook(16).register_with_comm(comm)
+        recorder = FlightRecorderHook(16, isolated=True).register_with_comm(comm)
         _all_reduce(comm)
         rank = comm.get_rank()
         # A prefix in a folder others can write, where they planted the final name and a

@@ -30,7 +30,7 @@ def body_record_and_dump(json_dir: str, pickle_dir: str) -> dict:
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(json_dir, "fr_rank_")
     try:
         comm = _comm()
-        recorder = FlightRecorderHook(max_entries=64).register_with_comm(comm)
+        recorder = FlightRecorderHook(max_entries=64, isolated=True).register_with_comm(comm)
         pg = as_process_group(comm, group_desc="default_pg")
         r, n = comm.get_rank(), comm.get_size()
         t = torch.ones(4)
@@ -111,7 +111,7 @@ def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, t
 
 def body_zero_entries() -> tuple:
     comm = _comm()
-    recorder = FlightRecorderHook(max_entries=0)
+    recorder = FlightRecorderHook(max_entries=0, isolated=True)
     assert recorder.register_with_comm(comm) is recorder
     t = torch.ones(2)
     comm.all_reduce(t, ReduceOp.SUM)
@@ -126,7 +126,7 @@ def test_zero_max_entries_records_nothing_and_is_harmless(pool2) -> None:
 
 def body_ring_buffer_keeps_the_last_entries() -> list:
     comm = _comm()
-    recorder = FlightRecorderHook(max_entries=3).register_with_comm(comm)
+    recorder = FlightRecorderHook(max_entries=3, isolated=True).register_with_comm(comm)
     for _ in range(5):
         comm.barrier()
     ids = [e["record_id"] for e in recorder.dump_dict()["entries"]]
@@ -141,7 +141,7 @@ def test_ring_buffer_keeps_the_last_entries(pool2) -> None:
 
 def body_async_state_and_batches() -> list:
     comm = _comm()
-    recorder = FlightRecorderHook(max_entries=16).register_with_comm(comm)
+    recorder = FlightRecorderHook(max_entries=16, isolated=True).register_with_comm(comm)
     r, n = comm.get_rank(), comm.get_size()
     batch = comm.batch_op_create()
     batch.send(torch.ones(2), (r + 1) % n).recv(torch.empty(2), (r - 1) % n)
@@ -173,7 +173,7 @@ def body_splits_inherit_and_failures_dump(dump_dir: str) -> list:
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "trace_")
     try:
         comm = _comm()
-        recorder = FlightRecorderHook(max_entries=16).register_with_comm(comm)
+        recorder = FlightRecorderHook(max_entries=16, isolated=True).register_with_comm(comm)
         pg = as_process_group(comm)
         sub = pg.split_group([dist.get_rank()])
         dist.all_reduce(torch.ones(1), group=sub)

@@ -127,3 +127,464 @@ def test_flatten_with_comm_adds_a_dimension_on_the_given_comm(pool4) -> None:
         assert out["same"] and out["by_name"] and out["sum"] == 6.0
         assert out["again"][0] == "CommInputError" and "already has" in out["again"][1]
         assert out["wrong"][0] == "CommInputError" and "global_ranks is" in out["wrong"][1]
+
+
+# -- objcol ------------------------------------------------------------------------------
+
+
+class Point:
+    """A plain class: ``weights_only`` decoding refuses it, pickle rebuilds it."""
+
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+SHEET_OBJCOL = {
+    "all_gather_object": "(comm, object_list, obj, timeout=None, weights_only=True)",
+    "gather_object": "(comm, obj, root, object_gather_list=None, timeout=None, "
+                     "weights_only=True)",
+    "send_object_list": "(comm, object_list, dst, timeout=None)",
+    "recv_object_list": "(comm, object_list, src, timeout=None, weights_only=True)",
+    "broadcast_object_list": "(comm, object_list, root, timeout=None, weights_only=True)",
+    "scatter_object_list": "(comm, root, scatter_object_output_list, "
+                           "scatter_object_input_list=None, timeout=None, weights_only=True)",
+}
+
+
+def test_objcol_signatures_are_the_sheets() -> None:
+    import inspect
+
+    from torchcomms import objcol
+
+    for name, expected in SHEET_OBJCOL.items():
+        sig = inspect.signature(getattr(objcol, name))
+        plain = "(" + ", ".join(
+            p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+            for p in sig.parameters.values()) + ")"
+        assert plain == expected, name
+        assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                   for p in sig.parameters.values()), name
+
+
+def body_objcol_reference_order() -> dict:
+    from torchcomms import objcol
+
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    t30 = timedelta(seconds=30)
+    res: dict = {}
+    everyone = [None] * n
+    objcol.all_gather_object(comm, everyone, {"r": r}, t30, True)
+    res["all_gather"] = everyone
+    gathered = [None] * n if r == n - 1 else None
+    objcol.gather_object(comm, ("from", r), n - 1, gathered, t30, True)
+    res["gather"] = gathered
+    lst = ["a", {"b": 2}] if r == 1 else [None, None]
+    objcol.broadcast_object_list(comm, lst, 1, t30, True)
+    res["broadcast"] = lst
+    out = [None]
+    objcol.scatter_object_list(comm, 0, out, [k * 10 for k in range(n)] if r == 0 else None,
+                               t30, True)
+    res["scatter"] = out[0]
+    if r == 0:
+        objcol.send_object_list(comm, [torch.arange(3), "x"], 1, t30)
+    elif r == 1:
+        got = [None, None]
+        objcol.recv_object_list(comm, got, 0, t30, True)
+        res["p2p"] = [got[0].tolist(), got[1]]
+    # The earlier order of this package is explained, on every rank alike.
+    res["old_gather"] = _caught(objcol.gather_object, comm, r, [None] * n, root=0)
+    res["old_scatter"] = _caught(objcol.scatter_object_list, comm, [None], None)
+    comm.finalize()
+    return res
+
+
+def test_objcol_in_the_reference_order(pool) -> None:
+    n = pool.world_size
+    res = pool.run(body_objcol_reference_order)
+    for r, out in enumerate(res):
+        assert out["all_gather"] == [{"r": k} for k in range(n)]
+        assert out["gather"] == ([("from", k) for k in range(n)] if r == n - 1 else None)
+        assert out["broadcast"] == ["a", {"b": 2}]
+        assert out["scatter"] == 10 * r
+        kind, message = out["old_gather"]
+        assert kind == "CommTypeError" and "multiple values for argument 'root'" in message
+        assert "gather_object(comm, obj, root, object_gather_list=None" in message
+        kind, message = out["old_scatter"]
+        assert kind == "CommTypeError" and "root must be a rank (int), got list" in message
+    assert res[1]["p2p"] == [[0, 1, 2], "x"]
+
+
+def body_pickle_serialization(everywhere: bool) -> tuple:
+    from torchcomms import objcol
+
+    comm = _comm()
+    r = comm.get_rank()
+    if everywhere or r == 0:
+        os.environ["TORCHCOMMS_SERIALIZATION"] = "pickle"
+    try:
+        lst = [Point(7)] if r == 0 else [None]
+        # weights_only=True explicitly: the variable wins, as in the reference.
+        outcome = _caught(objcol.broadcast_object_list, comm, lst, 0, None, True)
+        got = lst[0].x if r and outcome[0] == "no error" else None
+        default = [Point(1)] if r == 0 else [None]
+        refused = None
+        if not everywhere:
+            os.environ.pop("TORCHCOMMS_SERIALIZATION", None)
+            refused = _caught(objcol.broadcast_object_list, comm, default, 0)
+        comm.finalize()
+        return outcome, got, refused
+    finally:
+        os.environ.pop("TORCHCOMMS_SERIALIZATION", None)
+
+
+def test_pickle_serialization_decodes_with_pickle_and_only_where_set(pool2) -> None:
+    (_, _, _), (outcome, got, _) = pool2.run(body_pickle_serialization, True)
+    assert outcome == ("no error", "") and got == 7
+    _, (outcome, _, refused) = pool2.run(body_pickle_serialization, False)
+    kind, message = outcome
+    assert kind == "UnsafeObjectError" and "plain pickle" in message
+    assert "TORCHCOMMS_SERIALIZATION=pickle on every rank" in message
+    kind, message = refused
+    assert kind == "UnsafeObjectError" and "needs full pickle" in message
+
+
+# -- hooks: module layout ----------------------------------------------------------------
+
+
+def test_hooks_module_is_laid_out_as_the_reference() -> None:
+    import inspect
+
+    import torchcomms.hooks as hooks
+    from torchcomms.hooks.clog import clog
+    from torchcomms.hooks.fr import FlightRecorderHook
+    from torchcomms.hooks.nan_check import NanCheckHook
+
+    assert hooks.__all__ == ["clog", "FlightRecorderHook", "NanCheckHook"]
+    assert (hooks.clog, hooks.FlightRecorderHook, hooks.NanCheckHook) == (
+        clog, FlightRecorderHook, NanCheckHook)
+    assert hooks.fr.FlightRecorderHook is FlightRecorderHook
+    assert hooks.nan_check.NanCheckHook is NanCheckHook
+    assert {c.__module__ for c in (clog, FlightRecorderHook, NanCheckHook)} == {
+        "torchcomms.hooks"}
+    assert str(inspect.signature(FlightRecorderHook)) == (
+        "(max_entries: 'int' = 2048, isolated: 'bool' = False) -> 'None'")
+    assert str(inspect.signature(NanCheckHook)) == (
+        "(check_inputs: 'bool' = True, check_outputs: 'bool' = False) -> 'None'")
+    assert list(inspect.signature(clog).parameters) == ["output", "events", "verbose"]
+    assert inspect.signature(clog).parameters["verbose"].default == []
+    from torch._C._distributed_c10d import _get_handler_names
+
+    assert {"torchcomms_fr_trace_json", "torchcomms_fr_dump_file",
+            "torchcomms_health_check"} <= set(_get_handler_names())
+    with pytest.raises(ValueError, match="use any of"):
+        clog("stderr", ["SOMETIMES"])
+
+
+def test_the_process_wide_recorder_is_sized_by_the_environment(monkeypatch) -> None:
+    from torchcomms.hooks import FlightRecorderHook
+    from torchcomms_core.pytorch import flight_recorder
+
+    monkeypatch.setattr(flight_recorder, "_global", None)
+    monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "7")
+    shared = FlightRecorderHook(max_entries=50)
+    assert shared.max_entries == 7 and shared.is_enabled() and not shared.isolated
+    assert FlightRecorderHook()._recorder is shared._recorder
+    assert FlightRecorderHook(50, isolated=True).max_entries == 50
+    monkeypatch.setattr(flight_recorder, "_global", None)
+    monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "0")
+    assert not FlightRecorderHook().is_enabled()
+    monkeypatch.setattr(flight_recorder, "_global", None)
+    monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "lots")
+    with pytest.raises(ValueError, match="TORCHCOMM_FR_BUFFER_SIZE='lots' is not an integer"):
+        FlightRecorderHook()
+    # Before any communicator is registered, the dump handler answers 503.
+    from torchcomms_core.hooks.debug_handlers import torchcomms_fr_dump_file
+
+    monkeypatch.setattr(flight_recorder, "_global", None)
+    monkeypatch.delenv("TORCHCOMM_FR_BUFFER_SIZE")
+    reply = _Reply()
+    torchcomms_fr_dump_file(_Request({}), reply)
+    assert reply.status == 503 and "register one with" in reply.body
+
+
+class _Request:
+    def __init__(self, params: dict) -> None:
+        self.params = params
+
+    def get_param(self, name: str) -> str:
+        return self.params.get(name, "")
+
+
+class _Reply:
+    status, body = 0, ""
+
+    def set_content(self, body: str, kind: str) -> None:
+        self.body = body
+
+    def set_status(self, status: int) -> None:
+        self.status = status
+
+
+# -- hooks: flight recorder --------------------------------------------------------------
+
+
+def body_flight_recorder(dump_dir: str) -> dict:
+    from torchcomms import ReduceOp
+    from torchcomms.hooks import FlightRecorderHook
+
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "trace_")
+    try:
+        comm = _comm()
+        r = comm.get_rank()
+        fr = FlightRecorderHook()
+        fr.reset()
+        fr.register_with_comm(comm)
+        comm.all_reduce(torch.ones(4), ReduceOp.SUM)
+        comm.barrier()
+        work = comm.all_reduce(torch.ones(2), ReduceOp.SUM, True)
+        active = json.loads(fr.dump_json(include_completed=False))["entries"]
+        work.wait()
+        full = json.loads(fr.dump_json())
+        shared = FlightRecorderHook(max_entries=5)
+        iso = FlightRecorderHook(max_entries=2, isolated=True).register_with_comm(comm)
+        for _ in range(3):
+            comm.barrier()
+        sizes = [len(fr), fr.size(), len(shared), len(iso), iso.size()]
+        path = fr.dump_file(r)
+        os.environ["TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"] = "1"
+        os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, f"whole-{r}.pkl")
+        dynamic = fr.dump_file(r, include_completed=False)
+        fr.reset()
+        after = [len(fr), len(iso)]
+        iso.unregister()
+        fr.unregister()
+        comm.finalize()
+        return {"active": [e["profiling_name"] for e in active],
+                "names": [e["profiling_name"] for e in full["entries"]],
+                "states": [e["state"] for e in full["entries"]],
+                "sizes": sizes, "path": path, "dynamic": dynamic, "after": after,
+                "enabled": [fr.is_enabled(), iso.is_enabled()]}
+    finally:
+        for var in ("TORCHCOMM_FR_DUMP_TEMP_FILE", "TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"):
+            os.environ.pop(var, None)
+
+
+def test_flight_recorder_hook_reference_api(pool2, tmp_path) -> None:
+    res = pool2.run(body_flight_recorder, str(tmp_path))
+    for r, out in enumerate(res):
+        assert out["active"] == ["gloo:all_reduce"]
+        assert out["names"] == ["gloo:all_reduce", "gloo:barrier", "gloo:all_reduce"]
+        assert out["states"] == ["completed"] * 3
+        assert out["sizes"] == [6, 6, 6, 2, 2]
+        assert out["path"] == str(tmp_path / f"trace_{r}")
+        assert out["dynamic"] == str(tmp_path / f"whole-{r}.pkl")
+        assert out["after"] == [0, 2]
+        assert out["enabled"] == [True, True]
+    with open(tmp_path / "whole-0.pkl", "rb") as f:
+        assert pickle.load(f)["entries"] == []  # include_completed=False: none active
+    # The dump files are c10d's pickles: PyTorch's analyzer matches them across ranks.
+    from torch.distributed.flight_recorder import fr_trace
+
+    out = tmp_path / "db.pkl"
+    fr_trace.main([str(tmp_path), "-p", "trace_", "-o", str(out)])
+    with open(out, "rb") as f:
+        _, db = pickle.load(f)
+    assert len(db.collectives) == 6 and all(c.pass_check for c in db.collectives)
+
+
+# -- hooks: debug handlers ---------------------------------------------------------------
+
+
+def _post(port: int, handler: str, query: str = "") -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}/handler/{handler}" + (f"?{query}" if query else "")
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"),
+                                    timeout=30) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def body_debug_handlers(dump_dir: str) -> dict:
+    import time
+
+    from torch._C._distributed_c10d import _WorkerServer
+
+    from torchcomms import ReduceOp
+    from torchcomms.hooks import FlightRecorderHook
+    from torchcomms_core.pytorch import flight_recorder
+
+    os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "handler_")
+    server = _WorkerServer("127.0.0.1", 0)
+    try:
+        flight_recorder._set_healthy(True)
+        comm = _comm(abort_process_on_timeout_or_error=False)
+        r = comm.get_rank()
+        fr = FlightRecorderHook()
+        fr.reset()
+        fr.register_with_comm(comm)
+        comm.all_reduce(torch.ones(3), ReduceOp.SUM)
+        comm.all_gather_single(torch.empty(4), torch.ones(2))
+        out = {"trace": _post(server.port, "torchcomms_fr_trace_json"),
+               "active": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=true"),
+               "none": _post(server.port, "torchcomms_fr_trace_json",
+                             "includecollectives=false"),
+               "bad": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=maybe"),
+               "healthy": _post(server.port, "torchcomms_health_check")}
+        out["dump"] = _post(server.port, "torchcomms_fr_dump_file")
+        target = os.path.join(dump_dir, f"handler_{r}")
+        deadline = time.monotonic() + 20
+        while not os.path.exists(target) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out["dumped"] = os.path.exists(target)
+        # Rank 1 waits for a message rank 0 never sends: the timeout fails the
+        # communicator, which marks this process unhealthy (and dumps).
+        if r == 1:
+            out["timeout"] = _caught(comm.recv, torch.empty(1), 0, False, None,
+                                     timedelta(milliseconds=300))
+        out["after"] = _post(server.port, "torchcomms_health_check")
+        comm.abort()
+        fr.unregister()
+        return out
+    finally:
+        flight_recorder._set_healthy(True)
+        os.environ.pop("TORCHCOMM_FR_DUMP_TEMP_FILE", None)
+        server.shutdown()
+
+
+def test_debug_handlers_answer_torchs_debug_server(pool2, tmp_path) -> None:
+    from torch.distributed.flight_recorder.components.builder import build_db
+    from torch.distributed.flight_recorder.components.config_manager import JobConfig
+
+    res = pool2.run(body_debug_handlers, str(tmp_path))
+    details = {}
+    for r, out in enumerate(res):
+        status, text = out["trace"]
+        assert status == 200
+        trace = json.loads(text)
+        assert [e["profiling_name"] for e in trace["entries"]] == [
+            "gloo:all_reduce", "gloo:all_gather_single"]
+        assert out["active"][0] == 200 and json.loads(out["active"][1])["entries"] == []
+        assert json.loads(out["none"][1])["entries"] == []
+        assert out["bad"][0] == 400 and "onlyactive='maybe'" in out["bad"][1]
+        assert json.loads(out["healthy"][1]) == {"healthy": True}
+        assert out["dump"][0] == 200 and out["dumped"]
+        assert json.loads(out["after"][1]) == {"healthy": r != 1}
+        # What torch's FlightRecorderHandler does with the answers of every rank.
+        details[f"rank{r}.json"] = {"rank": r, "host_name": f"host{r}", **trace}
+    assert res[1]["timeout"][0] in ("CommTimeoutError", "CommOperationError")
+    args = JobConfig().parse_args(args=[])
+    args.allow_incomplete_ranks = True
+    db = build_db(details, args, details["rank0.json"]["version"])
+    assert len(db.collectives) == 2 and all(c.pass_check for c in db.collectives)
+
+
+# -- hooks: NaN check and clog -----------------------------------------------------------
+
+
+def body_nan_check() -> dict:
+    from torchcomms import ReduceOp
+    from torchcomms.hooks import NanCheckHook
+
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    hook = NanCheckHook()
+    hook.register_with_comm(comm)
+    nan = torch.tensor([1.0, float("nan")])
+    out = {"enabled": [hook.is_enabled(), NanCheckHook(False, False).is_enabled()],
+           "all_reduce": _caught(comm.all_reduce, nan.clone(), ReduceOp.SUM)}
+    t = torch.ones(2)
+    comm.all_reduce(t, ReduceOp.SUM)  # the communicator is still usable
+    out["sum"] = t.tolist()
+    # Output buffers are not inputs: a NaN-filled receive buffer is fine by default.
+    gathered = torch.full((2 * n,), float("nan"))
+    comm.all_gather_single(gathered, torch.full((2,), float(r)))
+    out["gathered"] = gathered.tolist()
+    comm.all_reduce(torch.tensor([1, 2]), ReduceOp.SUM)  # integers are not checked
+    if r == 0:
+        out["send"] = _caught(comm.send, nan.clone(), 1)
+        batch = comm.batch_op_create()
+        batch.send(nan.clone(), 1)
+        out["batch"] = _caught(batch.issue, False)
+    elif r == 1:
+        strict = NanCheckHook(check_inputs=False, check_outputs=True)
+        strict.register_with_comm(comm)
+        out["recv"] = _caught(comm.recv, torch.full((2,), float("nan")), 0)
+        strict.unregister()
+    comm.barrier()
+    comm.finalize()
+    return out
+
+
+def test_nan_check_hook_refuses_nan_inputs_before_the_operation(pool2) -> None:
+    res = pool2.run(body_nan_check)
+    for out in res:
+        assert out["enabled"] == [True, False]
+        kind, message = out["all_reduce"]
+        assert kind == "CommInputError" and "NaN found in the tensor of all_reduce" in message
+        assert "the operation was not run" in message
+        assert out["sum"] == [2.0, 2.0]
+        assert out["gathered"] == [0.0, 0.0, 1.0, 1.0]
+    assert res[0]["send"][0] == "CommInputError"
+    assert "NaN found in the input of send" in res[0]["send"][1]
+    assert "NaN found in the send ops[0] of batch_op_issue" in res[0]["batch"][1]
+    assert res[1]["recv"][0] == "CommInputError"
+    assert "NaN found in the output of recv" in res[1]["recv"][1]
+
+
+def body_clog(log_dir: str) -> dict:
+    from torchcomms import ReduceOp
+    from torchcomms.hooks import clog
+
+    comm = _comm()
+    r = comm.get_rank()
+    full_path = os.path.join(log_dir, f"full-{r}.log")
+    brief_path = os.path.join(log_dir, f"brief-{r}.log")
+    full = clog(full_path, ["ALL"], ["buffers"])
+    full.register_with_comm(comm)
+    brief = clog(brief_path, [])
+    brief.register_with_comm(comm)
+    comm.all_reduce(torch.ones(3), ReduceOp.SUM)
+    work = comm.all_gather_single(torch.empty(2 * comm.get_size()), torch.ones(2), True)
+    work.wait()
+    if r == 0:
+        comm.send(torch.ones(1), 1)
+    elif r == 1:
+        comm.recv(torch.empty(1), 0)
+    full.close()
+    brief.close()
+    comm.barrier()  # not logged any more
+    bad = _caught(clog, full_path, ["LIFECYCLE"], ["everything"])
+    comm.finalize()
+    with open(full_path) as f:
+        full_lines = f.read().splitlines()
+    with open(brief_path) as f:
+        brief_lines = f.read().splitlines()
+    return {"full": full_lines, "brief": brief_lines, "name": comm.get_name(), "bad": bad}
+
+
+def test_clog_writes_a_pipe_delimited_line_per_event(pool2, tmp_path) -> None:
+    for r, out in enumerate(pool2.run(body_clog, str(tmp_path))):
+        rows = [line.split("|") for line in out["full"]]
+        assert all(row[1].isdigit() and row[2] == out["name"] and row[3] == str(r)
+                   and row[4] == "2" for row in rows)
+        events = [(row[7], row[6]) for row in rows]
+        p2p = "send" if r == 0 else "recv"
+        assert events == [("all_reduce", "Q"), ("all_reduce", "S"), ("all_reduce", "E"),
+                          ("all_gather_single", "Q"), ("all_gather_single", "S"),
+                          ("all_gather_single", "W"), ("all_gather_single", "E"),
+                          (p2p, "Q"), (p2p, "S"), (p2p, "E")]
+        queued = {row[7]: row[8:] for row in rows if row[6] == "Q"}
+        assert queued["all_reduce"][0] == "async=0" and "op=SUM" in queued["all_reduce"]
+        assert queued["all_gather_single"][0] == "async=1"
+        assert any(f.startswith("in=2:float32@0x") for f in queued["all_gather_single"])
+        assert any(f.startswith("out=4:float32@0x") for f in queued["all_gather_single"])
+        assert f"peer={1 - r}" in queued[p2p]
+        brief = [line.split("|")[6:8] for line in out["brief"]]
+        assert brief == [["Q", "all_reduce"], ["Q", "all_gather_single"], ["Q", p2p]]
+        kind, message = out["bad"]
+        assert kind == "CommInputError" and "'everything' is not understood" in message

@@ -253,3 +253,59 @@ def backend_overrides() -> dict[str, str]:
             )
         out[name.strip()] = dist.strip()
     return out
+
+
+# -- shipped hooks: flight recorder and health check (Meta's names) ---------------------
+
+#: Entries of the process-wide flight recorder (``<= 0`` disables it).
+FR_BUFFER_SIZE = "TORCHCOMM_FR_BUFFER_SIZE"
+DEFAULT_FR_BUFFER_SIZE = 2000
+#: True: ``TORCHCOMM_FR_DUMP_TEMP_FILE`` is the whole dump file name (no rank appended).
+FR_DUMP_DYNAMIC_FILE_NAME = "TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"
+#: Record C++ stacks. Accepted for compatibility; the Python engines have none to record.
+FR_CPP_STACK = "TORCHCOMM_FR_CPP_STACK"
+#: Milliseconds the flight recorder's abort hook waits before the process aborts.
+HEALTH_CHECK_WAIT_MS = "TORCHCOMM_HEALTH_CHECK_WAIT_MS"
+DEFAULT_HEALTH_CHECK_WAIT_MS = 15000
+
+
+def _hook_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "y"):
+        return True
+    if raw in ("0", "false", "no", "n"):
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use 1/true/yes/y or "
+                     f"0/false/no/n")
+
+
+def _hook_int(name: str, default: int, example: str) -> int:
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer; set it to e.g. {example}") from None
+
+
+def fr_buffer_size() -> int:
+    """Entries of the process-wide flight recorder (``TORCHCOMM_FR_BUFFER_SIZE``, 2000)."""
+    return max(0, _hook_int(FR_BUFFER_SIZE, DEFAULT_FR_BUFFER_SIZE, "2000 (0 disables)"))
+
+
+def fr_dump_dynamic_file_name() -> bool:
+    """Whether ``TORCHCOMM_FR_DUMP_TEMP_FILE`` names the whole dump file (false)."""
+    return _hook_flag(FR_DUMP_DYNAMIC_FILE_NAME, False)
+
+
+def fr_cpp_stack() -> bool:
+    """``TORCHCOMM_FR_CPP_STACK`` (false); validated, but no C++ stacks exist to record."""
+    return _hook_flag(FR_CPP_STACK, False)
+
+
+def health_check_wait_ms() -> int:
+    """Milliseconds to wait before a failing process aborts (``TORCHCOMM_HEALTH_CHECK_WAIT_MS``)."""
+    return max(0, _hook_int(HEALTH_CHECK_WAIT_MS, DEFAULT_HEALTH_CHECK_WAIT_MS, "15000"))

@@ -15,12 +15,14 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from . import _env
+from .batch import BatchSendRecv, P2POp
 from .bootstrap import default_store, resolve_rank_size
+from .calling import adapt_backend
 from .consistency import verify_call
 from .errors import (
     BackendLoadError,
@@ -31,11 +33,11 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
-from .op_args import OpName, args_class
+from .op_args import FINALIZE_OP_ID, OpName, args_class, next_op_id, op_name, post_args
 from .options import CommOptions
 from .plugins import call_lifecycle, failed_plugins, load_plugins
 from .reduce_op import RedOpType, ReduceOp
-from .registry import get_backend_class
+from .registry import backend_version, get_backend_class, get_mem_allocator
 from .spec import TorchCommBackend, method_support
 from .validation import Checker, check_hints, check_timeout, split_sizes, writable
 from .window import TorchCommWindow, create_window
@@ -57,12 +59,14 @@ def _release_live_at_exit() -> None:
             pass
 
 
-class P2POp(NamedTuple):
-    """One entry of a batch: ``kind`` is ``"send"`` or ``"recv"``."""
+class PersistentAllGather:
+    """Handle of a persistent all-gather: the bound output tensor."""
 
-    kind: str
-    tensor: torch.Tensor
-    peer: int
+    __slots__ = ("comm", "output")
+
+    def __init__(self, comm: TorchComm, output: torch.Tensor) -> None:
+        self.comm = comm
+        self.output: torch.Tensor | None = output
 
 
 class RemovableHandle:
@@ -107,8 +111,10 @@ class TorchComm:
     """An eagerly initialised communicator over one backend and one device."""
 
     def __init__(self, backend: TorchCommBackend, device: torch.device, name: str,
-                 options: CommOptions, store: Any) -> None:
+                 options: CommOptions, store: Any, backend_name: str | None = None) -> None:
+        adapt_backend(backend)  # reference-style methods without timeout=/hints=
         self._backend = backend
+        self._backend_name = backend_name or backend.get_backend_name()
         self._device = device
         self._name = name
         self._options = options
@@ -119,7 +125,6 @@ class TorchComm:
         self._hints: dict[str, str] = dict(options.hints)
         self._state = _OK
         self._failure: BaseException | None = None
-        self._op_ids = itertools.count()
         self._pre_hooks: dict[int, Callable[..., Any]] = {}
         self._post_hooks: dict[int, Callable[..., Any]] = {}
         self._abort_hooks: dict[int, Callable[..., Any]] = {}
@@ -152,18 +157,77 @@ class TorchComm:
         return self._device
 
     def get_backend(self) -> str:
-        return self._backend.get_backend_name()
+        """The backend name given to ``new_comm`` (``"gloo"``, ``"nccl"``, ...)."""
+        return self._backend_name
+
+    def get_backend_version(self) -> str:
+        """The version of the backend: its distribution's, else the engine's."""
+        return backend_version(type(self._backend))
+
+    def get_mem_allocator(self) -> Any:
+        """The backend's process-wide memory allocator (``get_mem_allocator(backend)``)."""
+        return get_mem_allocator(self._backend_name)
+
+    @property
+    def mem_allocator(self) -> Any:
+        """Deprecated alias of :meth:`get_mem_allocator`."""
+        warnings.warn("TorchComm.mem_allocator is deprecated; call get_mem_allocator()",
+                      DeprecationWarning, stacklevel=2)
+        return self.get_mem_allocator()
+
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        """Pre-register ``tensor``'s memory with the backend (a no-op where it has none)."""
+        self._check.tensor("tensor_register", "tensor", tensor)
+        register = getattr(self._backend, "tensor_register", None)
+        if register is not None:
+            register(tensor)
+
+    def tensor_deregister(self, tensor: torch.Tensor) -> None:
+        """Release a registration made by :meth:`tensor_register`."""
+        self._check.tensor("tensor_deregister", "tensor", tensor)
+        deregister = getattr(self._backend, "tensor_deregister", None)
+        if deregister is not None:
+            deregister(tensor)
+
+    def get_device_transport(self) -> int:
+        """The backend's device transport handle; only GPU backends have one."""
+        transport = getattr(self._backend, "get_device_transport", None)
+        if transport is None:
+            raise CommStateError(
+                f"get_device_transport: backend {self._backend_name!r} has no device "
+                f"transport (it is a GPU-backend feature of the reference's ncclx); use the "
+                f"communicator's operations or windows instead"
+            )
+        return int(transport())
+
+    def __copy__(self) -> TorchComm:
+        return self  # a communicator is a live endpoint: copies are the same object
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> TorchComm:
+        memo[id(self)] = self
+        return self
 
     def get_options(self) -> CommOptions:
         return self._options
+
+    @property
+    def checker(self) -> Checker:
+        """The argument checker of this communicator (for plugin collectives).
+
+        ``comm.checker.tensor(op, arg, t)``, ``.tensor_list``, ``.peer``, ``.same_dtype``,
+        ``.numel`` and ``.reduce_op`` raise the same errors as the built-in operations.
+        """
+        return self._check
 
     def get_backend_impl(self) -> TorchCommBackend:
         """The backend object (a ``TorchCommBackend``)."""
         return self._backend
 
-    def unsafe_get_backend(self) -> Any:
-        """The engine under the backend (e.g. ``ProcessGroupGloo``); bypasses every check."""
-        return getattr(self._backend, "engine", self._backend)
+    def unsafe_get_backend(self) -> TorchCommBackend:
+        """Deprecated alias of :meth:`get_backend_impl` (the engine is ``.engine`` on it)."""
+        warnings.warn("TorchComm.unsafe_get_backend() is deprecated; use get_backend_impl()",
+                      DeprecationWarning, stacklevel=2)
+        return self._backend
 
     def method_support(self) -> dict[str, str]:
         """Which operations the backend runs natively and which the core derives."""
@@ -211,7 +275,11 @@ class TorchComm:
                 return
             self._state = _FINALIZED
         self._finalizer.detach()
-        self._backend.finalize()
+        try:
+            hook_args = self._pre_plain("finalize", (), FINALIZE_OP_ID)
+        finally:  # a failing hook must not leave the engine running
+            self._backend.finalize()
+        self._post_plain(hook_args)
         call_lifecycle("torchcomms_comm_finalized", comm=self)
 
     def _release_quietly(self) -> None:
@@ -256,10 +324,30 @@ class TorchComm:
 
     def get_init_handle(self) -> str:
         """An opaque handle naming this rank's endpoint of the communicator."""
+        handle = getattr(self, "_init_handle", None)
+        if handle is not None:  # enable_reconfigure: the token reconfigure expects
+            return handle
         return f"{self.get_backend()}://{self._name}/{self._rank}"
+
+    def reconfigure(self, uuid: int | str, init_handles: list[str] | set[str],
+                    timeout: timedelta | None = None,
+                    hints: dict[str, str] | None = None) -> TorchWork:
+        """Bind the communicator to exactly the members ``init_handles`` names (fault tolerance).
+
+        Rank is the caller's position in the list (sorted order for a set), size its length;
+        ``uuid`` must be new for this communicator. Completed on return. See
+        ``torchcomms_core.reconfigure`` and docs/fault-tolerance.md.
+        """
+        from .reconfigure import reconfigure
+
+        return reconfigure(self, uuid, init_handles, timeout, hints)
 
     def _ensure_usable(self, op: str) -> None:
         state = self._state
+        if state == "unbound":
+            from .reconfigure import unbound_error
+
+            raise unbound_error(op, self._name)
         if state is _FINALIZED:
             raise CommStateError(
                 f"{op}: communicator {self._name!r} was finalized; create a new one with "
@@ -283,7 +371,9 @@ class TorchComm:
             self._failure = error
         self._run_abort_hooks()
         call_lifecycle("torchcomms_comm_aborted", comm=self, reason=str(error))
-        if self._options.abort_process_on_timeout_or_error:
+        # With enable_reconfigure a failure revokes the communicator; recovery is reconfigure.
+        if (self._options.abort_process_on_timeout_or_error
+                and not self._options.enable_reconfigure):
             sys.stderr.write(
                 f"torchcomms: aborting the process: {error} "
                 f"(abort_process_on_timeout_or_error=True)\n"
@@ -301,17 +391,27 @@ class TorchComm:
 
     # -- hooks -----------------------------------------------------------------------
 
-    def register_pre_hook(self, fn: Callable[[OpName, int, Any], None]) -> RemovableHandle:
-        """Call ``fn(op_name, op_id, args)`` before each operation is issued."""
-        return RemovableHandle(self._pre_hooks, _callable(fn, "register_pre_hook"))
+    def register_pre_hook(self, callback: Callable[[OpName, int, Any], None]
+                          ) -> RemovableHandle:
+        """Call ``callback(name, op_id, args)`` before each operation is issued.
 
-    def register_post_hook(self, fn: Callable[[int, Any], None]) -> RemovableHandle:
-        """Call ``fn(op_id, args)`` after each operation is issued (``args.work`` is set)."""
-        return RemovableHandle(self._post_hooks, _callable(fn, "register_post_hook"))
+        ``args`` is the operation's ``<Op>PreHookArgs``; ``args.work`` is its
+        ``TorchWork`` (status ``NOT_STARTED``). Returns a handle whose ``remove()``
+        unregisters the hook.
+        """
+        return RemovableHandle(self._pre_hooks, _callable(callback, "register_pre_hook"))
 
-    def register_abort_hook(self, fn: Callable[[], None]) -> RemovableHandle:
-        """Call ``fn()`` when the communicator aborts or an operation fails or times out."""
-        return RemovableHandle(self._abort_hooks, _callable(fn, "register_abort_hook"))
+    def register_post_hook(self, callback: Callable[[int, Any], None]) -> RemovableHandle:
+        """Call ``callback(op_id, args)`` after each operation is issued.
+
+        ``args`` is a ``CollectivePostHookArgs`` (``SplitPostHookArgs``, ...) with the
+        operation's ``work``; synchronous operations have completed by then.
+        """
+        return RemovableHandle(self._post_hooks, _callable(callback, "register_post_hook"))
+
+    def register_abort_hook(self, callback: Callable[[], None]) -> RemovableHandle:
+        """Call ``callback()`` when the communicator aborts or an operation fails or times out."""
+        return RemovableHandle(self._abort_hooks, _callable(callback, "register_abort_hook"))
 
     # -- the engine room -------------------------------------------------------------
 
@@ -319,13 +419,15 @@ class TorchComm:
                async_op: bool, timeout: timedelta | None, hints: dict[str, str] | None,
                finishers: list[Callable[[], None]] | None, hook_values: tuple[Any, ...],
                extra: dict[str, Any] | None = None) -> TorchWork:
-        op_id = next(self._op_ids)
         args = None
         if self._pre_hooks or self._post_hooks:
+            op_id = next_op_id()
             args = args_class(name)(name, op_id, hook_values, async_op, timeout, hints)
-            op_name = OpName(name) if name in OpName.__members__ else name
+            # Pre-hooks see the operation's work before it starts (status NOT_STARTED).
+            args.work = TorchWork.not_started(self, name)
+            label = op_name(name)
             for hook in tuple(self._pre_hooks.values()):
-                hook(op_name, op_id, args)
+                hook(label, op_id, args)
         if timeout is None:
             timeout = self._timeout
         if hints is None:
@@ -346,15 +448,19 @@ class TorchComm:
             if error is exc:
                 raise
             raise error from exc  # type: ignore[misc]
-        work = TorchWork(inner, finishers, self, name)
+        if args is None:
+            work = TorchWork(inner, finishers, self, name)
+        else:
+            work = args.work
+            work._start(inner, finishers)
         if not async_op and (inner is not None or finishers):
             work.wait()
         elif async_op and work._status is WorkStatus.INPROGRESS:
             self._inflight.add(work)
         if args is not None:
-            args.work = work
+            post = post_args(args, work)
             for hook in tuple(self._post_hooks.values()):
-                hook(op_id, args)
+                hook(args.op_id, post)
         return work
 
     def _begin(self, op: str, timeout: Any, hints: Any
@@ -448,16 +554,23 @@ class TorchComm:
             self._ensure_usable("batch_op_create")
         return BatchSendRecv(self)
 
-    def _batch_issue(self, ops: list[P2POp], async_op: bool, timeout: timedelta | None,
+    def _batch_issue(self, ops: list[Any], async_op: bool, timeout: timedelta | None,
                      hints: dict[str, str] | None) -> TorchWork:
         timeout, hints = self._begin("batch_op_issue", timeout, hints)
+        c = self._check
+        for i, op in enumerate(ops):  # ``batch.ops`` is writable: check what it holds now
+            if not isinstance(op, P2POp):
+                raise CommTypeError(f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got "
+                                    f"{type(op).__name__}")
+            c.tensor("batch_op_issue", f"ops[{i}].tensor", op.tensor)
+            c.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=False)
         fin: list[Callable[[], None]] = []
         prepared = []
         for kind, tensor, peer in ops:
             if kind == "send":
-                prepared.append(P2POp(kind, _contiguous_in(tensor), peer))
+                prepared.append((kind, _contiguous_in(tensor), peer))
             else:
-                prepared.append(P2POp(kind, self._out(tensor, fin, "batch_op_issue"), peer))
+                prepared.append((kind, self._out(tensor, fin, "batch_op_issue"), peer))
         if not prepared:
             return TorchWork(None, None, self, "batch_op_issue")
         return self._issue("batch_op_issue", self._backend.batch_op_issue, (prepared,),
@@ -779,6 +892,38 @@ class TorchComm:
             self._ensure_usable("new_window")
         return create_window(self, tensor)
 
+    # -- persistent all-gather --------------------------------------------------------
+
+    def all_gather_p_init(self, output: torch.Tensor, hints: dict[str, str] | None = None,
+                          timeout: timedelta | None = None) -> PersistentAllGather:
+        """Bind ``output`` for repeated all-gathers; returns the handle ``exec`` takes."""
+        self._begin("all_gather_p_init", timeout, hints)
+        self._check.tensor("all_gather_p_init", "output", output)
+        if output.numel() % self._size:
+            raise CommInputError(
+                f"all_gather_p_init: output has {output.numel()} elements, not a multiple of "
+                f"the communicator size {self._size}"
+            )
+        return PersistentAllGather(self, output)
+
+    def all_gather_p_exec(self, handle: PersistentAllGather, input: torch.Tensor,
+                          async_op: bool = False, hints: dict[str, str] | None = None,
+                          timeout: timedelta | None = None) -> TorchWork:
+        """Gather every rank's ``input`` into the output bound by ``all_gather_p_init``."""
+        if not isinstance(handle, PersistentAllGather) or handle.comm is not self:
+            raise CommTypeError("all_gather_p_exec: handle must come from this communicator's "
+                                "all_gather_p_init")
+        if handle.output is None:
+            raise CommStateError("all_gather_p_exec: the handle was freed by all_gather_p_free")
+        return self.all_gather_single(handle.output, input, async_op, hints, timeout)
+
+    def all_gather_p_free(self, handle: PersistentAllGather) -> None:
+        """Release a handle from ``all_gather_p_init``; it cannot be executed again."""
+        if not isinstance(handle, PersistentAllGather) or handle.comm is not self:
+            raise CommTypeError("all_gather_p_free: handle must come from this communicator's "
+                                "all_gather_p_init")
+        handle.output = None
+
     # -- sub-communicators -----------------------------------------------------------
 
     def split(self, ranks: Sequence[int], name: str, hints: dict[str, str] | None = None,
@@ -835,52 +980,30 @@ class TorchComm:
         except BaseException:
             _release_name(self._store, f"split/{name}", self._rank)
             raise
-        comm = TorchComm(child, self._device, name, options, store)
+        comm = TorchComm(child, self._device, name, options, store, self._backend_name)
         self._post_plain(hook_args)
         call_lifecycle("torchcomms_comm_created", comm=comm)
         return comm
 
-    def _pre_plain(self, name: str, values: tuple[Any, ...]) -> Any:
-        """Run pre hooks for an operation that returns no work (split); returns its args."""
+    def _pre_plain(self, name: str, values: tuple[Any, ...], op_id: int | None = None) -> Any:
+        """Run pre hooks for an operation that returns no work (split, finalize)."""
         if not (self._pre_hooks or self._post_hooks):
             return None
-        op_id = next(self._op_ids)
+        if op_id is None:
+            op_id = next_op_id()
         args = args_class(name)(name, op_id, values, False, None, None)
+        args.work = TorchWork.not_started(self, name)
         for hook in tuple(self._pre_hooks.values()):
-            hook(OpName(name), op_id, args)
+            hook(OpName[name], op_id, args)
         return args
 
     def _post_plain(self, args: Any) -> None:
         if args is None:
             return
-        args.work = TorchWork(None, None, self, args.op_name)
+        args.work._start(None, None)
+        post = post_args(args, args.work)
         for hook in tuple(self._post_hooks.values()):
-            hook(args.op_id, args)
-
-
-class BatchSendRecv:
-    """Sends and receives collected with ``send``/``recv`` and issued together."""
-
-    def __init__(self, comm: TorchComm) -> None:
-        self._comm = comm
-        self.ops: list[P2POp] = []
-
-    def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
-        c = self._comm._check
-        c.tensor("batch send", "tensor", tensor)
-        self.ops.append(P2POp("send", tensor, c.peer("batch send", "dst", dst, allow_self=False)))
-        return self
-
-    def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
-        c = self._comm._check
-        c.tensor("batch recv", "tensor", tensor)
-        self.ops.append(P2POp("recv", tensor, c.peer("batch recv", "src", src, allow_self=False)))
-        return self
-
-    def issue(self, async_op: bool = False, hints: dict[str, str] | None = None,
-              timeout: timedelta | None = None) -> TorchWork:
-        """Issue every operation before waiting on any, so rings cannot deadlock."""
-        return self._comm._batch_issue(self.ops, async_op, timeout, hints)
+            hook(args.op_id, post)
 
 
 # -- construction ----------------------------------------------------------------------
@@ -928,17 +1051,42 @@ def new_comm(
     backend: str,
     device: torch.device | str,
     name: str | None = None,
-    *,
-    store: Any = None,
-    timeout: timedelta | None = None,
-    hints: dict[str, str] | None = None,
     abort_process_on_timeout_or_error: bool | None = None,
+    timeout: timedelta | None = None,
+    is_high_priority_stream: bool | None = None,
+    store: Any = None,
     enable_reconfigure: bool = False,
+    hints: dict[str, str] | None = None,
 ) -> TorchComm:
-    """Create a communicator on ``backend`` and ``device``; returns once it is ready.
+    """Create a communicator on ``backend`` and ``device``; returns once every rank joined.
 
-    Without ``store``, rank and size come from the launcher's environment and the
-    rendezvous store from ``MASTER_ADDR``/``MASTER_PORT``.
+    The parameters follow the reference's binding, positional order included.
+
+    Args:
+        backend: a backend name (``"gloo"``, ``"ncclx"``, an entry point or a name given to
+            ``register_backend``).
+        device: the device the communicator works on (``"cpu"``, ``torch.device("cuda")``).
+        name: unique per process; every rank passes the same. Generated (``comm_<n>``) when
+            omitted, which only the main thread may rely on.
+        abort_process_on_timeout_or_error: abort the process when an operation fails or
+            times out; default ``TORCHCOMM_ABORT_ON_ERROR`` (true).
+        timeout: default timeout of every operation (``TORCHCOMM_TIMEOUT_SECONDS``, 600 s).
+        is_high_priority_stream: GPU backends run on a high-priority stream; CPU backends
+            ignore it. Passed to the backend as the hint ``high_priority_stream``.
+        store: a c10d ``Store`` to rendezvous through; without it, rank and size come from
+            the launcher's environment and the store from ``MASTER_ADDR``/``MASTER_PORT``
+            (or ``TORCHCOMM_STORE_PATH``).
+        enable_reconfigure: create the communicator unbound, for ``reconfigure``.
+        hints: backend-specific ``dict[str, str]``.
+
+    Returns:
+        A ready :class:`TorchComm`.
+
+    Raises:
+        BackendNotFoundError, BackendLoadError: the backend is not installed or cannot run.
+        BootstrapError: rank, size or the store could not be determined.
+        CommInputError, CommTypeError: an argument was refused.
+        CommTimeoutError: some rank did not join within ``timeout``.
     """
     if not isinstance(backend, str) or not backend:
         raise CommTypeError(f"new_comm: backend must be a backend name such as 'gloo', "
@@ -958,10 +1106,19 @@ def new_comm(
         except ValueError as exc:
             raise CommInputError(f"new_comm: {exc}") from None
     hints = dict(check_hints(hints, "new_comm")) if hints is not None else {}
-    if enable_reconfigure:
-        raise CommInputError("new_comm: enable_reconfigure=True is not supported by this "
-                             "version of torchcomms; leave it False")
-
+    if abort_process_on_timeout_or_error is None:
+        try:
+            abort_process_on_timeout_or_error = _env.abort_on_error()
+        except ValueError as exc:
+            raise CommInputError(f"new_comm: {exc}") from None
+    elif not isinstance(abort_process_on_timeout_or_error, bool):
+        raise CommTypeError(f"new_comm: abort_process_on_timeout_or_error must be a bool or "
+                            f"None, got {abort_process_on_timeout_or_error!r}")
+    if is_high_priority_stream is not None:
+        if not isinstance(is_high_priority_stream, bool):
+            raise CommTypeError(f"new_comm: is_high_priority_stream must be a bool or None, "
+                                f"got {is_high_priority_stream!r}")
+        hints.setdefault("high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
     cls = get_backend_class(backend)
     ok, reason = cls.is_available()
@@ -972,6 +1129,11 @@ def new_comm(
             f"new_comm: backend {backend!r} runs on {', '.join(cls.devices)} devices, not "
             f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
         )
+    if enable_reconfigure:  # unbound until reconfigure; needs no peer now
+        from .reconfigure import new_reconfigurable_comm
+
+        return new_reconfigurable_comm(cls, backend, device, name or _auto_name(), store,
+                                       timeout, hints, abort_process_on_timeout_or_error)
     from .pytorch.c10d_context import creating_group
 
     # Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, init_process_group's rank, size and timeout.
@@ -1021,6 +1183,6 @@ def new_comm(
     bound = getattr(instance, "device", None)
     if isinstance(bound, torch.device) and bound.type == device.type:
         device = bound
-    comm = TorchComm(instance, device, name, options, comm_store)
+    comm = TorchComm(instance, device, name, options, comm_store, backend)
     call_lifecycle("torchcomms_comm_created", comm=comm)
     return comm

@@ -58,7 +58,8 @@ DERIVABLE_METHODS: tuple[str, ...] = (
 )
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
-OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource")
+OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource",
+                                     "reconfigure_engine")
 
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -342,6 +343,17 @@ class TorchCommBackend(abc.ABC):
     def abort(self) -> None:
         """Tear the engine down at once, abandoning operations in flight (optional)."""
         raise NotImplementedError(f"{type(self).__name__} does not support abort()")
+
+    def reconfigure_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
+                           options: CommOptions) -> None:
+        """Build a fresh engine as ``rank`` of ``size`` over ``store`` (optional).
+
+        Called by ``TorchComm.reconfigure`` once every member is known to be present; the
+        core has already aborted the previous engine and namespaced ``store`` by the uuid.
+        Afterwards ``get_rank()``/``get_size()`` must return the new values.
+        """
+        raise RuntimeError(f"reconfigure not implemented by backend {type(self).__name__}; "
+                           f"use a backend whose method_support() reports reconfigure_engine")
 
     def new_window(self) -> Any:
         """Return a window engine (``torchcomms_core.window.WindowEngine``) (optional).

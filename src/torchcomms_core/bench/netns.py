@@ -140,8 +140,10 @@ class Network:
         return {
             _env.MASTER_ADDR: self.address(0),
             _env.MASTER_PORT: str(STORE_PORT),
-            _env.STORE_FILE: None,
+            _env.STORE_PATH: None,
             _env.GLOO_INTERFACE: INTERFACE,
+            # torch.distributed's own gloo groups (``--compare c10d``) bind through this one.
+            "GLOO_SOCKET_IFNAME": INTERFACE,
         }
 
 

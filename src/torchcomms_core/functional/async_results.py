@@ -54,42 +54,50 @@ def _settle(t: TorchCommsAsyncTensor) -> None:
     work = t.__dict__.get("_torchcomms_work")
     if work is not None:
         t._torchcomms_work = None
-        work.wait()
+        # Completion steps may write the result in place; that is not a differentiable use.
+        with torch.no_grad():
+            work.wait()
 
 
 class FakeWork:
-    """Stands in for ``TorchWork`` while tracing: ``wait()`` emits the wait op.
+    """Stands in for ``TorchWork`` while tracing: ``wait()`` puts the wait op in the graph.
 
-    ``tensors`` are the tensors the collective writes in place; ``results`` are new result
-    tensors (the differentiable form), which ``wait()`` returns once ready.
+    ``results`` are the functional op's outputs (in flight until the wait); ``reads`` are
+    tensors the collective reads meanwhile, passed to the wait so the compiled graph keeps
+    their memory untouched until then. After the wait the results are copied into
+    ``targets`` (the caller's tensors, for the in-place form) or, without targets,
+    returned (the differentiable form).
     """
 
     def __init__(
         self,
-        tensors: list[torch.Tensor],
-        results: list[torch.Tensor] | None = None,
+        results: list[torch.Tensor],
+        reads: list[torch.Tensor],
+        targets: list[torch.Tensor] | None,
         single: bool = True,
     ) -> None:
-        self._tensors = tensors
         self._results = results
+        self._reads = reads
+        self._targets = targets
         self._single = single
         self._done = False
 
     def wait(self) -> Any:
         """Wait for the collective at this point of the graph.
 
-        Returns ``None`` for in-place collectives; the result tensor (or list) for the
-        differentiable form.
+        Returns ``None`` for the in-place form; the result tensor (or list) otherwise.
         """
-        if self._results is not None:
-            if not self._done:
-                self._results = op("torchcomm_wait_tensors")(self._results)
-                self._done = True
-            return self._results[0] if self._single else list(self._results)
         if not self._done:
-            op("torchcomm_wait_tensors_")(self._tensors)
+            n = len(self._results)
+            waited = op("torchcomm_wait_tensors")([*self._results, *self._reads])
+            self._results = list(waited[:n])
             self._done = True
-        return None
+            if self._targets is not None:
+                for t, r in zip(self._targets, self._results, strict=True):
+                    t.copy_(r)
+        if self._targets is not None:
+            return None
+        return self._results[0] if self._single else list(self._results)
 
     def is_completed(self) -> bool:
         return self._done

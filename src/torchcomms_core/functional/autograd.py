@@ -77,7 +77,7 @@ def _all_gather_bwd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[Any, ..
     g = op("torchcomm_reduce_scatter")(
         comm, torch.empty_like(tensor), gs, "SUM", None, False, hints, timeout
     )
-    return (None, None, g, None, None, None)
+    return (None, [None] * len(tensor_list), g, None, None, None)
 
 
 def _reduce_scatter_bwd(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -94,7 +94,7 @@ def _all_to_all_bwd(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[Any, ..
     gin = op("torchcomm_all_to_all")(
         comm, [torch.empty_like(t) for t in input_list], gs, False, hints, timeout
     )
-    return (None, None, list(gin), None, None, None)
+    return (None, [None] * len(output_list), list(gin), None, None, None)
 
 
 def _wait_bwd(ctx: Any, grads: list[torch.Tensor]) -> tuple[Any, ...]:

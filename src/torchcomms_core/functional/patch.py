@@ -19,7 +19,7 @@ from . import pending
 from .async_results import FakeWork, TorchCommsAsyncTensor
 from .autograd import DIFFERENTIABLE
 from .ops import ORIGINALS, CommRef, op
-from .table import INTS, OPS, REDUCE_OP, TENSORS, OpSpec
+from .table import IN, INTS, OPS, REDUCE_OP, TENSOR, TENSORS, OpSpec
 
 _TRAILING = ("async_op", "hints", "timeout")
 _MISSING = object()
@@ -59,6 +59,7 @@ class _Plan:
         "differentiable",
         "inplace",
         "functional",
+        "reads",
     )
 
     def __init__(self, spec: OpSpec) -> None:
@@ -72,6 +73,10 @@ class _Plan:
         self.differentiable = spec.method in DIFFERENTIABLE
         self.inplace = None if written is None else op(spec.inplace_name)
         self.functional = op(spec.functional_name)
+        # Tensors an async collective reads while in flight: kept alive until its wait.
+        self.reads = tuple(
+            i for i, p in enumerate(spec.params) if p.kind in (TENSOR, TENSORS) and p.role == IN
+        )
 
 
 def _bind(
@@ -143,36 +148,58 @@ def ref_of(comm: Any) -> CommRef:
 
 
 def _via_ops(plan: _Plan, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run a collective through the functional op (tracing, or a result that needs grad).
+
+    While tracing, only the functional ops are used: PT2 threads effect tokens (program
+    order, no dead-code elimination) through ops that do not mutate their inputs, so the
+    in-place form is the functional op followed by ``copy_`` into the caller's tensors.
+    """
     values, async_op, hints, timeout = _bind(plan, args, kwargs)
-    tracing = torch.compiler.is_compiling()
-    ref = comm._compile_ref if tracing else ref_of(comm)
+    compiling = torch.compiler.is_compiling()
+    tracing = compiling or _needs_ops(False, values)
+    ref = comm._compile_ref if compiling else ref_of(comm)
     svals = _schema_values(plan, values)
     hints = None if hints is None else dict(hints)
     seconds = _seconds(timeout)
-    if plan.widx < 0:
-        token = plan.functional(ref, *svals, async_op, hints, seconds)
+    result = plan.functional(ref, *svals, async_op, hints, seconds)
+    if plan.widx < 0:  # send, barrier: the result is a token to wait on
         if not async_op:
             return None
-        work = None if tracing else pending.take(token)
-        return work if work is not None else FakeWork([token])
-    wvalue = values[plan.widx]
+        work = None if tracing else pending.take(result)
+        if work is not None:
+            return work
+        return FakeWork([result], _reads(plan, values), None, single=True)
     many = plan.wkind == TENSORS
-    wlist = list(wvalue) if many else [wvalue]
-    grad = plan.differentiable and torch.is_grad_enabled() and _needs_grad(values)
-    if not grad:
-        plan.inplace(ref, *svals, async_op, hints, seconds)
-        return FakeWork(wlist) if async_op else None
-    result = plan.functional(ref, *svals, async_op, hints, seconds)
     results = list(result) if many else [result]
-    if not async_op:
+    grad = plan.differentiable and torch.is_grad_enabled() and _needs_grad(values)
+    targets = None
+    if not grad:
+        wvalue = values[plan.widx]
+        targets = list(wvalue) if many else [wvalue]
+    if async_op and tracing:
+        return FakeWork(results, _reads(plan, values), targets, single=not many)
+    if async_op:
+        wrapped = []
+        for r in results:
+            work = pending.take(r)
+            wrapped.append(TorchCommsAsyncTensor.wrap(r, work) if work is not None else r)
+        return wrapped if many else wrapped[0]
+    if targets is None:
         return result
-    if tracing:
-        return FakeWork(wlist, results, single=not many)
-    wrapped = []
-    for r in results:
-        work = pending.take(r)
-        wrapped.append(TorchCommsAsyncTensor.wrap(r, work) if work is not None else r)
-    return wrapped if many else wrapped[0]
+    for t, r in zip(targets, results, strict=True):
+        t.copy_(r)
+    return None
+
+
+def _reads(plan: _Plan, values: list[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for i in plan.reads:
+        v = values[i]
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        else:
+            out.extend(v)
+    return out
 
 
 def _needs_grad(values: list[Any]) -> bool:
@@ -246,3 +273,8 @@ def patch_torchcomm() -> None:
     init = TorchComm.__dict__["__init__"]
     if getattr(init, _WRAPPED, None) is None:
         TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
+    # Communicators created before the compile path was switched on get their ref now.
+    from .. import comm as comm_module
+
+    for live in list(getattr(comm_module, "_live", ())):
+        ref_of(live)

@@ -105,7 +105,9 @@ def _create_torchcomm_process_group(comm: TorchComm, group_name: str,
     pg = _BackendWrapper(comm)
     pg._set_group_name(group_name)
     pg._set_group_desc(group_name)
-    pg._set_global_ranks([g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])])
+    set_ranks = getattr(pg, "_set_global_ranks", None)  # recorded in the group's options
+    if set_ranks is not None:
+        set_ranks([g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])])
     c10d._register_pg_in_world(
         pg,
         backend_name=backend_str,

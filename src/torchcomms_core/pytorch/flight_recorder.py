@@ -1,7 +1,8 @@
 """``FlightRecorderHook``: a ring buffer of a communicator's last operations, dumped as c10d does.
 
 Dumps use the fields of c10d's own flight recorder, so PyTorch's analyzer
-(``torch.distributed.flight_recorder``) can match operations across ranks.
+(``torch.distributed.flight_recorder``) can match operations across ranks. Hooks share
+one process-wide recorder unless made ``isolated``, as in Meta's torchcomms.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from .. import _env
 from ..comm import RemovableHandle, TorchComm
 from ..errors import CommInputError, CommTypeError
+from ..hooks import _args
 from ..work import WorkStatus
 
 #: The c10d flight-recorder format version our dumps follow.
@@ -71,27 +73,22 @@ def _sizes(*tensors: Any) -> tuple[list[list[int]], list[str]]:
     return [list(t.shape) for t in items], [_scalar_name(t.dtype) for t in items]
 
 
+def _describe(op: str, value: Any) -> tuple[list[list[int]], list[str]]:
+    if isinstance(value, (list, tuple)):
+        return _sizes(*value) if op == "all_to_all" else _stacked(value)
+    return _sizes(value)
+
+
 def _io(op: str, fields: dict[str, Any]) -> tuple[Any, Any]:
     """``((input_sizes, input_dtypes), (output_sizes, output_dtypes))`` of one operation."""
-    f = fields.get
     if op in ("all_reduce", "broadcast", "reduce", "send", "recv"):
-        s = _sizes(f("tensor"))
+        s = _sizes(fields.get("tensor"))
         return s, s
-    if op in ("all_gather", "all_gather_v"):
-        return _sizes(f("tensor")), _stacked(f("tensor_list") or [])
-    if op in ("reduce_scatter", "reduce_scatter_v"):
-        return _stacked(f("input_list") or []), _sizes(f("output"))
-    if op == "all_to_all":
-        return (_sizes(*(f("input_tensor_list") or [])),
-                _sizes(*(f("output_tensor_list") or [])))
-    if op == "scatter":
-        return _stacked(f("input_tensor_list") or []), _sizes(f("output_tensor"))
-    if op == "gather":
-        return _sizes(f("input_tensor")), _stacked(f("output_tensor_list") or [])
-    if "input" in fields or "output" in fields:
-        return _sizes(f("input")), _sizes(f("output"))
-    tensors = [v for v in fields.values() if isinstance(v, torch.Tensor)]
-    return _sizes(*tensors), _sizes(*tensors)
+    inp, out = _args.raw_io(op, fields)
+    if inp is None and out is None:
+        tensors = [v for v in fields.values() if isinstance(v, torch.Tensor)]
+        return _sizes(*tensors), _sizes(*tensors)
+    return _describe(op, inp), _describe(op, out)
 
 
 def _frames() -> list[dict[str, Any]]:
@@ -108,7 +105,7 @@ def _frames() -> list[dict[str, Any]]:
 
 
 class _Track:
-    """What the recorder knows of one communicator: its id, counters and open entries."""
+    """What a recorder knows of one communicator: its id, counters, open entries, hooks."""
 
     __slots__ = ("pg_id", "comm", "collective_seq", "p2p_seq", "op_seq", "open", "handles")
 
@@ -121,103 +118,93 @@ class _Track:
         self.open: dict[int, list[dict[str, Any]]] = {}
         self.handles: list[RemovableHandle] = []
 
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
 
-class FlightRecorderHook:
-    """Keep the last ``max_entries`` operations of the communicators it is registered with.
 
-    ``max_entries=0`` records nothing (PyTorch passes 0 unless ``TORCH_FR_BUFFER_SIZE``
-    is set). ``dump()`` writes JSON to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<global rank>`` (by
-    default ``~/.cache/torch/comm_lib_trace_rank_<rank>``, mode 0600); a
-    failed, timed-out or aborted operation dumps automatically.
-    """
+class _Recorder:
+    """A ring buffer of operations and the communicators that feed it."""
 
-    def __init__(self, max_entries: int = 2000) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-            raise CommTypeError(f"FlightRecorderHook: max_entries must be an int, got "
-                                f"{max_entries!r}")
-        if max_entries < 0:
-            raise CommInputError(f"FlightRecorderHook: max_entries must be >= 0, got "
-                                 f"{max_entries}")
+    def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self._entries: collections.deque[dict[str, Any]] = collections.deque(
+        self.entries: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=max_entries or None)
-        self._tracks: list[_Track] = []
-        self._record_ids = 0
-        self._lock = threading.Lock()
+        self.tracks: list[_Track] = []
+        self.next_pg_id = 0
+        self.record_ids = 0
+        self.lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
         return self.max_entries > 0
 
-    @staticmethod
-    def attached_to(comm: TorchComm) -> list[FlightRecorderHook]:
-        """The recorders recording ``comm`` (e.g. the one PyTorch attached for you)."""
-        return list(_attached.get(comm, ()))
+    def find(self, comm: TorchComm) -> _Track | None:
+        return next((t for t in self.tracks if t.comm() is comm), None)
 
-    def register_with_comm(self, comm: TorchComm) -> FlightRecorderHook:
-        """Record ``comm``'s operations from now on (a no-op when ``max_entries`` is 0)."""
-        if not isinstance(comm, TorchComm):
-            raise CommTypeError(f"register_with_comm: expected a TorchComm, got "
-                                f"{type(comm).__name__}")
-        if not self.enabled or any(t.comm() is comm for t in self._tracks):
-            return self
-        track = _Track(len(self._tracks), comm)
+    def add(self, comm: TorchComm) -> _Track:
+        track = _Track(self.next_pg_id, comm)
+        self.next_pg_id += 1
         track.handles = [
-            comm.register_pre_hook(lambda name, op_id, args: self._pre(track, name, op_id, args)),
-            comm.register_post_hook(lambda op_id, args: self._post(track, op_id, args)),
-            comm.register_abort_hook(self._on_failure),
+            comm.register_pre_hook(lambda name, op_id, args: self.pre(track, name, op_id, args)),
+            comm.register_post_hook(lambda op_id, args: self.post(track, op_id, args)),
         ]
-        self._tracks.append(track)
-        _attached.setdefault(comm, []).append(self)
-        return self
+        self.tracks.append(track)
+        return track
 
-    def unregister(self) -> None:
-        """Stop recording every communicator (the entries so far are kept)."""
-        for track in self._tracks:
-            for handle in track.handles:
-                handle.remove()
-            comm = track.comm()
-            if comm is not None and self in _attached.get(comm, ()):
-                _attached[comm].remove(self)
-        self._tracks = []
+    def drop(self, track: _Track) -> None:
+        track.remove()
+        if track in self.tracks:
+            self.tracks.remove(track)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.record_ids = 0
+            for track in self.tracks:
+                track.open.clear()
 
     # -- recording -------------------------------------------------------------------
 
-    def _pre(self, track: _Track, name: Any, op_id: int, args: Any) -> None:
-        op = str(name)
+    def pre(self, track: _Track, name: Any, op_id: int, args: Any) -> None:
+        op = str(getattr(name, "name", name))
         now = time.time_ns()
         frames = _frames()
-        timeout = args.timeout
+        timeout = getattr(args, "timeout", None)
         comm = track.comm()
         if timeout is None and comm is not None:
             timeout = comm.get_timeout()
         timeout_ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
-        if op == "batch_op_issue":
-            items = [(kind, {"tensor": t}, peer) for kind, t, peer in args.ops]
+        fields = _args.fields(args)
+        batch = _args.batch_ops(args) if op == "batch_op_issue" else None
+        if batch is not None:
+            items = [(kind, {"tensor": t}, peer) for kind, t, peer in batch]
         else:
-            peer = args.as_dict().get("dst", args.as_dict().get("src"))
-            items = [(op, args.as_dict(), peer)]
+            items = [(op, fields, _args.peer(fields))]
         me = comm.get_rank() if comm is not None else -1
         backend = comm.get_backend() if comm is not None else "gloo"
         entries = []
-        with self._lock:
+        with self.lock:
             # The sends and receives of one batch share a sequence id, as c10d's
             # coalesced point-to-point groups do.
             if op == "batch_op_issue":
                 track.p2p_seq += 1
-            for kind, fields, peer in items:
-                (in_sizes, in_types), (out_sizes, out_types) = _io(kind, fields)
-                p2p = kind in ("send", "recv")
+            for kind, kind_fields, peer in items:
+                (in_sizes, in_types), (out_sizes, out_types) = _io(kind, kind_fields)
+                p2p = kind in ("send", "recv", "batch_op_issue")
                 track.op_seq += 1
-                if p2p:
+                if kind in ("send", "recv"):
                     if op != "batch_op_issue":
                         track.p2p_seq += 1
                     label = f"send {me}->{peer}" if kind == "send" else f"recv {me}<-{peer}"
+                elif p2p:
+                    label = kind
                 else:
                     track.collective_seq += 1
                     label = _PROFILING_NAMES.get(kind, kind)
                 entry = {
-                    "record_id": self._record_ids,
+                    "record_id": self.record_ids,
                     "pg_id": track.pg_id,
                     "collective_seq_id": track.collective_seq,
                     "p2p_seq_id": track.p2p_seq,
@@ -239,25 +226,25 @@ class FlightRecorderHook:
                     "frames": frames,
                     "_work": None,
                 }
-                self._record_ids += 1
-                self._entries.append(entry)
+                self.record_ids += 1
+                self.entries.append(entry)
                 entries.append(entry)
             track.open[op_id] = entries
 
-    def _post(self, track: _Track, op_id: int, args: Any) -> None:
+    def post(self, track: _Track, op_id: int, args: Any) -> None:
         entries = track.open.pop(op_id, None)
         if not entries:
             return
         now = time.time_ns()
-        work = args.work
+        work = getattr(args, "work", None)
         for entry in entries:
             entry["state"] = "started"
             entry["time_discovered_started_ns"] = now
             entry["_work"] = work
-            self._settle(entry, now)
+            self.settle(entry, now)
 
     @staticmethod
-    def _settle(entry: dict[str, Any], now: int) -> None:
+    def settle(entry: dict[str, Any], now: int) -> None:
         work = entry["_work"]
         if work is None:
             return
@@ -271,25 +258,19 @@ class FlightRecorderHook:
             entry["retired"] = True
             entry["_work"] = None
 
-    def _on_failure(self) -> None:
-        try:
-            self.dump()
-        except OSError as exc:  # a failed dump must not hide the failure being reported
-            sys.stderr.write(f"torchcomms: flight recorder dump failed: {exc}\n")
-
     # -- dumping ---------------------------------------------------------------------
 
-    def dump_dict(self) -> dict[str, Any]:
-        """The recorder's content in c10d's dump layout (entries oldest first)."""
+    def dump_dict(self, include_completed: bool = True) -> dict[str, Any]:
         from .groups import describe
 
         now = time.time_ns()
-        with self._lock:
-            entries = list(self._entries)
+        with self.lock:
+            entries = list(self.entries)
+            tracks = list(self.tracks)
         groups: dict[int, tuple[str, str, Any]] = {}
         pg_config: dict[str, dict[str, str]] = {}
         pg_status: dict[str, dict[str, int]] = {}
-        for track in self._tracks:
+        for track in tracks:
             comm = track.comm()
             if comm is None:
                 continue
@@ -300,11 +281,7 @@ class FlightRecorderHook:
             pg_config[name] = {"name": name, "desc": desc, "ranks": str(list(ranks))}
         out = []
         for entry in entries:
-            self._settle(entry, now)
-            item = {k: v for k, v in entry.items() if k != "_work"}
-            name, desc, _ = groups.get(entry["pg_id"], (str(entry["pg_id"]), "undefined", []))
-            item["process_group"] = [name, desc]
-            out.append(item)
+            self.settle(entry, now)
             if not entry["is_p2p"]:
                 status = pg_status.setdefault(str(entry["pg_id"]), {
                     "last_enqueued_collective": -1, "last_started_collective": -1,
@@ -315,13 +292,192 @@ class FlightRecorderHook:
                     status["last_started_collective"] = seq
                 if entry["state"] == "completed":
                     status["last_completed_collective"] = seq
+            if not include_completed and entry["state"] == "completed":
+                continue
+            item = {k: v for k, v in entry.items() if k != "_work"}
+            name, desc, _ = groups.get(entry["pg_id"], (str(entry["pg_id"]), "undefined", []))
+            item["process_group"] = [name, desc]
+            out.append(item)
         return {"version": VERSION, "comm_lib_version": "", "pg_config": pg_config,
                 "pg_status": pg_status, "nccl_comm_state": {}, "entries": out}
 
-    def dump_json(self) -> str:
-        return json.dumps(self.dump_dict())
 
-    def dump(self, path: str | None = None, *, format: str = "json") -> str:
+# The process-wide recorder every non-isolated hook shares (made on first use), and
+# whether this process is still healthy (a failed operation under a recorder says no).
+_global: _Recorder | None = None
+_global_lock = threading.Lock()
+_health = {"healthy": True}
+
+
+def global_recorder() -> _Recorder:
+    """The process-wide recorder, sized by ``TORCHCOMM_FR_BUFFER_SIZE`` when first made."""
+    global _global
+    with _global_lock:
+        if _global is None:
+            try:
+                size = _env.fr_buffer_size()
+                _env.fr_cpp_stack()  # validated; Python engines have no C++ stacks to record
+            except ValueError as exc:
+                raise CommInputError(f"FlightRecorderHook: {exc}") from None
+            _global = _Recorder(size)
+        return _global
+
+
+def global_recorder_in_use() -> bool:
+    """Whether a communicator was ever registered with the process-wide recorder."""
+    recorder = _global
+    return recorder is not None and recorder.next_pg_id > 0
+
+
+def is_healthy() -> bool:
+    """False once an operation failed on a communicator a flight recorder watches."""
+    return _health["healthy"]
+
+
+def _set_healthy(value: bool) -> None:
+    _health["healthy"] = value
+
+
+def _check_max_entries(max_entries: Any) -> int:
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int):
+        raise CommTypeError(f"FlightRecorderHook: max_entries must be an int, got "
+                            f"{max_entries!r}")
+    if max_entries < 0:
+        raise CommInputError(f"FlightRecorderHook: max_entries must be >= 0, got "
+                             f"{max_entries}")
+    return max_entries
+
+
+class FlightRecorderHook:
+    """Record the last operations of the communicators it is registered with.
+
+    As in Meta's torchcomms, ``isolated=False`` (the default) records into the
+    process-wide recorder, whose size is ``TORCHCOMM_FR_BUFFER_SIZE`` (2000; ``<= 0``
+    disables it) and not ``max_entries``; every such hook shares its entries, and the
+    debug handlers (``torchcomms_fr_trace_json``, ``torchcomms_fr_dump_file``) read it.
+    ``isolated=True`` gives this hook a private recorder of ``max_entries`` entries
+    (``0`` records nothing), numbered from 0.
+
+    ``dump_json()`` returns c10d's trace layout; ``dump_file(rank)`` writes it as c10d
+    does (pickle) to ``$TORCHCOMM_FR_DUMP_TEMP_FILE<rank>`` (by default
+    ``~/.cache/torch/comm_lib_trace_rank_<rank>``, mode 0600), readable by
+    ``python -m torch.distributed.flight_recorder.fr_trace``. A failed, timed-out or
+    aborted operation writes ``dump()`` (JSON) by itself; a failure also marks the
+    process unhealthy for ``torchcomms_health_check`` and, when the process is about to
+    abort, waits ``TORCHCOMM_HEALTH_CHECK_WAIT_MS`` so a debug server can collect dumps.
+    """
+
+    def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
+        max_entries = _check_max_entries(max_entries)
+        if not isinstance(isolated, bool):
+            raise CommTypeError(f"FlightRecorderHook: isolated must be True or False, got "
+                                f"{isolated!r}")
+        self._isolated = isolated
+        self._recorder = _Recorder(max_entries) if isolated else global_recorder()
+        self._tracks: list[_Track] = []
+
+    @property
+    def isolated(self) -> bool:
+        """Whether this hook has a private recorder (else it shares the process-wide one)."""
+        return self._isolated
+
+    @property
+    def max_entries(self) -> int:
+        """Capacity of the recorder this hook records into."""
+        return self._recorder.max_entries
+
+    @property
+    def enabled(self) -> bool:
+        return self._recorder.enabled
+
+    def is_enabled(self) -> bool:
+        """Whether the recorder keeps any entries (its size is above 0)."""
+        return self._recorder.enabled
+
+    def size(self) -> int:
+        """Entries held now (at most the recorder's size)."""
+        return len(self._recorder.entries)
+
+    def __len__(self) -> int:
+        return self.size()
+
+    def reset(self) -> None:
+        """Drop every entry held (of the process-wide recorder too, when not isolated)."""
+        self._recorder.reset()
+
+    @staticmethod
+    def attached_to(comm: TorchComm) -> list[FlightRecorderHook]:
+        """The recorders recording ``comm`` (e.g. the one PyTorch attached for you)."""
+        return list(_attached.get(comm, ()))
+
+    def register_with_comm(self, comm: TorchComm) -> FlightRecorderHook:
+        """Record ``comm``'s operations from now on (a no-op when the recorder is disabled).
+
+        Returns the hook itself, so ``FlightRecorderHook().register_with_comm(c)`` works.
+        """
+        if not isinstance(comm, TorchComm):
+            raise CommTypeError(f"register_with_comm: expected a TorchComm, got "
+                                f"{type(comm).__name__}")
+        if not self._recorder.enabled:
+            return self
+        attached = _attached.setdefault(comm, [])
+        if self not in attached:
+            attached.append(self)
+        if self._recorder.find(comm) is not None:
+            return self
+        track = self._recorder.add(comm)
+        track.handles.append(comm.register_abort_hook(lambda: self._on_abort(track)))
+        self._tracks.append(track)
+        return self
+
+    def unregister(self) -> None:
+        """Stop recording the communicators this hook registered (entries are kept)."""
+        for track in self._tracks:
+            self._recorder.drop(track)
+            comm = track.comm()
+            if comm is not None and self in _attached.get(comm, ()):
+                _attached[comm].remove(self)
+        self._tracks = []
+
+    def _on_abort(self, track: _Track) -> None:
+        comm = track.comm()
+        failed = comm is not None and not comm.is_aborted()  # abort() is deliberate
+        try:
+            self.dump()
+        except OSError as exc:  # a failed dump must not hide the failure being reported
+            sys.stderr.write(f"torchcomms: flight recorder dump failed: {exc}\n")
+        if not failed:
+            return
+        _set_healthy(False)
+        options = comm.get_options() if comm is not None else None
+        if getattr(options, "abort_process_on_timeout_or_error", False):
+            # The process aborts next: give a debug server time to see it is unhealthy
+            # and fetch the dumps.
+            time.sleep(_env.health_check_wait_ms() / 1000)
+
+    # -- dumping ---------------------------------------------------------------------
+
+    def dump_dict(self, include_completed: bool = True) -> dict[str, Any]:
+        """The recorder's content in c10d's dump layout (entries oldest first)."""
+        return self._recorder.dump_dict(include_completed)
+
+    def dump_json(self, include_completed: bool = True) -> str:
+        """The recorder's content as c10d's JSON trace (``include_completed=False``: only
+        operations not yet completed)."""
+        return json.dumps(self.dump_dict(include_completed))
+
+    def dump_file(self, rank: int, include_completed: bool = True) -> str:
+        """Write the trace as c10d does (pickle) for ``rank``; returns the file written.
+
+        The file is ``$TORCHCOMM_FR_DUMP_TEMP_FILE<rank>``, or, with
+        ``TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME=1``, ``$TORCHCOMM_FR_DUMP_TEMP_FILE`` itself.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+            raise CommTypeError(f"dump_file: rank must be a non-negative int, got {rank!r}")
+        return self.dump(dump_path(rank), format="pickle", include_completed=include_completed)
+
+    def dump(self, path: str | None = None, *, format: str = "json",
+             include_completed: bool = True) -> str:
         """Write the dump to ``path`` (default ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``).
 
         ``format="pickle"`` writes what c10d's own recorder writes, for tools that read
@@ -330,8 +486,8 @@ class FlightRecorderHook:
         if format not in ("json", "pickle"):
             raise CommInputError(f"dump: format must be 'json' or 'pickle', got {format!r}")
         if path is None:
-            path = f"{_env.fr_dump_prefix()}{self._global_rank()}"
-        data = self.dump_dict()
+            path = dump_path(self._global_rank())
+        data = self.dump_dict(include_completed)
         if format == "json":
             payload = json.dumps(data).encode()
         else:
@@ -342,25 +498,41 @@ class FlightRecorderHook:
         return path
 
     def _global_rank(self) -> int:
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                return dist.get_rank()
-        except RuntimeError:
-            pass
-        found = _env.rank_and_size()
-        if found is not None:
-            return found[0]
-        for track in self._tracks:
-            comm = track.comm()
-            if comm is not None:
-                return comm.get_rank()
-        return 0
+        return global_rank([t.comm() for t in self._tracks])
 
     def __repr__(self) -> str:
-        return (f"<FlightRecorderHook max_entries={self.max_entries} entries="
-                f"{len(self._entries)} comms={len(self._tracks)}>")
+        return (f"<FlightRecorderHook max_entries={self.max_entries} isolated={self.isolated} "
+                f"entries={self.size()} comms={len(self._tracks)}>")
+
+
+def dump_path(rank: int) -> str:
+    """Where the dump of ``rank`` goes (``TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME`` decides)."""
+    try:
+        dynamic = _env.fr_dump_dynamic_file_name()
+    except ValueError as exc:
+        raise CommInputError(str(exc)) from None
+    raw = os.environ.get(_env.FR_DUMP_TEMP_FILE, "")
+    if dynamic and raw:
+        return raw
+    return f"{_env.fr_dump_prefix()}{rank}"
+
+
+def global_rank(comms: list[TorchComm | None] = ()) -> int:  # type: ignore[assignment]
+    """This process's global rank: torch.distributed's, the launcher's, else a comm's."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except RuntimeError:
+        pass
+    found = _env.rank_and_size()
+    if found is not None:
+        return found[0]
+    for comm in comms:
+        if comm is not None:
+            return comm.get_rank()
+    return 0
 
 
 def _write_private(path: str, payload: bytes) -> None:

@@ -72,6 +72,8 @@ def _reference_order(fn: _F) -> _F:
     that shows the order to use.
     """
     sig = inspect.signature(fn)
+    plain = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default}"
+                      for p in sig.parameters.values())
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -79,8 +81,8 @@ def _reference_order(fn: _F) -> _F:
             sig.bind(*args, **kwargs)
         except TypeError as exc:
             raise CommTypeError(
-                f"{fn.__name__}: {exc}. The arguments are {fn.__name__}{sig} (the order of "
-                f"Meta's torchcomms; root comes before the lists)"
+                f"{fn.__name__}: {exc}. The arguments are {fn.__name__}({plain}), in the "
+                f"order of Meta's torchcomms (a root comes before the object lists)"
             ) from None
         return fn(*args, **kwargs)
 

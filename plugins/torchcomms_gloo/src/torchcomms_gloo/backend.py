@@ -59,6 +59,13 @@ class GlooBackend(C10dBackend):
         teardown.shut_down(getattr(self, "_sockets", {}))
         super().abort()
 
+    def reconfigure_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
+                           options: CommOptions) -> None:
+        """A fresh ``ProcessGroupGloo`` over the uuid-scoped store the core passes."""
+        self._rank, self._size = rank, size
+        self._opts_cache.clear()
+        self._engine = self.create_engine(store, rank, size, timeout, self.device, options)
+
     def get_backend_name(self) -> str:
         return "gloo"
 
@@ -123,18 +130,6 @@ class GlooBackend(C10dBackend):
         work = fast_paths.reduce_scatter(self._engine, self._rank, self._size, output.view(-1),
                                          [t.view(-1) for t in input_list], op, timeout,
                                          self._scratch)
-        return self._settle_pairwise(work, async_op)
-
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
-        n = self._size
-        if (output.nbytes < fast_paths.ALL_TO_ALL_MIN_BYTES or output.numel() % n
-                or fast_paths.overlaps(output, input)):
-            return super().all_to_all_single(output, input, async_op, timeout=timeout,
-                                             hints=hints)
-        work = fast_paths.all_to_all(self._engine, self._rank, n, output.view(-1).chunk(n),
-                                     input.view(-1).chunk(n), timeout)
         return self._settle_pairwise(work, async_op)
 
     @property

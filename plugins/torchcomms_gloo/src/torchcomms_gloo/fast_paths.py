@@ -24,11 +24,11 @@ from torchcomms_core import RedOpType, ReduceOp
 #: in the same collective order, so concurrent collectives pair up correctly.
 TAG = 0x7C0A_11E5
 
-#: Output bytes (all-gather) or input bytes (reduce-scatter) from which the pairwise paths
-#: are used; measured with ``torchcomms bench --compare c10d`` (docs/benchmarks.md).
-ALL_GATHER_MIN_BYTES = 64 << 10
-REDUCE_SCATTER_MIN_BYTES = 64 << 10
-ALL_TO_ALL_MIN_BYTES = 64 << 10
+#: Output bytes (all-gather) and input bytes (reduce-scatter) from which the pairwise
+#: paths are used: below them per-message costs dominate and the engine's own collectives
+#: are as fast. Measured with ``torchcomms bench --compare c10d`` (docs/benchmarks.md).
+ALL_GATHER_MIN_BYTES = 8 << 20
+REDUCE_SCATTER_MIN_BYTES = 4 << 20
 
 #: Bytes per piece a reduce-scatter message is cut into, so reducing one piece overlaps
 #: receiving the next; pieces stay cache-friendly and few enough to keep per-call costs low.
@@ -122,12 +122,6 @@ class ScratchPool:
         return buf[: numel * itemsize].view(dtype)
 
 
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory of two contiguous tensors overlaps."""
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.nbytes and b0 < a0 + a.nbytes
-
-
 def reduces_natively(op: ReduceOp, dtype: torch.dtype) -> bool:
     """Whether the pairwise reduce-scatter can apply ``op`` to ``dtype`` exactly like Gloo."""
     if dtype == torch.bool or op.type not in _REDUCE:
@@ -155,27 +149,6 @@ def all_gather(
     mine = outputs[rank]
     if mine.data_ptr() != input.data_ptr():
         mine.copy_(input)  # overlaps the transfers just posted
-    return PairwiseWork(works, timeout, None)
-
-
-def all_to_all(
-    engine: Any,
-    rank: int,
-    size: int,
-    outputs: Sequence[torch.Tensor],
-    inputs: Sequence[torch.Tensor],
-    timeout: timedelta | None,
-) -> PairwiseWork:
-    """Send ``inputs[d]`` to every rank ``d`` and receive rank ``s``'s into ``outputs[s]``."""
-    works = []
-    for step in range(1, size):
-        src = (rank - step) % size
-        works.append(engine.recv([outputs[src]], src, TAG))
-    for step in range(1, size):
-        dst = (rank + step) % size
-        works.append(engine.send([inputs[dst]], dst, TAG))
-    if outputs[rank].data_ptr() != inputs[rank].data_ptr():
-        outputs[rank].copy_(inputs[rank])  # overlaps the transfers just posted
     return PairwiseWork(works, timeout, None)
 
 

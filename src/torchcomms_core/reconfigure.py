@@ -1,0 +1,335 @@
+"""Fault tolerance: bind a communicator to a new membership after a rank dies or joins.
+
+``new_comm(..., enable_reconfigure=True)`` returns a communicator that is not bound to a
+group yet. Each process publishes :func:`make_handle`'s token (``comm.get_init_handle()``)
+out of band; ``comm.reconfigure(uuid, init_handles)`` then binds it to exactly those members:
+rank = position in the list (sorted order for a set), size = its length.
+
+The orchestration lives here so a backend only implements ``reconfigure_engine``:
+
+1. Arguments are checked (a uuid not used before by this communicator, distinct string
+   handles including this process's own).
+2. The previous engine is retired with the backend's ``abort`` (never waits for a dead peer).
+3. Membership check through the communicator's store, namespaced by the uuid:
+   ``reconfigure/<uuid>/member/<handle>`` holds each member's handle list, and
+   ``reconfigure/handle/<handle>`` says which uuid a handle last reconfigured with, in what
+   state, and when (a store counter orders attempts). A member whose handle list differs,
+   or who is reconfiguring with another uuid at the same time, makes every member raise
+   :class:`CommInputError` at once; a member who never arrives makes the call raise
+   :class:`CommTimeoutError` after ``timeout``.
+4. ``backend.reconfigure_engine(store, rank, size, timeout, options)`` builds the new
+   engine over ``reconfigure/<uuid>/engine/`` of the store.
+
+On failure the communicator stays unbound (operations raise ``CommStateError``) and a new
+``reconfigure`` with a new uuid may be tried.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+import uuid as _uuid
+import weakref
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import (
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+    CommTypeError,
+    TorchCommError,
+)
+from .options import CommOptions
+from .spec import TorchCommBackend, method_support
+from .validation import Checker, check_hints, check_timeout
+from .work import TorchWork, is_timeout_error
+
+if TYPE_CHECKING:
+    from .comm import TorchComm
+
+#: State of a communicator created with ``enable_reconfigure=True`` before (or between)
+#: successful reconfigures.
+UNBOUND = "unbound"
+_PREFIX = "reconfigure"
+
+
+def supports_reconfigure(cls: type[TorchCommBackend]) -> bool:
+    """Whether a backend class implements the ``reconfigure_engine`` capability."""
+    return method_support(cls).get("reconfigure_engine") == "native"
+
+
+def make_handle() -> str:
+    """A new opaque init handle: a random token plus host and pid (for error messages)."""
+    return f"tch1-{_uuid.uuid4().hex}@{socket.gethostname()}:{os.getpid()}"
+
+
+def unbound_error(op: str, name: str) -> CommStateError:
+    return CommStateError(
+        f"{op}: communicator {name!r} was created with enable_reconfigure=True and is not "
+        f"bound to a group yet (or its last reconfigure failed); call "
+        f"comm.reconfigure(uuid, init_handles) first"
+    )
+
+
+def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: torch.device,
+                            name: str, store: Any, timeout: timedelta,
+                            hints: dict[str, str], abort_process: bool) -> TorchComm:
+    """``new_comm(..., enable_reconfigure=True)``: a communicator bound to no group yet.
+
+    It does not wait for any peer: a replacement process creates its communicator alone
+    and joins through ``reconfigure``.
+    """
+    from torch.distributed import PrefixStore
+
+    from .bootstrap import default_store, resolve_rank_size
+    from .comm import TorchComm
+
+    if not supports_reconfigure(cls):
+        raise RuntimeError(
+            f"new_comm: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
+            f"{cls.__name__} has no reconfigure_engine); pass enable_reconfigure=False or use "
+            f"a backend that supports it, such as 'gloo'"
+        )
+    if store is None:
+        rank, size, _source = resolve_rank_size()
+        store = default_store(rank, size, timeout, required=True)
+    comm_store = PrefixStore(f"comm/{name}", store)
+    options = CommOptions(
+        abort_process_on_timeout_or_error=abort_process,
+        timeout=timeout,
+        store=comm_store,
+        name=name,
+        enable_reconfigure=True,
+        hints=hints,
+        rank=-1,
+        size=0,
+    )
+    instance = cls()
+    instance._bind(device, name, options)
+    comm = TorchComm(instance, device, name, options, comm_store, backend)
+    comm._state = UNBOUND
+    comm._init_handle = make_handle()
+    comm._reconfigure_uuids = set()
+    return comm
+
+
+def _uuid_key(uuid: Any) -> str:
+    if isinstance(uuid, bool) or not isinstance(uuid, (int, str)):
+        raise CommTypeError(f"reconfigure: uuid must be an int or a str, got "
+                            f"{type(uuid).__name__}")
+    key = str(uuid)
+    if not key or "/" in key:
+        raise CommInputError(f"reconfigure: uuid must be non-empty and contain no '/', got "
+                             f"{uuid!r}")
+    return key
+
+
+def _handle_list(init_handles: Any, mine: str) -> list[str]:
+    if isinstance(init_handles, (set, frozenset)):
+        handles = sorted(init_handles)
+    elif isinstance(init_handles, (list, tuple)):
+        handles = list(init_handles)
+    else:
+        raise CommTypeError(f"reconfigure: init_handles must be a list (rank = position) or a "
+                            f"set (sorted order) of handles, got {type(init_handles).__name__}")
+    for i, h in enumerate(handles):
+        if not isinstance(h, str) or not h:
+            raise CommTypeError(f"reconfigure: init_handles[{i}] must be a handle string from "
+                                f"get_init_handle(), got {h!r}")
+    if len(set(handles)) != len(handles):
+        dupes = sorted({h for h in handles if handles.count(h) > 1})
+        raise CommInputError(f"reconfigure: init_handles lists {dupes} more than once; list "
+                             f"each member once")
+    if mine not in handles:
+        raise CommInputError(
+            f"reconfigure: init_handles does not contain this communicator's own handle "
+            f"{mine!r}; every member passes the same list, including itself"
+        )
+    return handles
+
+
+def _digest(handles: list[str]) -> str:
+    return hashlib.sha256("\n".join(handles).encode()).hexdigest()[:16]
+
+
+def _short(handles: list[str]) -> str:
+    shown = [h.split("@", 1)[0][-8:] + "@" + h.split("@", 1)[-1] for h in handles[:6]]
+    more = f" and {len(handles) - 6} more" if len(handles) > 6 else ""
+    return "[" + ", ".join(shown) + "]" + more
+
+
+def _retire(comm: TorchComm, prev_state: str) -> None:
+    """Drop the old engine without waiting for dead peers."""
+    from .comm import _ABORTED, _OK
+
+    if prev_state == UNBOUND or prev_state == _ABORTED:
+        return  # no engine, or abort() already tore it down
+    backend = comm._backend
+    try:
+        if comm.is_abort_supported():
+            backend.abort()
+        elif prev_state == _OK:
+            backend.finalize()  # healthy group: a clean release does not wait on anyone
+    except Exception:  # the old engine is gone either way; the new one is what matters
+        pass
+
+
+def _announce(store: Any, handle: str, key: str, state: str, seq: int,
+              against: str = "") -> None:
+    store.set(f"{_PREFIX}/handle/{handle}",
+              json.dumps({"uuid": key, "state": state, "seq": seq, "against": against}))
+
+
+class _UuidMismatch(CommInputError):
+    def __init__(self, message: str, other: str) -> None:
+        super().__init__(message)
+        self.other = other
+
+
+def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
+    """Whether a peer's announcement shows it reconfiguring with another uuid right now."""
+    if ann["uuid"] == key or ann["uuid"] in used:
+        return False  # the same attempt, or an older one this rank took part in
+    if ann["state"] == "pending" or ann["seq"] > seq:
+        return True  # waiting elsewhere now, or started elsewhere after this attempt began
+    return ann["state"] == "mismatch" and ann["against"] == key
+
+
+def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
+                   handles: list[str], timeout: timedelta, seq: int) -> None:
+    """Wait until every member published the same handle list under ``key``."""
+    deadline = time.monotonic() + timeout.total_seconds()
+    pending = [r for r in range(len(handles)) if r != rank]
+    used = comm._reconfigure_uuids
+    pause = 0.002
+    while pending:
+        for r in list(pending):
+            member_key = f"{_PREFIX}/{key}/member/{handles[r]}"
+            if store.check([member_key]):
+                theirs = json.loads(store.get(member_key))
+                if theirs["handles"] != handles:
+                    raise CommInputError(
+                        f"reconfigure: members disagree on init_handles for uuid {key!r}: this "
+                        f"rank ({rank}) passed {_short(handles)} but rank {r} passed "
+                        f"{_short(theirs['handles'])}; every member must pass the same list "
+                        f"(or the same set)"
+                    )
+                pending.remove(r)
+                continue
+            ann_key = f"{_PREFIX}/handle/{handles[r]}"
+            if store.check([ann_key]):
+                ann = json.loads(store.get(ann_key))
+                if _conflicts(ann, key, seq, used):
+                    raise _UuidMismatch(
+                        f"reconfigure: member {r} ({handles[r]}) is reconfiguring with uuid "
+                        f"{ann['uuid']!r} while this rank uses {key!r}; every member must pass "
+                        f"the same uuid", ann["uuid"])
+        if not pending:
+            return
+        if time.monotonic() >= deadline:
+            missing = [handles[r] for r in pending]
+            raise CommTimeoutError(
+                f"reconfigure: {len(missing)} of {len(handles)} members did not join uuid "
+                f"{key!r} within {timeout}: {_short(missing)}; check that they are alive and "
+                f"call reconfigure with the same uuid and handle list"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelta | None = None,
+                hints: dict[str, str] | None = None) -> TorchWork:
+    """``TorchComm.reconfigure``: see the module docstring."""
+    from torch.distributed import PrefixStore
+
+    from .comm import _FINALIZED, _OK, _release_dropped
+
+    op = "reconfigure"
+    if not supports_reconfigure(type(comm._backend)):
+        raise RuntimeError(
+            f"reconfigure: reconfigure not implemented by backend {comm.get_backend()!r}; "
+            f"its method_support() reports reconfigure_engine as unsupported"
+        )
+    if not comm._options.enable_reconfigure:
+        raise CommStateError(
+            f"reconfigure: communicator {comm.get_name()!r} was created with "
+            f"enable_reconfigure=False; create it with new_comm(..., enable_reconfigure=True)"
+        )
+    if comm._state is _FINALIZED:
+        raise CommStateError(f"reconfigure: communicator {comm.get_name()!r} was finalized; "
+                             f"create a new one with new_comm(..., enable_reconfigure=True)")
+    key = _uuid_key(uuid)
+    mine = comm._init_handle
+    handles = _handle_list(init_handles, mine)
+    timeout = check_timeout(timeout, op) if timeout is not None else comm._timeout
+    hints = dict(check_hints(hints, op)) if hints is not None else {}
+    if key in comm._reconfigure_uuids:
+        raise CommInputError(
+            f"reconfigure: uuid {uuid!r} was already used by communicator {comm.get_name()!r}; "
+            f"every reconfigure needs a new uuid (an increasing counter or uuid.uuid4().hex)"
+        )
+    comm._reconfigure_uuids.add(key)
+    rank, size = handles.index(mine), len(handles)
+
+    with comm._lock:
+        prev_state = comm._state
+        comm._state = UNBOUND
+    _retire(comm, prev_state)
+
+    store = comm._store
+    backend = comm._backend
+    seq = int(store.add(f"{_PREFIX}/seq", 1))
+    try:
+        _announce(store, mine, key, "pending", seq)
+        store.set(f"{_PREFIX}/{key}/member/{mine}",
+                  json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}))
+        _await_members(comm, store, key, rank, handles, timeout, seq)
+        options = comm._options.replace(
+            rank=rank, size=size, timeout=timeout,
+            store=PrefixStore(f"{_PREFIX}/{key}/engine", store),
+            hints={**comm._hints, **hints},
+        )
+        try:
+            backend.reconfigure_engine(options.store, rank, size, timeout, options)
+        except TorchCommError:
+            raise
+        except Exception as exc:
+            what = (f"reconfigure: backend {comm.get_backend()!r} could not build the engine "
+                    f"for uuid {key!r} as rank {rank} of {size}")
+            if is_timeout_error(exc):
+                raise CommTimeoutError(f"{what} within {timeout}: {exc}; a member may have died "
+                                       f"after joining; reconfigure again with a new uuid"
+                                       ) from exc
+            raise CommOperationError(f"{what}: {exc}") from exc
+    except BaseException as exc:
+        try:
+            if isinstance(exc, _UuidMismatch):
+                _announce(store, mine, key, "mismatch", seq, exc.other)
+            else:
+                _announce(store, mine, key, "failed", seq)
+        except Exception:
+            pass
+        if isinstance(exc, _UuidMismatch):
+            raise CommInputError(str(exc)) from None
+        raise
+    _announce(store, mine, key, "done", seq)
+
+    cls = type(backend)
+    comm._options.rank, comm._options.size = rank, size
+    comm._rank, comm._size = rank, size
+    comm._check = Checker(comm._name, comm._device, rank, size, cls.supported_dtypes,
+                          comm._native_ops)
+    comm._failure = None
+    if not comm._finalizer.alive:  # abort() detached it
+        comm._finalizer = weakref.finalize(comm, _release_dropped, backend, comm._name)
+        comm._finalizer.atexit = False
+    with comm._lock:
+        comm._state = _OK
+    return TorchWork(None, None, comm, op)
