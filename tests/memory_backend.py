@@ -112,6 +112,7 @@ def make_group(size: int, name: str = "mem", timeout_s: float = 10) -> list[Torc
     for rank in range(size):
         backend = MemoryBackend(fabric, rank)
         opts = CommOptions(timeout=timedelta(seconds=timeout_s), store=store,
+                           abort_process_on_timeout_or_error=False,
                            name=name, rank=rank, size=size)
         backend._bind(torch.device("cpu"), name, opts)
         backend.init(torch.device("cpu"), name, opts)

@@ -456,24 +456,38 @@ def test_tensor_on_a_foreign_device_is_refused(comm2) -> None:
 
 
 def test_rank_and_size_precedence(monkeypatch) -> None:
+    # The reference's "auto" order: explicit, then mpi (OpenMPI, PMI), pals, torchrun; then
+    # SLURM, which only we read.
     for rank_var, size_var, _ in _env.LAUNCHER_RANK_SIZE:
         monkeypatch.delenv(rank_var, raising=False)
         monkeypatch.delenv(size_var, raising=False)
-    monkeypatch.setenv("PMI_RANK", "3")
-    monkeypatch.setenv("PMI_SIZE", "8")
-    assert resolve_rank_size()[:2] == (3, 8)
+    monkeypatch.delenv("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", raising=False)
     monkeypatch.setenv("SLURM_PROCID", "2")
     monkeypatch.setenv("SLURM_NTASKS", "8")
-    assert resolve_rank_size()[:2] == (2, 8)
-    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
-    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
-    assert resolve_rank_size()[:2] == (1, 8)
+    assert resolve_rank_size() == (2, 8, "SLURM")
     monkeypatch.setenv("RANK", "4")
     monkeypatch.setenv("WORLD_SIZE", "8")
     assert resolve_rank_size() == (4, 8, "torchrun (RANK/WORLD_SIZE)")
+    monkeypatch.setenv("PALS_RANKID", "6")
+    monkeypatch.setenv("PMI_SIZE", "8")
+    assert resolve_rank_size()[:2] == (6, 8)
+    monkeypatch.setenv("PMI_RANK", "3")
+    assert resolve_rank_size()[:2] == (3, 8)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "8")
+    assert resolve_rank_size()[:2] == (1, 8)
+    monkeypatch.setenv("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "torchrun")
+    assert resolve_rank_size()[:2] == (4, 8)
+    monkeypatch.setenv("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "pals")
+    assert resolve_rank_size()[:2] == (6, 8)
+    monkeypatch.setenv("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "mpi")
+    assert resolve_rank_size()[:2] == (1, 8)
     monkeypatch.setenv("TORCHCOMM_RANK", "5")
     monkeypatch.setenv("TORCHCOMM_SIZE", "8")
     assert resolve_rank_size()[:2] == (5, 8)
+    monkeypatch.setenv("TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD", "slurm")
+    with pytest.raises(torchcomms.BootstrapError, match="use auto, mpi, pals or torchrun"):
+        resolve_rank_size()
 
 
 def test_missing_launcher_environment_says_what_to_set(monkeypatch) -> None:

@@ -135,7 +135,7 @@ def body_hooks() -> list:
 def test_pre_and_post_hooks_see_every_operation_in_order(pool2) -> None:
     for events in pool2.run(body_hooks):
         names = [e[1] for e in events if e[0] == "pre"]
-        assert names == [OpName.all_reduce.value, OpName.broadcast.value, OpName.split.value]
+        assert names == [OpName.all_reduce.name, OpName.broadcast.name, OpName.split.name]
         assert [e[0] for e in events] == ["pre", "post"] * 3
         assert events[1][2] == "COMPLETED"
         assert events[0][2] == events[1][1] < events[2][2] == events[3][1]
@@ -171,7 +171,7 @@ def body_identity() -> dict:
         "device": str(comm.get_device()),
         "timeout": comm.get_options().timeout.total_seconds(),
         "hints": comm.get_options().hints,
-        "engine": type(comm.unsafe_get_backend()).__name__,
+        "engine": type(comm.get_backend_impl().engine).__name__,
         "impl": type(comm.get_backend_impl()).__name__,
         "abort": comm.is_abort_supported(),
         "native": comm.method_support()["all_reduce"],

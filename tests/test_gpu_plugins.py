@@ -682,7 +682,7 @@ class TestOnGPU:
         assert all(_all(o, 7.0) for o in others), "a buffer in flight was reused"
 
     def test_split(self, comm: Any) -> None:
-        engine = comm.unsafe_get_backend()
+        engine = comm.get_backend_impl().engine
         before = engine.comm_split_count()
         sub = comm.split([0], "sub")
         assert sub is not None and sub.get_size() == 1 and sub.get_rank() == 0

@@ -177,7 +177,7 @@ def local_rank_report(report_dir: str) -> int:
 
     comm = torchcomms.new_comm("gloo", "cpu", name="launched")
     total = _all_reduce(comm)
-    path = os.environ.get("TORCHCOMM_STORE_FILE", "")
+    path = os.environ.get("TORCHCOMM_STORE_PATH", "")
     (store,) = bootstrap._stores.values()
     folder = os.path.dirname(path)
     report = {

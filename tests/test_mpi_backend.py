@@ -180,7 +180,7 @@ def body_split_groups() -> list[int]:
     if solo is not None:
         solo.barrier()
         solo.finalize()
-    assert isinstance(sub.unsafe_get_backend(), __import__("mpi4py.MPI").MPI.Intracomm)
+    assert isinstance(sub.get_backend_impl().engine, __import__("mpi4py.MPI").MPI.Intracomm)
     sub.finalize()
     comm.finalize()
     return [sub.get_rank(), sub.get_size()]

@@ -238,6 +238,7 @@ def _native_group():
 
     backend = NativeScaled(_Fabric(1), 0)
     opts = CommOptions(timeout=timedelta(seconds=5), store=HashStore(), name="native", rank=0,
+                       abort_process_on_timeout_or_error=False,
                        size=1)
     backend._bind(torch.device("cpu"), "native", opts)
     return [TorchComm(backend, torch.device("cpu"), "native", opts, opts.store)]

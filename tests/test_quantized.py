@@ -53,6 +53,7 @@ def _group(size: int, backend_cls: type[MemoryBackend] = MemoryBackend,
     for rank in range(size):
         backend = backend_cls(fabric, rank)
         opts = CommOptions(timeout=timedelta(seconds=10), store=store, name=name, rank=rank,
+                           abort_process_on_timeout_or_error=False,
                            size=size)
         backend._bind(device, name, opts)
         backend.init(device, name, opts)

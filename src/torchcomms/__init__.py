@@ -2,3 +2,7 @@
 
 from torchcomms_core import *  # noqa: F403
 from torchcomms_core import __all__, __version__  # noqa: F401
+from torchcomms_core import __getattr__  # noqa: F401  (WorkWrapper, loaded on first use)
+
+# Bound at import, as the reference does: ``torchcomms.hooks`` and ``torchcomms.objcol``.
+from . import hooks, objcol  # noqa: E402,F401

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .c10d_adapter import C10dBackend
 from .collectives import Collective
-from .comm import BatchSendRecv, P2POp, RemovableHandle, TorchComm, new_comm
+from .batch import BatchSendRecv, P2POp, P2POpType
+from .comm import RemovableHandle, TorchComm, new_comm
 from .errors import (
     BackendLoadError,
     BackendNotFoundError,
@@ -22,8 +23,41 @@ from .errors import (
 )
 from .functional import is_torch_compile_supported, is_torch_compile_supported_and_enabled
 from .hookspecs import hookimpl
-from .op_args import OpArgs, OpName
-from .options import CommOptions
+from .op_args import (
+    POST_HOOK_CLASSES,
+    PRE_HOOK_CLASSES,
+    BatchOpIssuePostHookArgs,
+    CollectivePostHookArgs,
+    FinalizePostHookArgs,
+    NewWindowPostHookArgs,
+    OpArgs,
+    OpName,
+    SplitPostHookArgs,
+)
+from .options import (
+    AllGatherOptions,
+    AllGatherPExecOptions,
+    AllGatherPInitOptions,
+    AllGatherSingleOptions,
+    AllReduceOptions,
+    AllToAllOptions,
+    AllToAllSingleOptions,
+    AllToAllvSingleOptions,
+    BarrierOptions,
+    BatchP2POptions,
+    BroadcastOptions,
+    CommOptions,
+    GatherOptions,
+    InitHandle,
+    ReconfigureOptions,
+    RecvOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ReduceScatterSingleOptions,
+    ScatterOptions,
+    SendOptions,
+    Timeout,
+)
 from .plugins import (
     PluginError,
     get_plugin_manager,
@@ -33,15 +67,70 @@ from .plugins import (
     unregister_plugin,
 )
 from .reduce_op import RedOpType, ReduceOp
-from .registry import available_backends, get_backend_class, register_backend, unregister_backend
+from .registry import (
+    _is_backend_registered,
+    _load_backend,
+    available_backends,
+    built_backends,
+    get_backend_class,
+    get_mem_allocator,
+    is_backend_built,
+    register_backend,
+    unregister_backend,
+)
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
 from .window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from .work import TorchWork, WorkStatus
 
 __version__ = "0.1.0"
 
+def __getattr__(name: str) -> object:
+    # The bridge's work class loads torch.distributed, so it is only imported when asked for.
+    if name == "WorkWrapper":
+        from .pytorch.work import CommWork
+
+        return CommWork
+    raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
+
+
+# The pre-hook argument classes by their reference names (SendPreHookArgs, ...).
+globals().update(PRE_HOOK_CLASSES)
+
 __all__ = [
     "SPEC_VERSION",
+    "AllGatherOptions",
+    "AllGatherPExecOptions",
+    "AllGatherPInitOptions",
+    "AllGatherSingleOptions",
+    "AllReduceOptions",
+    "AllToAllOptions",
+    "AllToAllSingleOptions",
+    "AllToAllvSingleOptions",
+    "BarrierOptions",
+    "BatchOpIssuePostHookArgs",
+    "BatchP2POptions",
+    "BroadcastOptions",
+    "CollectivePostHookArgs",
+    "FinalizePostHookArgs",
+    "GatherOptions",
+    "InitHandle",
+    "NewWindowPostHookArgs",
+    "P2POpType",
+    "ReconfigureOptions",
+    "RecvOptions",
+    "ReduceOptions",
+    "ReduceScatterOptions",
+    "ReduceScatterSingleOptions",
+    "ScatterOptions",
+    "SendOptions",
+    "SplitPostHookArgs",
+    "Timeout",
+    "_is_backend_registered",
+    "_load_backend",
+    "built_backends",
+    "get_mem_allocator",
+    "is_backend_built",
+    *sorted(PRE_HOOK_CLASSES),
     "BackendLoadError",
     "BackendNotFoundError",
     "BatchSendRecv",

@@ -18,10 +18,11 @@ SIZE = "TORCHCOMM_SIZE"
 #: Launcher variables read by the bootstrap, in order of precedence.
 LAUNCHER_RANK_SIZE: tuple[tuple[str, str, str], ...] = (
     (RANK, SIZE, "torchcomms (TORCHCOMM_RANK/TORCHCOMM_SIZE)"),
-    ("RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OpenMPI"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),
     ("PMI_RANK", "PMI_SIZE", "PMI"),
+    ("PALS_RANKID", "PALS_SIZE", "PALS"),
+    ("RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"),
+    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),
 )
 LOCAL_RANK_VARS: tuple[str, ...] = (
     "TORCHCOMM_LOCAL_RANK",
@@ -72,11 +73,43 @@ def default_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+#: How rank and size are found (Meta's torchcomms name): auto, mpi, pals or torchrun.
+RANKSIZE_QUERY_METHOD = "TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD"
+_PALS_SIZE_VARS = ("PALS_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE")
+_QUERY_METHODS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "mpi": (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OpenMPI"),
+            ("PMI_RANK", "PMI_SIZE", "PMI")),
+    "pals": tuple(("PALS_RANKID", size, f"PALS (PALS_RANKID/{size})")
+                  for size in _PALS_SIZE_VARS),
+    "torchrun": (("RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"),),
+}
+
+
+def rank_size_sources() -> tuple[tuple[str, str, str], ...]:
+    """The (rank variable, size variable, source) pairs to try, in order.
+
+    ``TORCHCOMM_RANK``/``TORCHCOMM_SIZE`` always come first. Then, as
+    ``TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD`` says: ``mpi`` (OpenMPI, then PMI),
+    ``pals``, ``torchrun``, or ``auto`` (default): all three in that order, then SLURM.
+    """
+    method = os.environ.get(RANKSIZE_QUERY_METHOD, "").strip().lower() or "auto"
+    explicit = ((RANK, SIZE, "torchcomms (TORCHCOMM_RANK/TORCHCOMM_SIZE)"),)
+    if method == "auto":
+        return (explicit + _QUERY_METHODS["mpi"] + _QUERY_METHODS["pals"] +
+                _QUERY_METHODS["torchrun"] + (("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),))
+    if method not in _QUERY_METHODS:
+        raise ValueError(
+            f"{RANKSIZE_QUERY_METHOD}={method!r} is not a known method; use auto, mpi, pals "
+            f"or torchrun"
+        )
+    return explicit + _QUERY_METHODS[method]
+
+
 def rank_and_size() -> tuple[int, int, str] | None:
     """Return ``(rank, size, source)`` from the first launcher whose variables are set."""
     env = os.environ
-    for rank_var, size_var, source in LAUNCHER_RANK_SIZE:
-        if rank_var in env and size_var in env:
+    for rank_var, size_var, source in rank_size_sources():
+        if env.get(rank_var, "") != "" and env.get(size_var, "") != "":
             try:
                 rank, size = int(env[rank_var]), int(env[size_var])
             except ValueError:
@@ -84,6 +117,8 @@ def rank_and_size() -> tuple[int, int, str] | None:
                     f"{rank_var}={env[rank_var]!r} and {size_var}={env[size_var]!r} must be "
                     f"integers (read from {source})"
                 ) from None
+            if rank == -1 and size == -1 and rank_var == RANK:
+                continue  # the reference's "unset" value
             if size < 1 or not 0 <= rank < size:
                 raise ValueError(
                     f"{rank_var}={rank} and {size_var}={size} from {source} are inconsistent: "
@@ -91,6 +126,30 @@ def rank_and_size() -> tuple[int, int, str] | None:
                 )
             return rank, size, source
     return None
+
+
+#: Default of ``CommOptions.abort_process_on_timeout_or_error`` (Meta's torchcomms name).
+ABORT_ON_ERROR = "TORCHCOMM_ABORT_ON_ERROR"
+_TRUE = ("1", "true", "yes", "y")
+_FALSE = ("0", "false", "no", "n")
+
+
+def flag(name: str, default: bool) -> bool:
+    """Read a boolean variable: ``1/true/yes/y`` or ``0/false/no/n`` (any case); empty = default."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use 1/true/yes/y or "
+                     f"0/false/no/n")
+
+
+def abort_on_error() -> bool:
+    """Default of ``abort_process_on_timeout_or_error`` (``TORCHCOMM_ABORT_ON_ERROR``, true)."""
+    return flag(ABORT_ON_ERROR, True)
 
 
 def local_rank() -> int | None:
@@ -128,11 +187,11 @@ def restart_count() -> int:
 
 
 def check_collectives() -> bool:
-    return os.environ.get(CHECK_COLLECTIVES, "").lower() in ("1", "true", "yes")
+    return flag(CHECK_COLLECTIVES, False)
 
 
 def plugin_autoload_disabled() -> bool:
-    return os.environ.get(DISABLE_PLUGIN_AUTOLOAD, "").lower() in ("1", "true", "yes")
+    return flag(DISABLE_PLUGIN_AUTOLOAD, False)
 
 
 def plugin_allow_list() -> set[str] | None:
@@ -206,7 +265,7 @@ DEFAULT_OBJCOL_MAX_BYTES = 2 << 30
 #: Address the rank-0 rendezvous store listens on (default: the one ``MASTER_ADDR`` names).
 STORE_LISTEN_ADDR = "TORCHCOMM_STORE_LISTEN_ADDR"
 #: A ``FileStore`` path to rendezvous through instead of TCP (single-host jobs).
-STORE_FILE = "TORCHCOMM_STORE_FILE"
+STORE_PATH = "TORCHCOMM_STORE_PATH"
 #: ``name=distribution,...``: let that distribution provide a built-in backend name.
 BACKEND_OVERRIDE = "TORCHCOMM_BACKEND_OVERRIDE"
 
@@ -234,8 +293,8 @@ def store_listen_addr() -> str | None:
 
 
 def store_file() -> str | None:
-    """The ``FileStore`` path set by ``TORCHCOMM_STORE_FILE``, if any."""
-    return os.environ.get(STORE_FILE, "").strip() or None
+    """The ``FileStore`` path set by ``TORCHCOMM_STORE_PATH``, if any."""
+    return os.environ.get(STORE_PATH, "").strip() or None
 
 
 def backend_overrides() -> dict[str, str]:

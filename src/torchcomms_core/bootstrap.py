@@ -3,7 +3,7 @@
 Precedence of rank/size sources: TORCHCOMM_RANK/SIZE, torchrun, OpenMPI, SLURM, PMI.
 The store comes from MASTER_ADDR/MASTER_PORT: torchrun's agent store when it says so,
 otherwise rank 0 hosts a ``TCPStore`` listening only on the address MASTER_ADDR names;
-``TORCHCOMM_STORE_FILE`` selects a ``FileStore`` instead (single host). One store per
+``TORCHCOMM_STORE_PATH`` selects a ``FileStore`` instead (single host). One store per
 process serves every communicator.
 """
 
@@ -94,7 +94,7 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
 
 
 def _file_store(path: str) -> Any:
-    """The process's store over the file ``TORCHCOMM_STORE_FILE`` names (single-host jobs)."""
+    """The process's store over the file ``TORCHCOMM_STORE_PATH`` names (single-host jobs)."""
     from torch.distributed import FileStore, PrefixStore
 
     key = (path, -1)
@@ -106,7 +106,7 @@ def _file_store(path: str) -> Any:
             files = FileStore(path, -1)
         except Exception as exc:
             raise BootstrapError(
-                f"could not open the rendezvous file {_env.STORE_FILE}={path!r}: {exc}. Point it "
+                f"could not open the rendezvous file {_env.STORE_PATH}={path!r}: {exc}. Point it "
                 f"at a file in a folder every rank of this host can write, or unset it to "
                 f"rendezvous over {_env.MASTER_ADDR}/{_env.MASTER_PORT}"
             ) from exc

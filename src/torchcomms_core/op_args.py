@@ -1,85 +1,75 @@
-"""``OpName`` and the per-operation argument objects that hooks receive.
+"""``OpName`` and the argument objects hooks receive, with the reference's names.
 
-An argument object is built only when a hook is registered, so the hot path pays nothing.
+Pre-hooks get ``fn(name: OpName, op_id: int, args)`` where ``args`` is a
+``<Op>PreHookArgs`` whose fields follow the reference (``input``/``output`` for gathers,
+scatters and all-to-all, ``peer`` for send/recv, ``num_ops`` for batches). Post-hooks get
+``fn(op_id, args)`` with a ``CollectivePostHookArgs`` (or ``SplitPostHookArgs``, ...) that
+also carries the operation's ``work``. An argument object is built only when a hook is
+registered, so the hot path pays nothing.
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import warnings
 from typing import Any
 
+# One process-wide sequence of operation ids, as the reference has (post id = pre id).
+_op_ids = itertools.count()
+#: The id hooks see for ``finalize`` (the reference uses 2**64 - 1).
+FINALIZE_OP_ID = 2**64 - 1
 
-class OpName(str, enum.Enum):
-    """Names of the operations a communicator runs (values equal the method names)."""
 
-    send = "send"
-    recv = "recv"
-    broadcast = "broadcast"
-    all_reduce = "all_reduce"
-    reduce = "reduce"
-    all_gather = "all_gather"
-    all_gather_v = "all_gather_v"
-    all_gather_single = "all_gather_single"
-    reduce_scatter = "reduce_scatter"
-    reduce_scatter_v = "reduce_scatter_v"
-    reduce_scatter_single = "reduce_scatter_single"
-    all_to_all_single = "all_to_all_single"
-    all_to_all_v_single = "all_to_all_v_single"
-    all_to_all = "all_to_all"
-    barrier = "barrier"
-    scatter = "scatter"
-    gather = "gather"
-    gather_single = "gather_single"
-    split = "split"
-    new_window = "new_window"
-    finalize = "finalize"
-    batch_op_issue = "batch_op_issue"
+def next_op_id() -> int:
+    """The next process-wide operation id."""
+    return next(_op_ids)
+
+
+def reset_op_ids() -> None:
+    """Start operation ids from 0 again (an isolated flight recorder does this)."""
+    global _op_ids
+    _op_ids = itertools.count()
+
+
+class OpName(enum.IntEnum):
+    """Operations a communicator runs; values are the reference's."""
+
+    send = 0
+    recv = 1
+    broadcast = 2
+    all_reduce = 3
+    reduce = 4
+    all_gather = 5
+    all_gather_v = 6
+    all_gather_single = 7
+    reduce_scatter = 8
+    reduce_scatter_v = 9
+    reduce_scatter_single = 10
+    all_to_all_single = 11
+    all_to_all_v_single = 12
+    all_to_all = 13
+    barrier = 14
+    scatter = 15
+    gather = 16
+    gather_single = 17
+    split = 18
+    new_window = 19
+    #: ``BatchSendRecv.issue``; the reference uses the value without binding the name.
+    batch_op_issue = 20
+    finalize = 21
 
     def __str__(self) -> str:
-        return self.value
+        return self.name
 
 
-class OpArgs:
-    """Arguments of one operation as hooks see them; ``work`` is set before post hooks."""
-
-    __slots__ = ("op_name", "op_id", "async_op", "timeout", "hints", "work", "_fields")
-
-    fields: tuple[str, ...] = ()
-
-    def __init__(self, op_name: str, op_id: int, values: tuple[Any, ...], async_op: bool,
-                 timeout: Any, hints: Any) -> None:
-        self.op_name = op_name
-        self.op_id = op_id
-        self.async_op = async_op
-        self.timeout = timeout
-        self.hints = hints
-        self.work = None
-        self._fields = dict(zip(self.fields, values, strict=False))
-
-    def __getattr__(self, item: str) -> Any:
-        try:
-            return object.__getattribute__(self, "_fields")[item]
-        except KeyError:
-            raise AttributeError(f"{type(self).__name__} has no argument {item!r}") from None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self._fields)
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={_short(v)}" for k, v in self._fields.items())
-        return f"{type(self).__name__}({inner}, async_op={self.async_op})"
+def op_name(name: str) -> OpName | str:
+    """The ``OpName`` of a built-in operation, or the plain name of a plugin collective."""
+    member = OpName.__members__.get(name)
+    return member if member is not None else name
 
 
-def _short(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"Tensor{tuple(shape)}:{str(getattr(value, 'dtype', '')).replace('torch.', '')}"
-    if isinstance(value, list) and len(value) > 4:
-        return f"[{len(value)} items]"
-    return repr(value)
-
-
-#: Positional argument names of each operation, in the public API's order.
+#: Parameter names of each operation, in the public API's order (what ``as_dict`` returns).
 OP_FIELDS: dict[str, tuple[str, ...]] = {
     "send": ("tensor", "dst"),
     "recv": ("tensor", "src"),
@@ -105,21 +95,198 @@ OP_FIELDS: dict[str, tuple[str, ...]] = {
     "batch_op_issue": ("ops",),
 }
 
-
-def _class_name(op: str) -> str:
-    return "".join(part.capitalize() for part in op.split("_")) + "Args"
-
-
-ARGS_CLASSES: dict[str, type[OpArgs]] = {
-    op: type(_class_name(op), (OpArgs,), {"__slots__": (), "fields": fields})
-    for op, fields in OP_FIELDS.items()
+#: The reference's hook fields: field -> parameter it reads (as named in ``OP_FIELDS``).
+HOOK_FIELDS: dict[str, dict[str, str]] = {
+    "send": {"tensor": "tensor", "peer": "dst"},
+    "recv": {"tensor": "tensor", "peer": "src"},
+    "broadcast": {"tensor": "tensor", "root": "root"},
+    "reduce": {"tensor": "tensor", "root": "root", "op": "op"},
+    "all_reduce": {"tensor": "tensor", "op": "op"},
+    "all_gather": {"input": "tensor", "output": "tensor_list"},
+    "all_gather_v": {"input": "tensor", "output": "tensor_list"},
+    "all_gather_single": {"input": "input", "output": "output"},
+    "reduce_scatter_single": {"input": "input", "output": "output", "op": "op"},
+    "all_to_all_single": {"input": "input", "output": "output"},
+    "reduce_scatter": {"input": "input_list", "output": "output", "op": "op"},
+    "reduce_scatter_v": {"input": "input_list", "output": "output", "op": "op"},
+    "all_to_all_v_single": {"input": "input", "output": "output",
+                            "input_split_sizes": "input_split_sizes",
+                            "output_split_sizes": "output_split_sizes"},
+    "all_to_all": {"input": "input_tensor_list", "output": "output_tensor_list"},
+    "barrier": {},
+    "scatter": {"output": "output_tensor", "input": "input_tensor_list", "root": "root"},
+    "gather": {"input": "input_tensor", "output": "output_tensor_list", "root": "root"},
+    "gather_single": {"input": "input", "output": "output", "root": "root"},
+    "split": {"ranks": "ranks", "name": "name"},
+    "batch_op_issue": {"ops": "ops"},
+    "new_window": {},
+    "finalize": {},
 }
 
 
+class OpArgs:
+    """Arguments of one operation as pre-hooks see them.
+
+    Reference fields are attributes (``args.input``, ``args.peer``, ...), as are
+    ``op_name``, ``op_id``, ``async_op``, ``timeout`` and ``hints``. ``as_dict()`` maps
+    the method's parameter names to the values passed.
+    """
+
+    __slots__ = ("op_name", "op_id", "async_op", "timeout", "hints", "work", "_values")
+
+    fields: tuple[str, ...] = ()
+    hook_fields: dict[str, str] = {}
+
+    def __init__(self, op_name: str, op_id: int, values: tuple[Any, ...], async_op: bool,
+                 timeout: Any, hints: Any) -> None:
+        self.op_name = op_name
+        self.op_id = op_id
+        self.async_op = async_op
+        self.timeout = timeout
+        self.hints = hints
+        self.work = None
+        self._values = dict(zip(self.fields, values, strict=False))
+
+    def __getattr__(self, item: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        source = type(self).hook_fields.get(item)
+        if source is not None:
+            return values.get(source)
+        if item in values:
+            warnings.warn(
+                f"{type(self).__name__}.{item} is the old name of this hook field; use the "
+                f"reference's names ({', '.join(type(self).hook_fields) or 'none'}), or "
+                f"args.as_dict() for the method's parameter names",
+                DeprecationWarning, stacklevel=2)
+            return values[item]
+        raise AttributeError(f"{type(self).__name__} has no field {item!r}")
+
+    @property
+    def num_ops(self) -> int:
+        """Number of operations in a batch (``BatchOpIssuePreHookArgs``)."""
+        ops = self._values.get("ops")
+        if ops is None:
+            raise AttributeError(f"{type(self).__name__} has no field 'num_ops'")
+        return len(ops)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The operation's arguments by the method's parameter names."""
+        return dict(self._values)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={_short(getattr(self, k))}" for k in type(self).hook_fields)
+        return f"{type(self).__name__}({inner}, async_op={self.async_op})"
+
+
+class PostHookArgs:
+    """What post-hooks receive: ``op_id``, ``op_name`` and the operation's ``work``.
+
+    The reference's post-hook classes carry no fields; ours also answer the pre-hook
+    fields of the same operation (``args.output`` ...) for hooks that want them.
+    """
+
+    __slots__ = ("_pre", "work")
+
+    def __init__(self, pre: OpArgs, work: Any) -> None:
+        self._pre = pre
+        self.work = work
+
+    @property
+    def op_id(self) -> int:
+        return self._pre.op_id
+
+    @property
+    def op_name(self) -> str:
+        return self._pre.op_name
+
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith("_"):
+            raise AttributeError(item)
+        return getattr(object.__getattribute__(self, "_pre"), item)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(op_id={self.op_id}, work={self.work!r})"
+
+
+class CollectivePostHookArgs(PostHookArgs):
+    __slots__ = ()
+
+
+class SplitPostHookArgs(PostHookArgs):
+    __slots__ = ()
+
+
+class NewWindowPostHookArgs(PostHookArgs):
+    __slots__ = ()
+
+
+class BatchOpIssuePostHookArgs(PostHookArgs):
+    __slots__ = ()
+
+
+class FinalizePostHookArgs(PostHookArgs):
+    __slots__ = ()
+
+
+_POST_CLASSES: dict[str, type[PostHookArgs]] = {
+    "split": SplitPostHookArgs,
+    "new_window": NewWindowPostHookArgs,
+    "batch_op_issue": BatchOpIssuePostHookArgs,
+    "finalize": FinalizePostHookArgs,
+}
+
+
+def post_args(pre: OpArgs, work: Any) -> PostHookArgs:
+    """The post-hook object of an operation whose pre-hook object is ``pre``."""
+    return _POST_CLASSES.get(pre.op_name, CollectivePostHookArgs)(pre, work)
+
+
+def _short(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"Tensor{tuple(shape)}:{str(getattr(value, 'dtype', '')).replace('torch.', '')}"
+    if isinstance(value, list) and len(value) > 4:
+        return f"[{len(value)} items]"
+    return repr(value)
+
+
+def _class_name(op: str) -> str:
+    return "".join(part.capitalize() for part in op.split("_")) + "PreHookArgs"
+
+
+def _make(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> type[OpArgs]:
+    return type(_class_name(op), (OpArgs,), {
+        "__slots__": (), "fields": fields, "hook_fields": hook_fields,
+        "__module__": __name__})
+
+
+ARGS_CLASSES: dict[str, type[OpArgs]] = {
+    op: _make(op, fields, HOOK_FIELDS.get(op, {})) for op, fields in OP_FIELDS.items()
+}
+# The reference spells these with a capital V and "Op".
+ARGS_CLASSES["all_gather_v"].__name__ = "AllGatherVPreHookArgs"
+ARGS_CLASSES["reduce_scatter_v"].__name__ = "ReduceScatterVPreHookArgs"
+ARGS_CLASSES["all_to_all_v_single"].__name__ = "AllToAllVSinglePreHookArgs"
+ARGS_CLASSES["batch_op_issue"].__name__ = "BatchOpIssuePreHookArgs"
+for _cls in ARGS_CLASSES.values():
+    _cls.__qualname__ = _cls.__name__
+    globals()[_cls.__name__] = _cls
+
+#: Every pre-hook class by its reference name.
+PRE_HOOK_CLASSES: dict[str, type[OpArgs]] = {c.__name__: c for c in ARGS_CLASSES.values()}
+#: Every post-hook class by name.
+POST_HOOK_CLASSES: dict[str, type[PostHookArgs]] = {
+    c.__name__: c for c in (CollectivePostHookArgs, SplitPostHookArgs, NewWindowPostHookArgs,
+                            BatchOpIssuePostHookArgs, FinalizePostHookArgs)}
+
+
 def args_class(op: str, fields: tuple[str, ...] = ()) -> type[OpArgs]:
-    """Return (creating once) the argument class of ``op``; used for plugin collectives too."""
+    """Return (creating once) the argument class of ``op``; used for plugin collectives too.
+
+    A plugin collective's fields are its parameter names, exposed as attributes too.
+    """
     cls = ARGS_CLASSES.get(op)
     if cls is None:
-        cls = type(_class_name(op), (OpArgs,), {"__slots__": (), "fields": fields})
+        cls = _make(op, fields, {f: f for f in fields})
         ARGS_CLASSES[op] = cls
     return cls

@@ -1,6 +1,8 @@
-"""``CommOptions``: what a backend's ``init`` receives besides device and name.
+"""Option objects: ``CommOptions`` for communicators, and the per-call option classes.
 
-The core fills ``store``, ``rank`` and ``size`` from the bootstrap before calling a backend.
+``CommOptions`` is what a backend's ``init`` receives; the core fills ``store``, ``rank``
+and ``size`` from the bootstrap. The per-operation classes (``AllReduceOptions``, ...)
+and ``BatchP2POptions`` carry a call's ``timeout`` and ``hints`` the reference's way.
 """
 
 from __future__ import annotations
@@ -9,13 +11,21 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
+from . import _env
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(eq=False)
 class CommOptions:
-    """Options of a communicator, as passed to ``TorchCommBackend.init``."""
+    """Options of a communicator, as passed to ``TorchCommBackend.init``.
 
-    abort_process_on_timeout_or_error: bool | None = None
-    timeout: timedelta | None = None
+    ``CommOptions()`` takes its defaults from the environment like the reference:
+    ``abort_process_on_timeout_or_error`` from ``TORCHCOMM_ABORT_ON_ERROR`` (true) and
+    ``timeout`` from ``TORCHCOMM_TIMEOUT_SECONDS`` (600 s).
+    """
+
+    abort_process_on_timeout_or_error: bool = dataclasses.field(
+        default_factory=_env.abort_on_error)
+    timeout: timedelta = dataclasses.field(default_factory=_env.default_timeout)
     store: Any = None
     name: str = ""
     enable_reconfigure: bool = False
@@ -26,3 +36,82 @@ class CommOptions:
 
     def replace(self, **changes: Any) -> CommOptions:
         return dataclasses.replace(self, **changes)
+
+
+class CallOptions:
+    """``timeout`` and ``hints`` of one call; ``timeout`` zero or ``None`` = the comm's."""
+
+    __slots__ = ("timeout", "hints")
+
+    def __init__(self, timeout: timedelta | None = None,
+                 hints: dict[str, str] | None = None) -> None:
+        self.timeout = timeout if timeout is not None else timedelta(0)
+        self.hints = dict(hints) if hints else {}
+
+    def resolved(self) -> tuple[timedelta | None, dict[str, str] | None]:
+        """``(timeout, hints)`` as an operation takes them: unset values become ``None``."""
+        timeout = self.timeout if self.timeout else None
+        return timeout, (self.hints or None)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(timeout={self.timeout!r}, hints={self.hints!r})"
+
+
+def _call_options(name: str) -> type[CallOptions]:
+    return type(name, (CallOptions,), {
+        "__slots__": (), "__doc__": f"Per-call options of ``{name[:-7]}``: timeout, hints."})
+
+
+#: ``BatchSendRecv.issue(async_op, options=BatchP2POptions())``.
+BatchP2POptions = _call_options("BatchP2POptions")
+SendOptions = _call_options("SendOptions")
+RecvOptions = _call_options("RecvOptions")
+BroadcastOptions = _call_options("BroadcastOptions")
+AllReduceOptions = _call_options("AllReduceOptions")
+ReduceOptions = _call_options("ReduceOptions")
+AllGatherOptions = _call_options("AllGatherOptions")
+AllGatherSingleOptions = _call_options("AllGatherSingleOptions")
+ReduceScatterOptions = _call_options("ReduceScatterOptions")
+ReduceScatterSingleOptions = _call_options("ReduceScatterSingleOptions")
+AllToAllOptions = _call_options("AllToAllOptions")
+AllToAllSingleOptions = _call_options("AllToAllSingleOptions")
+AllToAllvSingleOptions = _call_options("AllToAllvSingleOptions")
+BarrierOptions = _call_options("BarrierOptions")
+ScatterOptions = _call_options("ScatterOptions")
+GatherOptions = _call_options("GatherOptions")
+AllGatherPInitOptions = _call_options("AllGatherPInitOptions")
+AllGatherPExecOptions = _call_options("AllGatherPExecOptions")
+
+OPERATION_OPTIONS: tuple[type[CallOptions], ...] = (
+    SendOptions, RecvOptions, BroadcastOptions, AllReduceOptions, ReduceOptions,
+    AllGatherOptions, AllGatherSingleOptions, ReduceScatterOptions,
+    ReduceScatterSingleOptions, AllToAllOptions, AllToAllSingleOptions, AllToAllvSingleOptions,
+    BarrierOptions, ScatterOptions, GatherOptions, AllGatherPInitOptions, AllGatherPExecOptions,
+)
+
+
+class Timeout(timedelta):
+    """A ``datetime.timedelta`` the reference names for timeouts; any timedelta is accepted."""
+
+    __slots__ = ()
+
+
+#: An opaque per-rank handle of a communicator, exchanged out of band (``get_init_handle``).
+InitHandle = str
+
+
+class ReconfigureOptions:
+    """Arguments of ``TorchComm.reconfigure``: ``uuid``, ``init_handles``, ``timeout``, ``hints``."""
+
+    __slots__ = ("uuid", "init_handles", "timeout", "hints")
+
+    def __init__(self, uuid: int = 0, init_handles: list[str] | set[str] | None = None,
+                 timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> None:
+        self.uuid = uuid
+        self.init_handles = init_handles if init_handles is not None else []
+        self.timeout = timeout
+        self.hints = dict(hints) if hints else {}
+
+    def __repr__(self) -> str:
+        return (f"ReconfigureOptions(uuid={self.uuid!r}, init_handles={self.init_handles!r}, "
+                f"timeout={self.timeout!r}, hints={self.hints!r})")

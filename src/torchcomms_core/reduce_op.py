@@ -52,9 +52,11 @@ class ReduceOp:
     AVG: ClassVar[ReduceOp]
     RedOpType: ClassVar[type[RedOpType]] = RedOpType
 
-    def __init__(self, op_type: RedOpType, factor: float | torch.Tensor | None = None) -> None:
+    def __init__(self, opType: RedOpType,  # noqa: N803 (the reference's keyword)
+                 factor: float | torch.Tensor | None = None) -> None:
+        op_type = opType
         if not isinstance(op_type, RedOpType):
-            raise CommTypeError(f"ReduceOp(op_type) needs a RedOpType, got {op_type!r}")
+            raise CommTypeError(f"ReduceOp(opType) needs a RedOpType, got {op_type!r}")
         if op_type is RedOpType.PREMUL_SUM:
             if factor is None:
                 raise CommInputError("ReduceOp.PREMUL_SUM needs a factor: ReduceOp.PREMUL_SUM(0.5)")

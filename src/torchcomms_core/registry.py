@@ -215,3 +215,71 @@ def _not_found_message(name: str) -> str:
                 f"{BACKENDS_GROUP!r} entry-point group), or register a class in-process with "
                 f"torchcomms.register_backend({name!r}, cls)")
     return f"no torchcomms backend named {name!r} is installed (installed: {listing}); {hint}"
+
+
+# -- the reference's top-level helpers ----------------------------------------------------
+
+
+def is_backend_built(backend: str) -> bool:
+    """Tell whether a backend of that name is installed (an entry point) or registered."""
+    with _lock:
+        if backend in _registered or backend in _loaded:
+            return True
+    return backend in entry_points()
+
+
+def built_backends() -> list[str]:
+    """Names of the installed backends (entry points of ``torchcomms.backends``)."""
+    return sorted(entry_points())
+
+
+def _is_backend_registered(name: str) -> bool:
+    """Tell whether ``name`` is registered in-process or its plugin is already loaded."""
+    with _lock:
+        return name in _registered or name in _loaded
+
+
+def _load_backend(backend: str) -> None:
+    """Load the entry point named ``backend``; ``ModuleNotFoundError`` if there is none."""
+    if not isinstance(backend, str):
+        raise CommTypeError(f"_load_backend: backend must be a str, got {backend!r}")
+    with _lock:
+        if backend in _registered or backend in _loaded:
+            return
+    if backend not in entry_points():
+        raise ModuleNotFoundError(_not_found_message(backend), name=backend)
+    get_backend_class(backend)
+
+
+def backend_version(cls: type[TorchCommBackend]) -> str:
+    """A backend class's version: ``cls.version``, else its distribution's, else torch's."""
+    declared = getattr(cls, "version", None)
+    if isinstance(declared, str) and declared:
+        return declared
+    package = cls.__module__.split(".", 1)[0]
+    for dist_name in metadata.packages_distributions().get(package, []):
+        try:
+            return metadata.version(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+    import torch
+
+    return f"torch {torch.__version__}"
+
+
+def get_mem_allocator(backend: str) -> Any:
+    """The process-wide memory allocator of ``backend`` (for ``torch.cuda.MemPool``).
+
+    Only backends that manage device memory have one; they expose it as a
+    ``get_mem_allocator()`` classmethod.
+    """
+    cls = get_backend_class(backend)
+    allocator = getattr(cls, "get_mem_allocator", None)
+    if allocator is None:
+        raise BackendLoadError(
+            f"get_mem_allocator: backend {backend!r} has no memory allocator; allocators "
+            f"exist for GPU backends that register memory with the network (the reference's "
+            f"ncclx), for use with torch.cuda.MemPool. CPU tensors need none: allocate them "
+            f"as usual"
+        )
+    return allocator()

@@ -98,6 +98,32 @@ class TorchWork:
         work._fail(exc)
         return work
 
+    @classmethod
+    def not_started(cls, comm: TorchComm | None = None, op: str = "") -> TorchWork:
+        """A work for an operation whose pre-hooks run before the backend is called."""
+        work = cls(None, None, comm, op)
+        work._status = WorkStatus.NOT_STARTED
+        return work
+
+    def _start(self, inner: Any, finishers: list[Callable[[], None]] | None) -> None:
+        """Bind a ``not_started`` work to what the backend returned."""
+        self._inner = inner
+        self._finishers = finishers
+        if inner is None and not finishers:
+            self._status = WorkStatus.COMPLETED
+        else:
+            self._lock = threading.Lock()
+            self._status = WorkStatus.INPROGRESS
+
+    def _set_status(self, status: WorkStatus) -> None:
+        """Set the status by hand, as the reference allows for Python-backend works."""
+        if not isinstance(status, WorkStatus):
+            raise CommTypeError(f"_set_status: status must be a WorkStatus, got {status!r}")
+        self._status = status
+        if status is WorkStatus.COMPLETED:
+            self._inner = None
+            self._finishers = None
+
     @property
     def status(self) -> WorkStatus:
         return self._status
@@ -123,8 +149,11 @@ class TorchWork:
         if self._status is WorkStatus.COMPLETED:
             return True
         lock = self._lock
-        if lock is None:  # failed at issue time
-            raise self._error  # type: ignore[misc]
+        if lock is None:  # failed at issue time, or never issued
+            if self._error is None:
+                raise CommStateError(f"{self._op}: this work was never issued; nothing to "
+                                     f"wait for")
+            raise self._error
         with lock:
             status = self._status
             if status is WorkStatus.COMPLETED:

@@ -64,7 +64,7 @@ def rank_environment(rank: int, nranks: int, store_file: str) -> dict[str, str |
         _env.RANK: str(rank),
         _env.SIZE: str(nranks),
         "TORCHCOMM_LOCAL_RANK": str(rank),
-        _env.STORE_FILE: store_file,
+        _env.STORE_PATH: store_file,
         _env.MASTER_ADDR: None,
         _env.MASTER_PORT: None,
         # Rank 0 must not look for a surrounding launcher's store.

@@ -161,6 +161,9 @@ class RankPool:
             "MASTER_PORT": str(self._store.port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHCOMM_TIMEOUT_SECONDS": str(self._comm_timeout_s),
+            # Tests provoke failures and check what survivors see; the reference default
+            # (abort the process) is tested explicitly where it matters.
+            "TORCHCOMM_ABORT_ON_ERROR": "0",
             "OMP_NUM_THREADS": "1",
             **self._extra_env,
         }

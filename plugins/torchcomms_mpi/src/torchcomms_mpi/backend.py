@@ -123,7 +123,10 @@ class MpiBackend(TorchCommBackend):
 
     @property
     def engine(self) -> Any:
-        """The ``mpi4py.MPI.Intracomm`` under this communicator (what unsafe_get_backend gives)."""
+        """The ``mpi4py.MPI.Intracomm`` under this communicator.
+
+        Reach it with ``comm.get_backend_impl().engine``.
+        """
         return self._comm
 
     def split(self, ranks: list[int], name: str, options: CommOptions) -> MpiBackend | None:

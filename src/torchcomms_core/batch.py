@@ -1,0 +1,103 @@
+"""Batched point-to-point: ``P2POpType``, ``P2POp`` and ``BatchSendRecv``.
+
+A batch collects sends and receives and issues them together, so rings and exchanges
+cannot deadlock. Backends receive the batch as plain ``("send"|"recv", tensor, peer)``
+tuples (the spec's ``P2POp`` alias).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import CommTypeError
+from .options import BatchP2POptions, CallOptions
+
+if TYPE_CHECKING:
+    from .comm import TorchComm
+    from .work import TorchWork
+
+
+class P2POpType(enum.IntEnum):
+    """Direction of one batched operation."""
+
+    SEND = 0
+    RECV = 1
+
+
+_KIND = {P2POpType.SEND: "send", P2POpType.RECV: "recv"}
+
+
+class P2POp:
+    """One entry of a batch: ``P2POp(type, tensor, peer)``; fields are read/write."""
+
+    __slots__ = ("type", "tensor", "peer")
+
+    def __init__(self, type: P2POpType, tensor: torch.Tensor, peer: int) -> None:  # noqa: A002
+        self.type = P2POpType(type)
+        self.tensor = tensor
+        self.peer = peer
+
+    @property
+    def kind(self) -> str:
+        """``"send"`` or ``"recv"``: the spelling backends receive."""
+        return _KIND[self.type]
+
+    def __iter__(self) -> Any:
+        # Unpacks like the backends' tuples: kind, tensor, peer.
+        return iter((self.kind, self.tensor, self.peer))
+
+    def __repr__(self) -> str:
+        shape = tuple(self.tensor.shape) if isinstance(self.tensor, torch.Tensor) else "?"
+        return f"P2POp({self.type.name}, tensor{shape}, peer={self.peer})"
+
+
+class BatchSendRecv:
+    """Sends and receives collected with ``send``/``recv`` and issued together."""
+
+    def __init__(self, comm: TorchComm) -> None:
+        self._comm = comm
+        self.ops: list[P2POp] = []
+
+    def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
+        """Queue sending ``tensor`` to ``dst`` (checked now, sent by ``issue``); chainable."""
+        c = self._comm.checker
+        c.tensor("batch send", "tensor", tensor)
+        self.ops.append(P2POp(P2POpType.SEND, tensor,
+                              c.peer("batch send", "dst", dst, allow_self=False)))
+        return self
+
+    def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
+        """Queue receiving into ``tensor`` from ``src`` (checked now, run by ``issue``)."""
+        c = self._comm.checker
+        c.tensor("batch recv", "tensor", tensor)
+        self.ops.append(P2POp(P2POpType.RECV, tensor,
+                              c.peer("batch recv", "src", src, allow_self=False)))
+        return self
+
+    def issue(self, async_op: bool = False, options: CallOptions | None = None, *,
+              hints: dict[str, str] | None = None,
+              timeout: Any = None) -> TorchWork:
+        """Issue every queued operation before waiting on any.
+
+        Args:
+            async_op: return at once with a work to wait on.
+            options: a ``BatchP2POptions`` (``timeout`` zero = the communicator's).
+            hints, timeout: the same as keywords (override ``options``).
+
+        Returns:
+            A ``TorchWork`` (completed already unless ``async_op``).
+        """
+        if options is not None:
+            if not isinstance(options, CallOptions):
+                raise CommTypeError(f"issue: options must be a BatchP2POptions, got "
+                                    f"{type(options).__name__}")
+            opt_timeout, opt_hints = options.resolved()
+            timeout = timeout if timeout is not None else opt_timeout
+            hints = hints if hints is not None else opt_hints
+        return self._comm._batch_issue(list(self.ops), async_op, timeout, hints)
+
+
+__all__ = ["BatchP2POptions", "BatchSendRecv", "P2POp", "P2POpType"]
