@@ -1,0 +1,88 @@
+"""Where the time of a small mpi-backend call goes, layer by layer, in one run.
+
+Per call, interleaved A/B/C/D on the same 1-element tensor: raw blocking mpi4py
+(``Allreduce``/``Bcast``), raw nonblocking mpi4py (``Iallreduce`` + ``Test`` loop, what the
+backend issues), the backend's method called directly, and ``TorchComm`` (the public path).
+Medians of per-call times; the ratios to raw blocking are what matter.
+
+    mpiexec -n 2 python benchmarks/mpi_overhead.py
+    mpiexec -n 4 python benchmarks/mpi_overhead.py --calls 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=10000, help="timed calls per variant")
+    parser.add_argument("--elements", type=int, default=1, help="tensor size (elements)")
+    args = parser.parse_args()
+
+    from mpi4py import MPI
+
+    import torchcomms
+    from torchcomms import ReduceOp
+
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), name="overhead")
+    backend = comm.get_backend_impl()
+    raw = MPI.COMM_WORLD.Dup()
+    t = torch.ones(args.elements)
+    a = t.numpy()
+    timeout = comm.get_timeout()
+    test = MPI.Request.Test
+
+    def nonblocking(start: Callable[[], object]) -> Callable[[], None]:
+        def call() -> None:
+            req = start()
+            while not test(req):
+                pass
+        return call
+
+    cases: dict[str, dict[str, Callable[[], object]]] = {
+        "all_reduce": {
+            "raw blocking": lambda: raw.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
+            "raw nonblocking": nonblocking(lambda: raw.Iallreduce(MPI.IN_PLACE, a, MPI.SUM)),
+            "backend": lambda: backend.all_reduce(t, ReduceOp.SUM, False, timeout=timeout),
+            "TorchComm": lambda: comm.all_reduce(t, ReduceOp.SUM, False),
+        },
+        "broadcast": {
+            "raw blocking": lambda: raw.Bcast(a, 0),
+            "raw nonblocking": nonblocking(lambda: raw.Ibcast(a, 0)),
+            "backend": lambda: backend.broadcast(t, 0, False, timeout=timeout),
+            "TorchComm": lambda: comm.broadcast(t, 0, False),
+        },
+    }
+    clock = time.perf_counter
+    for op, variants in cases.items():
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(200):  # warm up
+            for fn in variants.values():
+                fn()
+        raw.Barrier()
+        for _ in range(args.calls):
+            for name, fn in variants.items():
+                t0 = clock()
+                fn()
+                times[name].append(clock() - t0)
+        medians = {name: statistics.median(v) * 1e6 for name, v in times.items()}
+        # The slowest rank's median bounds the operation.
+        worst = {name: max(raw.allgather(m)) for name, m in medians.items()}
+        if raw.Get_rank() == 0:
+            base = worst["raw blocking"]
+            print(f"# {op}, {raw.Get_size()} ranks, {args.elements} element(s), "
+                  f"{args.calls} calls each, interleaved; median us (ratio to raw blocking)")
+            for name, us in worst.items():
+                print(f"{name:>16}: {us:8.2f} us  ({us / base:.2f})")
+    raw.Free()
+    comm.finalize()
+
+
+if __name__ == "__main__":
+    main()
