@@ -182,12 +182,16 @@ class Worker:
             n = self.round + 1
             if n > 0 and self.handle not in self.members:
                 self.quorum.request_join(n)  # rank 0 of the members raises the flag
+            t_quorum = time.time()
             members = self.quorum.agree(n, self.members, self.args.nproc, timeout_s=60)
             self.round, self.members = n, members
             if self.handle not in members:  # too late for this round: the next one
                 continue
             try:
+                t_reconfigure = time.time()
                 self.comm.reconfigure(f"round-{n}", members, timedelta(seconds=30))
+                self._timings = {"quorum_s": t_reconfigure - t_quorum,
+                                 "reconfigure_s": time.time() - t_reconfigure}
                 self._sync_state(reason)
                 if self.comm.get_rank() == 0:
                     self.store.set("quorum/latest", str(n))
@@ -217,7 +221,7 @@ class Worker:
         identical = bool(check[0] == -check[1])
         self.recoveries.append({"round": self.round, "reason": reason, "size": size,
                                 "step": best, "source": src, "checksum": float(total),
-                                "identical": identical})
+                                "identical": identical, **self._timings})
         if rank == 0:
             print(f"round {self.round} ({reason}): {size} members, resume at step {best} "
                   f"from rank {src}, checksum {float(total):.6f} identical={identical}",
@@ -341,6 +345,7 @@ def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]
     recovered = float(store.get("recovered/1")) if store.check(["recovered/1"]) else None
     detected = [float(store.get(f"detected/{rep['handle']}")) for rep in reports
                 if store.check([f"detected/{rep['handle']}"])]
+    phases = [r for rep in reports for r in rep["recoveries"] if r["reason"] == "failure"]
     result = {
         "exit_codes": codes,
         "victim_exit": victim_code,
@@ -354,6 +359,9 @@ def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]
                        for r in recoveries],
         "detect_s": (max(detected) - killed_at) if detected and killed_at else None,
         "recover_s": (recovered - killed_at) if recovered and killed_at else None,
+        # slowest survivor: waiting for the membership, then comm.reconfigure itself
+        "quorum_s": max((r["quorum_s"] for r in phases), default=None),
+        "reconfigure_s": max((r["reconfigure_s"] for r in phases), default=None),
     }
     return result
 
@@ -374,7 +382,8 @@ def print_summary(res: dict[str, Any]) -> None:
         print(f"  {t['step']:4d} {t['size']:4d} {t['loss']:.6f}  {t['reference']:.6f}")
     if res["recover_s"] is not None:
         print(f"kill -> failure seen by the last survivor: {res['detect_s']:.3f} s; kill -> first "
-              f"collective on the new membership: {res['recover_s']:.3f} s")
+              f"collective on the new membership: {res['recover_s']:.3f} s (membership "
+              f"agreement {res['quorum_s']:.3f} s, reconfigure {res['reconfigure_s']:.3f} s)")
 
 
 def main() -> None:
