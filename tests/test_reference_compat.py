@@ -352,3 +352,40 @@ def test_reference_style_example_runs_unchanged(nproc: int) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("reference-style script done") == nproc
     assert "FAILED" not in res.stdout
+
+
+# -- 10. gloo address variables and hints ------------------------------------------------------
+
+
+def body_gloo_binds_where_told(how: str) -> float:
+    hints = {}
+    if how == "hint_interface":
+        hints = {"interface": "lo"}
+    elif how == "env_hostname":
+        os.environ["TORCHCOMM_GLOO_HOSTNAME"] = "127.0.0.1"
+    try:
+        comm = torchcomms.new_comm("gloo", torch.device("cpu"), unique_name("bind"), hints=hints)
+    finally:
+        os.environ.pop("TORCHCOMM_GLOO_HOSTNAME", None)
+    t = torch.ones(1)
+    comm.all_reduce(t, ReduceOp.SUM)
+    comm.finalize()
+    return float(t[0])
+
+
+@pytest.mark.parametrize("how", ["hint_interface", "env_hostname"])
+def test_gloo_binds_to_a_hinted_interface_or_hostname(pool2, how) -> None:
+    assert pool2.run(body_gloo_binds_where_told, how) == [2.0, 2.0]
+
+
+def body_gloo_bad_interface_hint() -> str:
+    try:
+        torchcomms.new_comm("gloo", torch.device("cpu"), unique_name("badif"),
+                            hints={"interface": "no_such_if0"})
+    except torchcomms.CommInputError as exc:
+        return "refused" if "no_such_if0" in str(exc) else str(exc)
+    return "no error"
+
+
+def test_an_unusable_interface_hint_is_refused_clearly(pool2) -> None:
+    assert pool2.run(body_gloo_bad_interface_hint) == ["refused", "refused"]

@@ -39,6 +39,7 @@ PLUGINS = "TORCHCOMM_PLUGINS"
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"
 #: Network interface the gloo backend binds to (e.g. ``eth1``); unset: the host name's address.
+GLOO_HOSTNAME = "TORCHCOMM_GLOO_HOSTNAME"
 GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
 #: torchrun sets this when its agent hosts the rendezvous store.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -170,6 +171,11 @@ def master_addr_port() -> tuple[str, int] | None:
         return addr, int(port)
     except ValueError:
         raise ValueError(f"{MASTER_PORT}={port!r} is not a port number") from None
+
+
+def gloo_hostname() -> str | None:
+    """Return the address from ``TORCHCOMM_GLOO_HOSTNAME``, or ``None`` if unset."""
+    return os.environ.get(GLOO_HOSTNAME, "").strip() or None
 
 
 def gloo_interface() -> str | None:

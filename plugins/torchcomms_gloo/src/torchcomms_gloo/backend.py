@@ -48,7 +48,7 @@ class GlooBackend(C10dBackend):
         from torch.distributed import ProcessGroupGloo
 
         before = teardown.socket_inodes()
-        engine = ProcessGroupGloo(store, rank, size, engine_options(timeout))
+        engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
         self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
         return engine
 

@@ -1,4 +1,4 @@
-"""Which network interface the Gloo engine binds to: ``TORCHCOMM_GLOO_INTERFACE``.
+"""Where the Gloo engine binds: ``TORCHCOMM_GLOO_INTERFACE`` or ``TORCHCOMM_GLOO_HOSTNAME``.
 
 Multi-host runs (and the network-namespace bench harness) name the interface explicitly.
 """
@@ -11,21 +11,33 @@ from typing import Any
 from torchcomms_core import CommInputError, _env
 
 
-def engine_options(timeout: timedelta) -> Any:
+def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> Any:
     """What to build ``ProcessGroupGloo`` with: just ``timeout`` (torch's defaults, which honour
-    ``GLOO_SOCKET_IFNAME``), or options bound to ``TORCHCOMM_GLOO_INTERFACE`` when it is set."""
+    ``GLOO_SOCKET_IFNAME``), or options bound to an interface or a hostname.
+
+    As in the reference, the hints ``interface``/``hostname`` win over
+    ``TORCHCOMM_GLOO_INTERFACE``/``TORCHCOMM_GLOO_HOSTNAME``; an interface wins over a hostname.
+    """
     from torch.distributed import ProcessGroupGloo
 
-    interface = _env.gloo_interface()
-    if interface is None:
+    hints = hints or {}
+    interface = hints.get("interface") or _env.gloo_interface()
+    hostname = hints.get("hostname") or _env.gloo_hostname()
+    if interface is None and hostname is None:
         return timeout
     try:
-        device = ProcessGroupGloo.create_device(interface=interface)
+        if interface is not None:
+            device = ProcessGroupGloo.create_device(interface=interface)
+        else:
+            device = ProcessGroupGloo.create_device(hostname=hostname)
     except RuntimeError as exc:
+        what = (f"interface {interface!r} ({_env.GLOO_INTERFACE} or hint 'interface')"
+                if interface is not None
+                else f"hostname {hostname!r} ({_env.GLOO_HOSTNAME} or hint 'hostname')")
         raise CommInputError(
-            f"{_env.GLOO_INTERFACE}={interface!r}: gloo cannot use this interface ({exc}); "
-            f"set it to an interface with an IPv4 address (`ip -brief address` lists them) "
-            f"or unset it"
+            f"gloo cannot bind to {what}: {exc}; name an interface with an IPv4 address "
+            f"(`ip -brief address` lists them) or a hostname that resolves to this host, or "
+            f"unset it"
         ) from None
     opts = ProcessGroupGloo._Options()
     opts._devices = [device]
