@@ -91,17 +91,26 @@ def _io(op: str, fields: dict[str, Any]) -> tuple[Any, Any]:
     return _describe(op, inp), _describe(op, out)
 
 
-def _frames() -> list[dict[str, Any]]:
-    """The caller's Python stack, innermost first, without torchcomms' own frames."""
-    out: list[dict[str, Any]] = []
+def _frames() -> list[tuple[str, str, int]]:
+    """The caller's Python stack, innermost first, without torchcomms' own frames.
+
+    Kept as tuples while recording (cheap); :func:`_frame_dicts` makes c10d's layout at
+    dump time.
+    """
+    out: list[tuple[str, str, int]] = []
     frame = sys._getframe(1)
+    here = _HERE
     while frame is not None and len(out) < _MAX_FRAMES:
         code = frame.f_code
-        if not code.co_filename.startswith(_HERE):
-            out.append({"name": code.co_name, "filename": code.co_filename,
-                        "line": frame.f_lineno})
+        if not code.co_filename.startswith(here):
+            out.append((code.co_name, code.co_filename, frame.f_lineno))
         frame = frame.f_back
     return out
+
+
+def _frame_dicts(frames: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
+    return [{"name": name, "filename": filename, "line": line}
+            for name, filename, line in frames]
 
 
 class _Track:
@@ -295,6 +304,7 @@ class _Recorder:
             if not include_completed and entry["state"] == "completed":
                 continue
             item = {k: v for k, v in entry.items() if k != "_work"}
+            item["frames"] = _frame_dicts(entry["frames"])
             name, desc, _ = groups.get(entry["pg_id"], (str(entry["pg_id"]), "undefined", []))
             item["process_group"] = [name, desc]
             out.append(item)
@@ -374,6 +384,12 @@ class FlightRecorderHook:
                                 f"{isolated!r}")
         self._isolated = isolated
         self._recorder = _Recorder(max_entries) if isolated else global_recorder()
+        if isolated:  # as the reference does: operation ids start from 0 again
+            from .. import op_args
+
+            reset_op_ids = getattr(op_args, "reset_op_ids", None)
+            if reset_op_ids is not None:
+                reset_op_ids()
         self._tracks: list[_Track] = []
 
     @property
