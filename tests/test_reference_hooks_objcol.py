@@ -52,25 +52,34 @@ def body_create_process_group() -> dict:
         pair = world.split([2 * row, 2 * row + 1], unique_name("pair"))
         name = unique_name("grp")
         pg = _create_torchcomm_process_group(
-            pair, name, global_ranks_mapping={2 * row: 0, 2 * row + 1: 1})
+            pair, name, global_ranks_mapping={2 * row: 0, 2 * row + 1: 1}
+        )
         t = torch.tensor([float(r + 1)])
         dist.all_reduce(t, group=pg)
         out = torch.empty(2, dtype=torch.int64)
         dist.all_gather_into_tensor(out, torch.tensor([r]), group=pg)
         plain = _create_torchcomm_process_group(_comm(), unique_name("plain"), "mybackend")
         return {
-            "sum": t.item(), "order": out.tolist(),
-            "backend": dist.get_backend(pg), "plain_backend": dist.get_backend(plain),
+            "sum": t.item(),
+            "order": out.tolist(),
+            "backend": dist.get_backend(pg),
+            "plain_backend": dist.get_backend(plain),
             "ranks": dist.get_process_group_ranks(pg),
             "plain_ranks": dist.get_process_group_ranks(plain),
             "tag": c10d._world.pg_to_tag[pg] == f"ptd:{name}",
             "resolved": c10d._resolve_process_group(name) is pg,
-            "group_rank": dist.get_rank(pg), "comm": pg.get_comm() is pair,
+            "group_rank": dist.get_rank(pg),
+            "comm": pg.get_comm() is pair,
             "duplicate": _caught(_create_torchcomm_process_group, pair, name),
-            "swapped": _caught(_create_torchcomm_process_group, pair, unique_name("x"),
-                               global_ranks_mapping={2 * row: 1, 2 * row + 1: 0}),
-            "bad_mapping": _caught(_create_torchcomm_process_group, pair, unique_name("x"),
-                                   global_ranks_mapping={0: 0}),
+            "swapped": _caught(
+                _create_torchcomm_process_group,
+                pair,
+                unique_name("x"),
+                global_ranks_mapping={2 * row: 1, 2 * row + 1: 0},
+            ),
+            "bad_mapping": _caught(
+                _create_torchcomm_process_group, pair, unique_name("x"), global_ranks_mapping={0: 0}
+            ),
         }
     finally:
         _cleanup()
@@ -113,10 +122,15 @@ def body_flatten_with_comm() -> dict:
         dist.all_reduce(t, group=group)
         again = _caught(_flatten_with_comm, mesh, "dp_tp", flat_comm, [0, 1, 2, 3], layout)
         wrong = _caught(_flatten_with_comm, mesh, "other", flat_comm, [3, 2, 1, 0], layout)
-        return {"mesh": flat.mesh.tolist(), "names": flat.mesh_dim_names,
-                "same": group.get_comm() is flat_comm, "sum": t.item(),
-                "by_name": mesh.get_group("dp_tp") is group,
-                "again": again, "wrong": wrong}
+        return {
+            "mesh": flat.mesh.tolist(),
+            "names": flat.mesh_dim_names,
+            "same": group.get_comm() is flat_comm,
+            "sum": t.item(),
+            "by_name": mesh.get_group("dp_tp") is group,
+            "again": again,
+            "wrong": wrong,
+        }
     finally:
         _cleanup()
 
@@ -141,13 +155,12 @@ class Point:
 
 SHEET_OBJCOL = {
     "all_gather_object": "(comm, object_list, obj, timeout=None, weights_only=True)",
-    "gather_object": "(comm, obj, root, object_gather_list=None, timeout=None, "
-                     "weights_only=True)",
+    "gather_object": "(comm, obj, root, object_gather_list=None, timeout=None, weights_only=True)",
     "send_object_list": "(comm, object_list, dst, timeout=None)",
     "recv_object_list": "(comm, object_list, src, timeout=None, weights_only=True)",
     "broadcast_object_list": "(comm, object_list, root, timeout=None, weights_only=True)",
     "scatter_object_list": "(comm, root, scatter_object_output_list, "
-                           "scatter_object_input_list=None, timeout=None, weights_only=True)",
+    "scatter_object_input_list=None, timeout=None, weights_only=True)",
 }
 
 
@@ -158,12 +171,18 @@ def test_objcol_signatures_are_the_sheets() -> None:
 
     for name, expected in SHEET_OBJCOL.items():
         sig = inspect.signature(getattr(objcol, name))
-        plain = "(" + ", ".join(
-            p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
-            for p in sig.parameters.values()) + ")"
+        plain = (
+            "("
+            + ", ".join(
+                p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+                for p in sig.parameters.values()
+            )
+            + ")"
+        )
         assert plain == expected, name
-        assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-                   for p in sig.parameters.values()), name
+        assert all(
+            p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in sig.parameters.values()
+        ), name
 
 
 def body_objcol_reference_order() -> dict:
@@ -183,8 +202,9 @@ def body_objcol_reference_order() -> dict:
     objcol.broadcast_object_list(comm, lst, 1, t30, True)
     res["broadcast"] = lst
     out = [None]
-    objcol.scatter_object_list(comm, 0, out, [k * 10 for k in range(n)] if r == 0 else None,
-                               t30, True)
+    objcol.scatter_object_list(
+        comm, 0, out, [k * 10 for k in range(n)] if r == 0 else None, t30, True
+    )
     res["scatter"] = out[0]
     if r == 0:
         objcol.send_object_list(comm, [torch.arange(3), "x"], 1, t30)
@@ -262,21 +282,28 @@ def test_hooks_module_is_laid_out_as_the_reference() -> None:
 
     assert hooks.__all__ == ["clog", "FlightRecorderHook", "NanCheckHook"]
     assert (hooks.clog, hooks.FlightRecorderHook, hooks.NanCheckHook) == (
-        clog, FlightRecorderHook, NanCheckHook)
+        clog,
+        FlightRecorderHook,
+        NanCheckHook,
+    )
     assert hooks.fr.FlightRecorderHook is FlightRecorderHook
     assert hooks.nan_check.NanCheckHook is NanCheckHook
-    assert {c.__module__ for c in (clog, FlightRecorderHook, NanCheckHook)} == {
-        "torchcomms.hooks"}
+    assert {c.__module__ for c in (clog, FlightRecorderHook, NanCheckHook)} == {"torchcomms.hooks"}
     assert str(inspect.signature(FlightRecorderHook)) == (
-        "(max_entries: 'int' = 2048, isolated: 'bool' = False) -> 'None'")
+        "(max_entries: 'int' = 2048, isolated: 'bool' = False) -> 'None'"
+    )
     assert str(inspect.signature(NanCheckHook)) == (
-        "(check_inputs: 'bool' = True, check_outputs: 'bool' = False) -> 'None'")
+        "(check_inputs: 'bool' = True, check_outputs: 'bool' = False) -> 'None'"
+    )
     assert list(inspect.signature(clog).parameters) == ["output", "events", "verbose"]
     assert inspect.signature(clog).parameters["verbose"].default == []
     from torch._C._distributed_c10d import _get_handler_names
 
-    assert {"torchcomms_fr_trace_json", "torchcomms_fr_dump_file",
-            "torchcomms_health_check"} <= set(_get_handler_names())
+    assert {
+        "torchcomms_fr_trace_json",
+        "torchcomms_fr_dump_file",
+        "torchcomms_health_check",
+    } <= set(_get_handler_names())
     with pytest.raises(ValueError, match="use any of"):
         clog("stderr", ["SOMETIMES"])
 
@@ -360,11 +387,16 @@ def body_flight_recorder(dump_dir: str) -> dict:
         iso.unregister()
         fr.unregister()
         comm.finalize()
-        return {"active": [e["profiling_name"] for e in active],
-                "names": [e["profiling_name"] for e in full["entries"]],
-                "states": [e["state"] for e in full["entries"]],
-                "sizes": sizes, "path": path, "dynamic": dynamic, "after": after,
-                "enabled": [fr.is_enabled(), iso.is_enabled()]}
+        return {
+            "active": [e["profiling_name"] for e in active],
+            "names": [e["profiling_name"] for e in full["entries"]],
+            "states": [e["state"] for e in full["entries"]],
+            "sizes": sizes,
+            "path": path,
+            "dynamic": dynamic,
+            "after": after,
+            "enabled": [fr.is_enabled(), iso.is_enabled()],
+        }
     finally:
         for var in ("TORCHCOMM_FR_DUMP_TEMP_FILE", "TORCHCOMM_FR_DUMP_DYNAMIC_FILE_NAME"):
             os.environ.pop(var, None)
@@ -402,8 +434,9 @@ def _post(port: int, handler: str, query: str = "") -> tuple[int, str]:
 
     url = f"http://127.0.0.1:{port}/handler/{handler}" + (f"?{query}" if query else "")
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST"),
-                                    timeout=30) as reply:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, method="POST"), timeout=30
+        ) as reply:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -429,12 +462,13 @@ def body_debug_handlers(dump_dir: str) -> dict:
         fr.register_with_comm(comm)
         comm.all_reduce(torch.ones(3), ReduceOp.SUM)
         comm.all_gather_single(torch.empty(4), torch.ones(2))
-        out = {"trace": _post(server.port, "torchcomms_fr_trace_json"),
-               "active": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=true"),
-               "none": _post(server.port, "torchcomms_fr_trace_json",
-                             "includecollectives=false"),
-               "bad": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=maybe"),
-               "healthy": _post(server.port, "torchcomms_health_check")}
+        out = {
+            "trace": _post(server.port, "torchcomms_fr_trace_json"),
+            "active": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=true"),
+            "none": _post(server.port, "torchcomms_fr_trace_json", "includecollectives=false"),
+            "bad": _post(server.port, "torchcomms_fr_trace_json", "onlyactive=maybe"),
+            "healthy": _post(server.port, "torchcomms_health_check"),
+        }
         out["dump"] = _post(server.port, "torchcomms_fr_dump_file")
         target = os.path.join(dump_dir, f"handler_{r}")
         deadline = time.monotonic() + 20
@@ -444,8 +478,9 @@ def body_debug_handlers(dump_dir: str) -> dict:
         # Rank 1 waits for a message rank 0 never sends: the timeout fails the
         # communicator, which marks this process unhealthy (and dumps).
         if r == 1:
-            out["timeout"] = _caught(comm.recv, torch.empty(1), 0, False, None,
-                                     timedelta(milliseconds=300))
+            out["timeout"] = _caught(
+                comm.recv, torch.empty(1), 0, False, None, timedelta(milliseconds=300)
+            )
         out["after"] = _post(server.port, "torchcomms_health_check")
         comm.abort()
         fr.unregister()
@@ -467,7 +502,9 @@ def test_debug_handlers_answer_torchs_debug_server(pool2, tmp_path) -> None:
         assert status == 200
         trace = json.loads(text)
         assert [e["profiling_name"] for e in trace["entries"]] == [
-            "gloo:all_reduce", "gloo:all_gather_single"]
+            "gloo:all_reduce",
+            "gloo:all_gather_single",
+        ]
         assert out["active"][0] == 200 and json.loads(out["active"][1])["entries"] == []
         assert json.loads(out["none"][1])["entries"] == []
         assert out["bad"][0] == 400 and "onlyactive='maybe'" in out["bad"][1]
@@ -495,8 +532,10 @@ def body_nan_check() -> dict:
     hook = NanCheckHook()
     hook.register_with_comm(comm)
     nan = torch.tensor([1.0, float("nan")])
-    out = {"enabled": [hook.is_enabled(), NanCheckHook(False, False).is_enabled()],
-           "all_reduce": _caught(comm.all_reduce, nan.clone(), ReduceOp.SUM)}
+    out = {
+        "enabled": [hook.is_enabled(), NanCheckHook(False, False).is_enabled()],
+        "all_reduce": _caught(comm.all_reduce, nan.clone(), ReduceOp.SUM),
+    }
     t = torch.ones(2)
     comm.all_reduce(t, ReduceOp.SUM)  # the communicator is still usable
     out["sum"] = t.tolist()
@@ -570,14 +609,24 @@ def body_clog(log_dir: str) -> dict:
 def test_clog_writes_a_pipe_delimited_line_per_event(pool2, tmp_path) -> None:
     for r, out in enumerate(pool2.run(body_clog, str(tmp_path))):
         rows = [line.split("|") for line in out["full"]]
-        assert all(row[1].isdigit() and row[2] == out["name"] and row[3] == str(r)
-                   and row[4] == "2" for row in rows)
+        assert all(
+            row[1].isdigit() and row[2] == out["name"] and row[3] == str(r) and row[4] == "2"
+            for row in rows
+        )
         events = [(row[7], row[6]) for row in rows]
         p2p = "send" if r == 0 else "recv"
-        assert events == [("all_reduce", "Q"), ("all_reduce", "S"), ("all_reduce", "E"),
-                          ("all_gather_single", "Q"), ("all_gather_single", "S"),
-                          ("all_gather_single", "W"), ("all_gather_single", "E"),
-                          (p2p, "Q"), (p2p, "S"), (p2p, "E")]
+        assert events == [
+            ("all_reduce", "Q"),
+            ("all_reduce", "S"),
+            ("all_reduce", "E"),
+            ("all_gather_single", "Q"),
+            ("all_gather_single", "S"),
+            ("all_gather_single", "W"),
+            ("all_gather_single", "E"),
+            (p2p, "Q"),
+            (p2p, "S"),
+            (p2p, "E"),
+        ]
         queued = {row[7]: row[8:] for row in rows if row[6] == "Q"}
         assert queued["all_reduce"][0] == "async=0" and "op=SUM" in queued["all_reduce"]
         assert queued["all_gather_single"][0] == "async=1"

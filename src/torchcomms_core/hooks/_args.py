@@ -25,8 +25,18 @@ def fields(args: Any) -> dict[str, Any]:
             return dict(as_dict())
         except Exception:  # a foreign argument object: fall back to attribute reads
             pass
-    names = ("tensor", "tensor_list", "peer", "dst", "src", "root", "num_ops", "ops",
-             *_INPUT_NAMES, *_OUTPUT_NAMES)
+    names = (
+        "tensor",
+        "tensor_list",
+        "peer",
+        "dst",
+        "src",
+        "root",
+        "num_ops",
+        "ops",
+        *_INPUT_NAMES,
+        *_OUTPUT_NAMES,
+    )
     out: dict[str, Any] = {}
     for name in names:
         try:

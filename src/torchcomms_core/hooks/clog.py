@@ -32,14 +32,16 @@ _VERBOSE = ("buffers",)
 
 def _names(value: Any, arg: str, allowed: tuple[str, ...], upper: bool) -> set[str]:
     if isinstance(value, str) or not isinstance(value, (list, tuple, set)):
-        raise CommTypeError(f"clog: {arg} must be a list of strings, e.g. [{allowed[0]!r}], "
-                            f"got {value!r}")
+        raise CommTypeError(
+            f"clog: {arg} must be a list of strings, e.g. [{allowed[0]!r}], got {value!r}"
+        )
     out = set()
     for item in value:
         name = str(item).upper() if upper else str(item).lower()
         if not isinstance(item, str) or name not in allowed:
-            raise CommInputError(f"clog: {arg} entry {item!r} is not understood; use any of "
-                                 f"{list(allowed)}")
+            raise CommInputError(
+                f"clog: {arg} entry {item!r} is not understood; use any of {list(allowed)}"
+            )
         out.add(name)
     return out
 
@@ -55,11 +57,11 @@ def _buffers(value: Any) -> str:
 class clog:  # noqa: N801 - the reference's name
     """Log the operations of the communicators it is registered with to ``output``."""
 
-    def __init__(self, output: str, events: list[str],
-                 verbose: list[str] = []) -> None:  # noqa: B006 - the reference's default
+    def __init__(self, output: str, events: list[str], verbose: list[str] = []) -> None:  # noqa: B006 - the reference's default
         if not isinstance(output, str) or not output:
-            raise CommTypeError(f"clog: output must be a file path or 'stdout'/'stderr', got "
-                                f"{output!r}")
+            raise CommTypeError(
+                f"clog: output must be a file path or 'stdout'/'stderr', got {output!r}"
+            )
         self.output = output
         self.events = sorted(_names(events, "events", _EVENTS, True))
         self.verbose = sorted(_names(verbose, "verbose", _VERBOSE, False))
@@ -77,24 +79,27 @@ class clog:  # noqa: N801 - the reference's name
                 try:
                     fd = os.open(self.output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
                 except OSError as exc:
-                    raise CommInputError(f"clog: cannot open {self.output!r} for appending "
-                                         f"({exc}); pass a writable file path") from None
+                    raise CommInputError(
+                        f"clog: cannot open {self.output!r} for appending "
+                        f"({exc}); pass a writable file path"
+                    ) from None
                 self._file = os.fdopen(fd, "a", buffering=1)
         return self._file
 
     def register_with_comm(self, comm: TorchComm) -> clog:
         """Log ``comm``'s operations from now on; returns the logger itself."""
         if not isinstance(comm, TorchComm):
-            raise CommTypeError(f"register_with_comm: expected a TorchComm, got "
-                                f"{type(comm).__name__}")
+            raise CommTypeError(
+                f"register_with_comm: expected a TorchComm, got {type(comm).__name__}"
+            )
         with self._lock:
             self._stream()  # a bad path is reported now, not at the first operation
         async_ops: dict[int, tuple[str, bool]] = {}
         self._handles += [
             comm.register_pre_hook(
-                lambda name, op_id, args: self._pre(comm, async_ops, name, op_id, args)),
-            comm.register_post_hook(
-                lambda op_id, args: self._post(comm, async_ops, op_id, args)),
+                lambda name, op_id, args: self._pre(comm, async_ops, name, op_id, args)
+            ),
+            comm.register_post_hook(lambda op_id, args: self._post(comm, async_ops, op_id, args)),
         ]
         return self
 
@@ -114,19 +119,34 @@ class clog:  # noqa: N801 - the reference's name
 
     # -- lines -----------------------------------------------------------------------
 
-    def _write(self, comm: TorchComm, op_id: int, event: str, op: str,
-               details: list[str]) -> None:
-        line = "|".join([str(time.time_ns()), str(os.getpid()), comm.get_name(),
-                         str(comm.get_rank()), str(comm.get_size()), str(op_id), event, op,
-                         *details])
+    def _write(self, comm: TorchComm, op_id: int, event: str, op: str, details: list[str]) -> None:
+        line = "|".join(
+            [
+                str(time.time_ns()),
+                str(os.getpid()),
+                comm.get_name(),
+                str(comm.get_rank()),
+                str(comm.get_size()),
+                str(op_id),
+                event,
+                op,
+                *details,
+            ]
+        )
         with self._lock:
             stream = self._file
             if stream is None or stream.closed:
                 return
             stream.write(line + "\n")
 
-    def _pre(self, comm: TorchComm, pending: dict[int, tuple[str, bool]], name: Any,
-             op_id: int, args: Any) -> None:
+    def _pre(
+        self,
+        comm: TorchComm,
+        pending: dict[int, tuple[str, bool]],
+        name: Any,
+        op_id: int,
+        args: Any,
+    ) -> None:
         op = str(getattr(name, "name", name))
         fields = _args.fields(args)
         is_async = bool(getattr(args, "async_op", False))
@@ -146,8 +166,9 @@ class clog:  # noqa: N801 - the reference's name
             details.append(f"num_ops={len(batch)}")
         if self._buffers:
             if batch is not None:
-                details.append("ops=" + ",".join(
-                    f"{kind}:{where}:{_buffers(t)}" for kind, t, where in batch))
+                details.append(
+                    "ops=" + ",".join(f"{kind}:{where}:{_buffers(t)}" for kind, t, where in batch)
+                )
             else:
                 inp, out = _args.raw_io(op, fields)
                 details += [f"in={_buffers(inp)}", f"out={_buffers(out)}"]
@@ -156,8 +177,9 @@ class clog:  # noqa: N801 - the reference's name
             self._write(comm, op_id, "S", op, [])
         pending[op_id] = (op, is_async)
 
-    def _post(self, comm: TorchComm, pending: dict[int, tuple[str, bool]], op_id: int,
-              args: Any) -> None:
+    def _post(
+        self, comm: TorchComm, pending: dict[int, tuple[str, bool]], op_id: int, args: Any
+    ) -> None:
         op, is_async = pending.pop(op_id, ("?", False))
         if not self._lifecycle:
             return

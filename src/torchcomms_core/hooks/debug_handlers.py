@@ -15,8 +15,7 @@ import sys
 import threading
 from typing import Any
 
-HANDLER_NAMES = ("torchcomms_fr_trace_json", "torchcomms_fr_dump_file",
-                 "torchcomms_health_check")
+HANDLER_NAMES = ("torchcomms_fr_trace_json", "torchcomms_fr_dump_file", "torchcomms_health_check")
 _TRUE, _FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
 
 
@@ -74,10 +73,14 @@ def torchcomms_fr_dump_file(req: Any, resp: Any) -> None:
     )
 
     if not global_recorder_in_use():
-        _reply(resp, 503, "torchcomms_fr_dump_file: no communicator is registered with the "
-                          "process-wide flight recorder; register one with "
-                          "torchcomms.hooks.FlightRecorderHook().register_with_comm(comm)",
-               "text/plain")
+        _reply(
+            resp,
+            503,
+            "torchcomms_fr_dump_file: no communicator is registered with the "
+            "process-wide flight recorder; register one with "
+            "torchcomms.hooks.FlightRecorderHook().register_with_comm(comm)",
+            "text/plain",
+        )
         return
     hook = FlightRecorderHook()
     rank = global_rank([t.comm() for t in hook._recorder.tracks])

@@ -35,8 +35,7 @@ class NanCheckHook:
     def __init__(self, check_inputs: bool = True, check_outputs: bool = False) -> None:
         for name, value in (("check_inputs", check_inputs), ("check_outputs", check_outputs)):
             if not isinstance(value, bool):
-                raise CommTypeError(f"NanCheckHook: {name} must be True or False, got "
-                                    f"{value!r}")
+                raise CommTypeError(f"NanCheckHook: {name} must be True or False, got {value!r}")
         self.check_inputs = check_inputs
         self.check_outputs = check_outputs
         self._handles: list[RemovableHandle] = []
@@ -48,11 +47,13 @@ class NanCheckHook:
     def register_with_comm(self, comm: TorchComm) -> NanCheckHook:
         """Check every operation of ``comm`` from now on; returns the hook itself."""
         if not isinstance(comm, TorchComm):
-            raise CommTypeError(f"register_with_comm: expected a TorchComm, got "
-                                f"{type(comm).__name__}")
+            raise CommTypeError(
+                f"register_with_comm: expected a TorchComm, got {type(comm).__name__}"
+            )
         if self.is_enabled():
-            self._handles.append(comm.register_pre_hook(
-                lambda name, op_id, args: self._check(comm, name, args)))
+            self._handles.append(
+                comm.register_pre_hook(lambda name, op_id, args: self._check(comm, name, args))
+            )
         return self
 
     def unregister(self) -> None:
@@ -69,7 +70,8 @@ class NanCheckHook:
         if batch is not None:
             for i, (kind, tensor, _) in enumerate(batch):
                 if (kind == "send" and self.check_inputs) or (
-                        kind == "recv" and self.check_outputs):
+                    kind == "recv" and self.check_outputs
+                ):
                     checks.append((f"{kind} ops[{i}]", tensor))
         elif op in _args.IN_PLACE and "tensor" in fields:
             root = fields.get("root")
@@ -95,5 +97,4 @@ class NanCheckHook:
                     )
 
     def __repr__(self) -> str:
-        return (f"<NanCheckHook check_inputs={self.check_inputs} "
-                f"check_outputs={self.check_outputs}>")
+        return f"<NanCheckHook check_inputs={self.check_inputs} check_outputs={self.check_outputs}>"
