@@ -45,6 +45,7 @@ def test_traffic_crosses_the_shaped_link_and_results_are_exact(tmp_path) -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+            netns.remove_stale()  # a killed run could not remove its network itself
     assert proc.returncode == 0, output
     assert _leftovers(f"{netns.PREFIX}{proc.pid}") == [], "the harness left its network behind"
     document = json.loads(out.read_text())
