@@ -251,6 +251,26 @@ class TorchCommWindow:
         self._mapped.append(weakref.ref(view))
         return view
 
+    # -- device-side handles (GPU kernels) ---------------------------------------------
+
+    def get_device_window(self, signal_count: int = -1, counter_count: int = -1,
+                          barrier_count: int = 1) -> int:
+        """A handle GPU kernels use to put and signal directly; GPU backends only."""
+        raise CommStateError(self._no_device_side("get_device_window"))
+
+    def register_local_buffer(self, tensor: torch.Tensor) -> int:
+        """Register a local source buffer for device-side puts; GPU backends only."""
+        raise CommStateError(self._no_device_side("register_local_buffer"))
+
+    def deregister_local_buffer(self, handle: int) -> None:
+        """Release a buffer from ``register_local_buffer``; GPU backends only."""
+        raise CommStateError(self._no_device_side("deregister_local_buffer"))
+
+    def _no_device_side(self, where: str) -> str:
+        return (f"{where}: windows on backend {self._comm.get_backend()!r} have no device-side "
+                f"handles (those drive puts from GPU kernels on the reference's ncclx); use the "
+                f"host-side put(), signal() and wait_signal()")
+
     # -- copies ----------------------------------------------------------------------
 
     def __copy__(self) -> TorchCommWindow:
