@@ -93,6 +93,8 @@ class MpiBackend(TorchCommBackend):
         if comm is None:
             return
         self._comm = None
+        if self._MPI.Is_finalized():  # released at interpreter exit, after MPI_Finalize
+            return
         for work in list(self._pending):
             if abort:
                 work.cancel()
@@ -101,13 +103,16 @@ class MpiBackend(TorchCommBackend):
                     work.wait()
                 except Exception:  # finalize must release even a failed communicator
                     work.cancel()
+        if abort:
+            # MPI_Win_free synchronises with the peers, which an abort must not wait for:
+            # the windows stay with MPI until it finalizes.
+            self._windows.clear()
         for window in list(self._windows):
-            window.free(abort=True)
-        if not self._MPI.Is_finalized():
-            try:
-                comm.Free()
-            except self._MPI.Exception:  # an engine that already gave up: nothing to free
-                pass
+            window.free()
+        try:
+            comm.Free()
+        except self._MPI.Exception:  # an engine that already gave up: nothing to free
+            pass
 
     def get_rank(self) -> int:
         return self._rank
