@@ -152,14 +152,16 @@ def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
 
 def _dequantize_slice(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
                       accumulate: bool, work: torch.Tensor | None) -> None:
-    # int8 times float32 converts and multiplies in one pass (the conversion is exact, so
-    # the bits are those of converting first); the product is rounded before any addition.
+    # Convert into float32 memory first (exact), then multiply in place: faster than a
+    # mixed int8-by-float32 multiply, and the product is rounded before any addition.
     if not accumulate:
-        torch.mul(q, scales.unsqueeze(-1), out=out)
+        out.copy_(q)
+        out.mul_(scales.unsqueeze(-1))
         return
     assert work is not None
     values = work[: q.numel()].view(q.shape)
-    torch.mul(q, scales.unsqueeze(-1), out=values)
+    values.copy_(q)
+    values.mul_(scales.unsqueeze(-1))
     out.add_(values)
 
 
