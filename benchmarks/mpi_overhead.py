@@ -1,9 +1,10 @@
 """Where the time of a small mpi-backend call goes, layer by layer, in one run.
 
-Per call, interleaved A/B/C/D on the same 1-element tensor: raw blocking mpi4py
+Per call, interleaved on the same 1-element tensor: raw blocking mpi4py
 (``Allreduce``/``Bcast``), raw nonblocking mpi4py (``Iallreduce`` + ``Test`` loop, what the
-backend issues), the backend's method called directly, and ``TorchComm`` (the public path).
-Medians of per-call times; the ratios to raw blocking are what matter.
+backend issues), the backend's method called directly, ``TorchComm`` on mpi (the public
+path), and ``TorchComm`` on gloo in the same processes. Medians of per-call times; the
+ratios to raw blocking are what matter.
 
     mpiexec -n 2 python benchmarks/mpi_overhead.py
     mpiexec -n 4 python benchmarks/mpi_overhead.py --calls 20000
@@ -12,6 +13,7 @@ Medians of per-call times; the ratios to raw blocking are what matter.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -31,10 +33,26 @@ def main() -> None:
     from torchcomms import ReduceOp
 
     comm = torchcomms.new_comm("mpi", torch.device("cpu"), name="overhead")
+    world = MPI.COMM_WORLD
+    if world.Get_rank() == 0:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    else:
+        port = 0
+    # gloo in the same processes, rendezvousing through a store rank 0 hosts.
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port, 0)))
+    gloo = torchcomms.new_comm("gloo", torch.device("cpu"), name="overhead-gloo")
     backend = comm.get_backend_impl()
     raw = MPI.COMM_WORLD.Dup()
     t = torch.ones(args.elements)
     a = t.numpy()
+    # all_to_all_single: this many elements per rank.
+    u = torch.ones(args.elements * world.Get_size())
+    u_out = torch.empty_like(u)
+    b, b_out = u.numpy(), u_out.numpy()
     timeout = comm.get_timeout()
     test = MPI.Request.Test
 
@@ -51,12 +69,21 @@ def main() -> None:
             "raw nonblocking": nonblocking(lambda: raw.Iallreduce(MPI.IN_PLACE, a, MPI.SUM)),
             "backend": lambda: backend.all_reduce(t, ReduceOp.SUM, False, timeout=timeout),
             "TorchComm": lambda: comm.all_reduce(t, ReduceOp.SUM, False),
+            "TorchComm gloo": lambda: gloo.all_reduce(t, ReduceOp.SUM, False),
         },
         "broadcast": {
             "raw blocking": lambda: raw.Bcast(a, 0),
             "raw nonblocking": nonblocking(lambda: raw.Ibcast(a, 0)),
             "backend": lambda: backend.broadcast(t, 0, False, timeout=timeout),
             "TorchComm": lambda: comm.broadcast(t, 0, False),
+            "TorchComm gloo": lambda: gloo.broadcast(t, 0, False),
+        },
+        "all_to_all_single": {
+            "raw blocking": lambda: raw.Alltoall(b, b_out),
+            "raw nonblocking": nonblocking(lambda: raw.Ialltoall(b, b_out)),
+            "backend": lambda: backend.all_to_all_single(u_out, u, False, timeout=timeout),
+            "TorchComm": lambda: comm.all_to_all_single(u_out, u, False),
+            "TorchComm gloo": lambda: gloo.all_to_all_single(u_out, u, False),
         },
     }
     clock = time.perf_counter
@@ -80,7 +107,9 @@ def main() -> None:
                   f"{args.calls} calls each, interleaved; median us (ratio to raw blocking)")
             for name, us in worst.items():
                 print(f"{name:>16}: {us:8.2f} us  ({us / base:.2f})")
+            print(f"{'gloo / mpi':>16}: {worst['TorchComm gloo'] / worst['TorchComm']:.1f}x")
     raw.Free()
+    gloo.finalize()
     comm.finalize()
 
 
