@@ -31,11 +31,17 @@ def _rank_body(steps: int, rounds: int) -> dict[str, Any]:
     import torchcomms
     import torchcomms_core.functional.collectives  # noqa: F401 - the compile path
 
+    # One thread per rank, as torchrun sets it: the pool's ranks imported torch before
+    # their OMP_NUM_THREADS applied, and oversubscribed OpenMP kernels measure the machine.
+    torch.set_num_threads(1)
+
     sys.path.insert(0, EXAMPLES)
     from _training import GLOBAL_BATCH, make_model
     from compiled_training import make_step
 
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="compiled_step")
+    from torchcomms_core.testing import unique_name
+
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("compiled_step"))
     rank, size = comm.get_rank(), comm.get_size()
     model = make_model()
     params = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -83,7 +89,8 @@ def main() -> None:
     from torchcomms_core.testing import RankPool
 
     cache = tempfile.mkdtemp(prefix="torchcomms-inductor-")
-    env = {"TORCHCOMMS_PATCH_FOR_COMPILE": "1", "TORCHINDUCTOR_CACHE_DIR": cache}
+    env = {"TORCHCOMMS_PATCH_FOR_COMPILE": "1", "TORCHINDUCTOR_CACHE_DIR": cache,
+           "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     with RankPool(args.nproc, env=env, comm_timeout_s=600) as pool:
         results = pool.run(_rank_body, args.steps, args.rounds, timeout=1800)
     # A step ends when the slowest rank's does: take the per-step maximum over ranks.

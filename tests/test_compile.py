@@ -29,6 +29,8 @@ def compile_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "TORCHCOMMS_PATCH_FOR_COMPILE": "1",
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor")),
+        # Ranks compile in-process: no pool of compile workers per rank on a small machine.
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
     }
 
 
@@ -55,6 +57,9 @@ def _comm() -> Any:
     import torchcomms
     import torchcomms_core.functional.collectives  # noqa: F401
 
+    # One thread per rank (as torchrun sets it): compiled OpenMP kernels of several ranks
+    # sharing two cores otherwise spin against each other.
+    torch.set_num_threads(1)
     return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name())
 
 
@@ -462,6 +467,7 @@ def _example_body(steps: int) -> tuple[list[float], list[float]]:
     import torchcomms
     import torchcomms_core.functional.collectives  # noqa: F401 - the pool's torchcomms predates
 
+    torch.set_num_threads(1)
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name())
     eager, _, _ = compiled_training.train(comm, steps, compiled=False)
     compiled, _, _ = compiled_training.train(comm, steps, compiled=True)
