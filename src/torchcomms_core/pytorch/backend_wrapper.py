@@ -431,7 +431,7 @@ class _BackendWrapper(ProcessGroup):
 
     def allreduce(self, tensors: Any, opts: Any = None) -> CommWork:
         ts = _tensor_list(tensors, "allreduce")
-        if any(t.layout == torch.sparse_coo for t in ts):
+        if ts and ts[0].is_sparse:
             return self._recorded("c10d::allreduce_", _SLOTS[6], "sparse_all_reduce", ts,
                                   lambda: self._sparse_allreduce(ts, opts))
 
