@@ -56,9 +56,9 @@ from .quantization import Layout, padded_cols
 
 #: Elements (of the padded float32 tensor, all rows) per pipeline piece on CPU: while one
 #: piece travels, the next is quantized and the previous reduced or dequantized.
-PIECE_ELEMENTS = 4 << 20
+PIECE_ELEMENTS = 1 << 20
 #: Most pieces a collective is cut into (each costs a few collective calls).
-MAX_PIECES = 8
+MAX_PIECES = 16
 
 
 def piece_bounds(cols: int, block_size: int, rows: int, device: torch.device
