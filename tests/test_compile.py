@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ import torch
 from torchcomms_core.testing import RankPool, current_rank, unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_MINUTE = timedelta(seconds=60)  # made outside: the tracer cannot construct a timedelta
 TIMEOUT = 400.0
 
 
@@ -226,6 +228,42 @@ def test_every_op_compiles_fullgraph_and_matches_eager(cpool: RankPool) -> None:
     }
     # Every op but barrier leaves a result to compare; send and recv leave one together.
     assert len(results[0]["compared"]) == 15
+
+
+def _inplace_and_trailing(comm: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The in-place ops called directly, and hints/timeout passed both ways."""
+    from torchcomms import ReduceOp
+
+    ops = torch.ops.torchcomms
+    ref = comm._compile_ref
+    a = x * 1.0
+    ops.torchcomm_all_reduce_(ref, a, "SUM", None, False, None, None)
+    g = x.new_empty(x.numel() * comm.get_size())
+    ops.torchcomm_all_gather_single_(ref, g, x, True, None, 60.0)
+    ops.torchcomm_wait_tensors_([g])
+    b = x + 1.0
+    comm.all_reduce(b, ReduceOp.MAX, False, {"purpose": "test"}, _MINUTE)
+    c = x + 2.0
+    comm.all_reduce(c, ReduceOp.PREMUL_SUM(0.5), async_op=False, hints={"purpose": "test"},
+                    timeout=_MINUTE)
+    return a, g, b, c
+
+
+def _inplace_body() -> dict[str, Any]:
+    comm = _comm()
+    x = torch.arange(4.0) * (comm.get_rank() + 1)
+    eager = _inplace_and_trailing(comm, x.clone())
+    breaks, reasons, _ = _explain(_inplace_and_trailing, comm, x.clone())
+    compiled = torch.compile(_inplace_and_trailing, fullgraph=True)(comm, x.clone())
+    comm.finalize()
+    return {"breaks": breaks, "reasons": reasons,
+            "equal": [torch.equal(e, c) for e, c in zip(eager, compiled, strict=True)]}
+
+
+def test_inplace_ops_and_trailing_arguments_compile(cpools: dict[int, RankPool]) -> None:
+    for rank, res in enumerate(cpools[2].run(_inplace_body, timeout=TIMEOUT)):
+        assert res["breaks"] == 0, (rank, res["reasons"])
+        assert res["equal"] == [True] * 4, (rank, res["equal"])
 
 
 # -- async across the graph --------------------------------------------------------------

@@ -135,7 +135,8 @@ def _seconds(timeout: Any) -> float | None:
     if timeout is None:
         return None
     if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
+        # Fields, not total_seconds(): the tracer reads attributes but cannot call the method.
+        return timeout.days * 86400.0 + timeout.seconds + timeout.microseconds * 1e-6
     return float(timeout)
 
 
