@@ -226,7 +226,26 @@ def _shared_port(key: str) -> int:
     return int(store.get(key))
 
 
-# -- 0. the plain collectives -------------------------------------------------------------
+# -- 0. the switch itself ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["torchcomms", "torchcomms_core", "torch"])
+def test_the_switch_is_available_whichever_package_is_imported_first(first: str) -> None:
+    import subprocess
+    import sys
+
+    code = (f"import {first}\n"
+            "import torch.distributed.distributed_c10d as c10d\n"
+            "import torchcomms_core.pytorch.backend_wrapper as bw\n"
+            "print(c10d._TORCHCOMM_AVAILABLE, c10d._BackendWrapper is bw._BackendWrapper)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["True", "True"], res.stdout
+
+
+# -- the plain collectives --------------------------------------------------------------------
 
 
 def _collectives(pg: Any) -> dict:
@@ -740,6 +759,12 @@ def _subgroups(pg: Any) -> dict:
                    ranks=dist.get_process_group_ranks(sub), sum=t,
                    timeout=sub._get_backend(torch.device("cpu")).options._timeout,
                    global_of_0=dist.get_global_rank(sub, 0))
+    # The same ranks again: another group (under the switch, another communicator).
+    again = dist.new_group(members)
+    if again is not dist.GroupMember.NON_GROUP_MEMBER:
+        t = torch.tensor([1.0])
+        dist.all_reduce(t, group=again)
+        res["again"] = [again is not sub, t]
     return res
 
 
@@ -757,6 +782,7 @@ def test_new_group_members_get_their_group_rank(pool) -> None:
             assert sub["rank"] == sub["get_rank"] == members.index(r)
             assert sub["size"] == len(members) and sub["ranks"] == members
             assert sub["timeout"] == 33.0
+            assert sub["again"] == [True, ["tensor", "torch.float32", [1], [float(len(members))]]]
 
 
 def _mesh(pg: Any) -> dict:
