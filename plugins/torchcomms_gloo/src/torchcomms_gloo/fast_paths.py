@@ -31,7 +31,7 @@ ALL_GATHER_MIN_BYTES = 8 << 20
 REDUCE_SCATTER_MIN_BYTES = 4 << 20
 
 #: Bytes per piece a reduce-scatter message is cut into, so reducing one piece overlaps
-#: receiving the next; pieces stay cache-friendly and few enough to keep per-call costs low.
+#: receiving the next; large enough that the per-message cost stays small.
 PIECE_BYTES = 4 << 20
 
 #: Element-wise reductions by kind; those missing (and bool tensors) use the engine.
