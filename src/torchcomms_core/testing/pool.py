@@ -81,6 +81,13 @@ def _worker_main(rank: int, size: int, env: dict[str, str], conn: Any, stack_fil
     os.environ.update(env)
     os.environ["TORCHCOMM_RANK"] = str(rank)
     os.environ["TORCHCOMM_SIZE"] = str(size)
+    # Unpickling this function imported torch before ``env`` was applied, so settings torch
+    # reads at import (OMP_NUM_THREADS) are applied by hand: ranks share the cores.
+    threads = env.get("OMP_NUM_THREADS")
+    if threads and threads.isdigit():
+        import torch
+
+        torch.set_num_threads(int(threads))
     serve(conn, stack_file)
 
 
