@@ -76,7 +76,7 @@ def verify_call(backend: Any, name: str, values: tuple[Any, ...], size: int,
     """Check that the peers of this call issued a matching one; raise on mismatch."""
     if name in P2P:
         if name == "batch_op_issue":
-            ops = [(op[0], op[1], op[2]) for op in values[0]]
+            ops = [tuple(op) for op in values[0]]  # P2POp unpacks as kind, tensor, peer
         else:
             ops = [(name, values[0], values[1])]
         verify_p2p(backend, ops, timeout)

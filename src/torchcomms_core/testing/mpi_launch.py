@@ -94,6 +94,8 @@ def start(world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 12
     child_env = {k: v for k, v in {**os.environ, **env}.items() if k not in _FOREIGN_RANK_VARS}
     # Like multiprocessing's spawn: the ranks import test bodies from the parent's path.
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    # MPICH over UCX warns about every RMA key still cached at exit; keep test logs readable.
+    child_env.setdefault("UCX_LOG_LEVEL", "error")
     job = subprocess.Popen(
         [mpiexec, "-n", str(world_size), sys.executable, "-m", __name__, f"{host}:{port}",
          tmpdir],
