@@ -389,3 +389,51 @@ def body_gloo_bad_interface_hint() -> str:
 
 def test_an_unusable_interface_hint_is_refused_clearly(pool2) -> None:
     assert pool2.run(body_gloo_bad_interface_hint) == ["refused", "refused"]
+
+
+# -- 8. torch's own routes: _register_backend and multi-device backend strings -----------------
+
+REGISTER_SCRIPT = textwrap.dedent("""
+    import os, sys, tempfile
+    import torch, torch.distributed as dist
+    import torchcomms
+    from torchcomms._comms import _BackendWrapper
+    fs = dist.FileStore(tempfile.mktemp(), 1)
+    comm = torchcomms.new_comm("gloo", torch.device("cpu"), "reg", store=dist.PrefixStore("a", fs))
+    pg = dist.ProcessGroup(dist.PrefixStore("pg", fs), 0, 1)
+    try:
+        pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM,
+                             _BackendWrapper(comm))
+    except torchcomms.CommTypeError as exc:
+        assert "_create_torchcomm_process_group" in str(exc), exc
+        print("refused clearly")
+    comm.finalize()
+""")
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent("""
+    import os, tempfile
+    os.environ["TORCH_DISTRIBUTED_USE_TORCHCOMMS"] = "1"
+    import torch, torch.distributed as dist
+    dist.init_process_group("cpu:gloo,cuda:nccl", init_method="file://" + tempfile.mktemp(),
+                            rank=0, world_size=1)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    print("group", type(dist.group.WORLD).__name__, dist.get_backend(), t.tolist())
+    dist.destroy_process_group()
+""")
+
+
+def test_registering_a_wrapper_inside_a_group_names_the_supported_route() -> None:
+    res = subprocess.run([sys.executable, "-c", REGISTER_SCRIPT], capture_output=True,
+                         text=True, timeout=120, env=_clean_env(TORCHCOMM_RANK="0",
+                                                                TORCHCOMM_SIZE="1"), cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "refused clearly" in res.stdout
+
+
+def test_multi_device_backend_string_under_the_switch() -> None:
+    res = subprocess.run([sys.executable, "-c", MULTI_DEVICE_SCRIPT], capture_output=True,
+                         text=True, timeout=120, env=_clean_env(), cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # On a machine without CUDA only the CPU part exists; the group runs on torchcomms.
+    assert "group _BackendWrapper" in res.stdout and "[1.0, 1.0]" in res.stdout

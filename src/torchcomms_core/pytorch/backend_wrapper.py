@@ -844,4 +844,35 @@ def _chain(steps: list[Callable[[], None]]) -> Callable[[], None] | None:
     return run
 
 
+def _guard_register_backend() -> None:
+    """Make ``pg._register_backend(device, type, _BackendWrapper(comm))`` fail clearly.
+
+    c10d's ``ProcessGroup._register_backend`` takes a C++ ``Backend``, and torch 2.13 gives
+    Python no way to make one (``Backend`` has no Python constructor), so a wrapper cannot be
+    registered inside another group. pybind's own refusal lists C++ signatures; this says
+    what works instead. Every other call goes to c10d untouched.
+    """
+    original = ProcessGroup._register_backend
+    if getattr(original, "__torchcomms_guard__", False):
+        return
+
+    def _register_backend(self: Any, device: Any, backend_type: Any, backend: Any = None,
+                          ) -> Any:
+        if isinstance(backend, _BackendWrapper):
+            raise CommTypeError(
+                "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "
+                "ProcessGroup, not a c10d Backend, and torch 2.13 offers no way to build a "
+                "Backend from Python. Use the wrapper itself as the group: "
+                "torchcomms.device_mesh._create_torchcomm_process_group(comm, group_name), "
+                "or init_process_group/new_group with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
+            )
+        return original(self, device, backend_type, backend)
+
+    _register_backend.__torchcomms_guard__ = True  # type: ignore[attr-defined]
+    _register_backend.__doc__ = original.__doc__
+    ProcessGroup._register_backend = _register_backend  # type: ignore[method-assign]
+
+
+_guard_register_backend()
+
 __all__ = ["_BackendWrapper"]
