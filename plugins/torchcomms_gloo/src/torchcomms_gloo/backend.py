@@ -47,6 +47,9 @@ class GlooBackend(C10dBackend):
                       device: torch.device, options: CommOptions) -> Any:
         from torch.distributed import ProcessGroupGloo
 
+        if size == 1:  # no peers, no connections to close on abort
+            self._sockets = {}
+            return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
         before = teardown.socket_inodes()
         engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
         self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
