@@ -69,9 +69,23 @@ def _close(ours: list[float], ref: list[float]) -> bool:
         math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(ours, ref, strict=True))
 
 
-def _cleanup() -> None:
+def _cleanup(*comms) -> None:
+    """Tear down in order: every rank in step, then the groups, then the communicators.
+
+    Leaving the communicators to the garbage collector would tear engines down in whatever
+    order objects die, possibly while a peer still uses its side.
+    """
+    try:
+        for comm in comms:
+            if comm is not None and not comm.is_finalized():
+                comm.barrier()
+    except torchcomms.TorchCommError:
+        pass  # a rank failed earlier: its error is the one to report
     if dist.is_initialized():
         dist.destroy_process_group()
+    for comm in comms:
+        if comm is not None:
+            comm.finalize()
 
 
 def _counted(comm) -> dict:
@@ -85,6 +99,7 @@ def _counted(comm) -> dict:
 def body_fsdp2() -> tuple:
     from torch.distributed.fsdp import fully_shard
 
+    comm = None
     try:
         comm = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("fsdp"))
         counts = _counted(comm)
@@ -97,7 +112,7 @@ def body_fsdp2() -> tuple:
         losses = _train(model, comm.get_rank(), comm.get_size(), mesh.get_group("dp"))
         return losses, _reference(), counts, type(mesh.get_group("dp")).__name__
     finally:
-        _cleanup()
+        _cleanup(comm)
 
 
 def test_fsdp2_over_torchcomms_matches_single_process(pool) -> None:
@@ -112,6 +127,7 @@ def body_ddp(hook: bool) -> tuple:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    comm = None
     try:
         comm = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("ddp"))
         counts = _counted(comm)
@@ -122,7 +138,7 @@ def body_ddp(hook: bool) -> tuple:
         losses = _train(ddp, comm.get_rank(), comm.get_size(), pg)
         return losses, _reference(), counts
     finally:
-        _cleanup()
+        _cleanup(comm)
 
 
 def test_ddp_with_small_buckets_matches_single_process(pool) -> None:
@@ -145,6 +161,7 @@ def body_mesh_2d() -> tuple:
         parallelize_module,
     )
 
+    world = tp = dp = None
     try:
         world = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("world"))
         r = world.get_rank()
@@ -163,7 +180,7 @@ def body_mesh_2d() -> tuple:
         losses = _train(model, dp_rank, 2, mesh.get_group("dp"))
         return (losses, _reference(), mesh.mesh.tolist(), dict(tp_counts), dict(dp_counts))
     finally:
-        _cleanup()
+        _cleanup(tp, dp, world)
 
 
 def test_2d_mesh_fsdp2_and_tensor_parallel_match_single_process(pool4) -> None:
