@@ -145,3 +145,23 @@ class BenchOp(abc.ABC):
 
     def _empty(self, numel: int, case: Case) -> torch.Tensor:
         return torch.empty(numel, dtype=case.dtype, device=case.device)
+
+
+class PairOp(BenchOp):
+    """A round trip between ranks 0 and 1 (two legs); the other ranks stand by."""
+
+    min_ranks = 2
+    legs = 2
+
+    def busbw_factor(self, nranks: int) -> float:
+        return 1.0
+
+    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
+        return Buffers(self._empty(count, case), self._empty(count, case), count,
+                       self._form(form))
+
+    def participates(self, case: Case) -> bool:
+        return case.rank < 2
+
+    def holds_result(self, case: Case) -> bool:
+        return case.rank < 2

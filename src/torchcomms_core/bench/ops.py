@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .base import BenchOp
+from .base import BenchOp, PairOp
 from .data import (
     DTYPES,
     IN_PLACE,
@@ -490,29 +490,14 @@ class Scatter(BenchOp):
 # -- point to point and synchronisation ----------------------------------------------------
 
 
-class SendRecv(BenchOp):
+class SendRecv(PairOp):
     """Ping-pong between ranks 0 and 1: 0 sends, 1 receives and sends it back.
 
     A timed call is one round trip; the reported time is half of it, one message.
     """
 
     name = "send_recv"
-    min_ranks = 2
-    legs = 2
     c10d_name = "send/recv"
-
-    def busbw_factor(self, nranks: int) -> float:
-        return 1.0
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        return Buffers(self._empty(count, case), self._empty(count, case), count,
-                       self._form(form))
-
-    def participates(self, case: Case) -> bool:
-        return case.rank < 2
-
-    def holds_result(self, case: Case) -> bool:
-        return case.rank < 2
 
     def fill(self, bufs: Buffers, case: Case) -> None:
         # Rank 1 starts with its own values, so a message that never arrives is caught.

@@ -9,35 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import BenchOp
+from .base import PairOp
 from .data import Buffers, Case, fill, values
 
 
-class WindowPutSignal(BenchOp):
+class WindowPutSignal(PairOp):
     """``window.put`` then ``window.signal``; the peer's ``wait_signal`` ends the leg."""
 
     name = "window_put"
-    min_ranks = 2
-    legs = 2
     c10d_name = None
 
     def __init__(self) -> None:
         # The window of each output buffer, made by the first (collective) run on it; the
         # previous size's window is released first, on every rank in the same order.
         self._windows: dict[int, tuple[Any, Any]] = {}
-
-    def busbw_factor(self, nranks: int) -> float:
-        return 1.0
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        return Buffers(self._empty(count, case), self._empty(count, case), count,
-                       self._form(form))
-
-    def participates(self, case: Case) -> bool:
-        return case.rank < 2
-
-    def holds_result(self, case: Case) -> bool:
-        return case.rank < 2
 
     def fill(self, bufs: Buffers, case: Case) -> None:
         fill(bufs.input, lambda index: values(case.rank, 0, index, case, reduced=False))
