@@ -39,7 +39,7 @@ def _rank_collectives(iters_small: int, iters_large: int, out: str) -> int:
     from torch.distributed import ProcessGroupGloo
 
     import torchcomms
-    from torchcomms_core.bootstrap import default_store
+    from torchcomms_core._bootstrap import default_store
 
     rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
     store = default_store(rank, size, timedelta(seconds=300))
@@ -90,7 +90,7 @@ def _rank_init(reps: int, out: str) -> int:
     import torch.distributed as dist
 
     import torchcomms
-    from torchcomms_core.bootstrap import default_store
+    from torchcomms_core._bootstrap import default_store
 
     rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
     store = default_store(rank, size, timedelta(seconds=300))
@@ -159,7 +159,7 @@ def per_call_cost(number: int) -> dict[str, float]:
 
     import torchcomms
     from torchcomms import Collective, CommOptions, ReduceOp, TorchCommBackend, hookimpl
-    from torchcomms_core.comm import TorchComm
+    from torchcomms_core._comm import TorchComm
 
     class Nothing(TorchCommBackend):
         def init(self, device, name, options): ...

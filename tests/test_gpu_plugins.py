@@ -23,8 +23,13 @@ from torchcomms import (
     RedOpType,
     ReduceOp,
 )
-from torchcomms_core import cuda_support
-from torchcomms_core.cuda_support import CudaWork, NcclEngineBackend, bool_hint, resolve_device
+from torchcomms_core.engines import cuda_support
+from torchcomms_core.engines.cuda_support import (
+    CudaWork,
+    NcclEngineBackend,
+    bool_hint,
+    resolve_device,
+)
 from torchcomms_ncclx import NCCLXBackend
 from torchcomms_rccl import RCCLBackend
 from torchcomms_rccl.backend import NOT_ROCM_REASON
@@ -53,7 +58,7 @@ def world1(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("name,cls", [("ncclx", NCCLXBackend), ("nccl", NCCLXBackend),
                                       ("rccl", RCCLBackend)])
 def test_backends_resolve_by_entry_point(name: str, cls: type) -> None:
-    from torchcomms_core import registry
+    from torchcomms_core import _registry as registry
 
     entry = registry.entry_points()[name]
     assert entry.distribution == ("torchcomms-rccl" if name == "rccl" else "torchcomms-ncclx")

@@ -19,8 +19,8 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
+from torchcomms_core._work import is_engine_failure, is_timeout_error
 from torchcomms_core.testing import unique_name
-from torchcomms_core.work import is_engine_failure, is_timeout_error
 
 
 def _comm(**kwargs):

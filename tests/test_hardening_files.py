@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import torchcomms
-from torchcomms_core import bootstrap
+from torchcomms_core import _bootstrap as bootstrap
+from torchcomms_core._errors import BootstrapError
 from torchcomms_core.bench.launch import free_port, launch
-from torchcomms_core.errors import BootstrapError
 from torchcomms_core.testing import unique_name
 
 PRECIOUS = "a file the dump must never overwrite\n"

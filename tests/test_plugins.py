@@ -234,7 +234,7 @@ def _native_group():
     from torch.distributed import HashStore
 
     from torchcomms import CommOptions
-    from torchcomms_core.comm import TorchComm
+    from torchcomms_core._comm import TorchComm
 
     backend = NativeScaled(_Fabric(1), 0)
     opts = CommOptions(timeout=timedelta(seconds=5), store=HashStore(), name="native", rank=0,

@@ -271,6 +271,8 @@ def body_lifecycle_reaches_the_comm() -> list:
     waited = work.wait(timedelta(seconds=5))
     pg.shutdown()
     other = torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("pt"))
+    # Abort does not wait for peers: let every rank finish connecting before one aborts.
+    other.barrier()
     torchcomms._backend_wrapper._BackendWrapper(other).abort()
     return [timeout, waited, comm.is_finalized(), other.is_aborted(), pg.name()]
 

@@ -5,12 +5,13 @@ code written for the reference imports ``TorchCommBackend``, ``ReduceOp`` and fr
 here; everything comes from ``torchcomms_core``.
 """
 
+# The wrapper's options are c10d's backend options (what ``_BackendWrapper.options`` holds).
+from torch._C._distributed_c10d import Backend as _Backend
+
 from torchcomms_core import *  # noqa: F403
 from torchcomms_core import __all__ as _core_all
 from torchcomms_core import _is_backend_registered  # noqa: F401
 from torchcomms_core.pytorch.backend_wrapper import _BackendWrapper  # noqa: F401
-# The wrapper's options are c10d's backend options (what ``_BackendWrapper.options`` holds).
-from torch._C._distributed_c10d import Backend as _Backend
 
 _BackendWrapperOptions = _Backend.Options
 

@@ -6,11 +6,10 @@ Importing this package touches no ``torch.distributed`` attribute and loads no p
 
 from __future__ import annotations
 
-from .c10d_adapter import C10dBackend
-from .collectives import Collective
-from .batch import BatchSendRecv, P2POp, P2POpType
-from .comm import RemovableHandle, TorchComm, new_comm
-from .errors import (
+from ._batch import BatchSendRecv, P2POp, P2POpType
+from ._collectives import Collective
+from ._comm import RemovableHandle, TorchComm, new_comm
+from ._errors import (
     BackendLoadError,
     BackendNotFoundError,
     BootstrapError,
@@ -21,9 +20,7 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
-from .functional import is_torch_compile_supported, is_torch_compile_supported_and_enabled
-from .hookspecs import hookimpl
-from .op_args import (
+from ._op_args import (
     POST_HOOK_CLASSES,
     PRE_HOOK_CLASSES,
     BatchOpIssuePostHookArgs,
@@ -34,7 +31,7 @@ from .op_args import (
     OpName,
     SplitPostHookArgs,
 )
-from .options import (
+from ._options import (
     AllGatherOptions,
     AllGatherPExecOptions,
     AllGatherPInitOptions,
@@ -58,7 +55,7 @@ from .options import (
     SendOptions,
     Timeout,
 )
-from .plugins import (
+from ._plugins import (
     PluginError,
     get_plugin_manager,
     list_collectives,
@@ -66,8 +63,8 @@ from .plugins import (
     register_plugin,
     unregister_plugin,
 )
-from .reduce_op import RedOpType, ReduceOp
-from .registry import (
+from ._reduce_op import RedOpType, ReduceOp
+from ._registry import (
     _is_backend_registered,
     _load_backend,
     available_backends,
@@ -78,9 +75,12 @@ from .registry import (
     register_backend,
     unregister_backend,
 )
+from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
+from ._work import TorchWork, WorkStatus
+from .engines import C10dBackend
+from .functional import is_torch_compile_supported, is_torch_compile_supported_and_enabled
+from .hookspecs import hookimpl
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
-from .window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
-from .work import TorchWork, WorkStatus
 
 __version__ = "0.1.0"
 

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from .collectives import Collective
-    from .comm import TorchComm
+    from ._collectives import Collective
+    from ._comm import TorchComm
 
 hookspec = pluggy.HookspecMarker("torchcomms")
 hookimpl = pluggy.HookimplMarker("torchcomms")

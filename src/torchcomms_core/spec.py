@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .reduce_op import RedOpType, ReduceOp
+from ._reduce_op import RedOpType, ReduceOp
 
 if TYPE_CHECKING:
-    from .options import CommOptions
+    from ._options import CommOptions
 
 #: Version of this spec. A backend declares the version it targets in ``spec_version``.
 #: Same major and a minor no newer than the core's: compatible.
@@ -356,7 +356,7 @@ class TorchCommBackend(abc.ABC):
                            f"use a backend whose method_support() reports reconfigure_engine")
 
     def new_window(self) -> Any:
-        """Return a window engine (``torchcomms_core.window.WindowEngine``) (optional).
+        """Return a window engine (``torchcomms_core._window.WindowEngine``) (optional).
 
         The core's ``TorchCommWindow`` does the checks and bookkeeping around it.
         """
@@ -506,7 +506,7 @@ def _overrides(cls: type, name: str) -> bool:
 
 def check_spec_version(declared: str, who: str) -> None:
     """Raise if a backend's declared spec version is incompatible with this core."""
-    from .errors import BackendLoadError
+    from ._errors import BackendLoadError
 
     try:
         major, minor = (int(p) for p in str(declared).split(".")[:2])

@@ -45,7 +45,7 @@ def init_c10d(backend: str, rank: int, nranks: int, device: torch.device,
     """
     import torch.distributed as dist
 
-    from ..bootstrap import default_store
+    from .._bootstrap import default_store
 
     if dist.is_initialized():
         raise RuntimeError("--compare c10d: a torch.distributed default process group already "

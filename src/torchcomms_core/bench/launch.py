@@ -20,7 +20,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .. import _env
-from ..errors import TorchCommError
+from .._errors import TorchCommError
 
 #: Seconds the other ranks get to finish (and print their own errors) after one fails.
 FAILURE_GRACE_S = 5.0

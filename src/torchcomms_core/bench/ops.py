@@ -728,7 +728,7 @@ PLUGIN_OPS: dict[str, tuple[BenchOp, str]] = {
 
 def available_ops() -> dict[str, BenchOp]:
     """``OPS`` plus the ``PLUGIN_OPS`` whose collective is installed in this environment."""
-    from ..plugins import list_collectives
+    from .._plugins import list_collectives
 
     installed = list_collectives()
     return {**OPS, **{name: op for name, (op, _dist) in PLUGIN_OPS.items() if name in installed}}

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from .. import _env
-from ..bootstrap import resolve_rank_size
-from ..comm import new_comm
-from ..registry import get_backend_class
+from .._bootstrap import resolve_rank_size
+from .._comm import new_comm
+from .._registry import get_backend_class
 from .base import BenchOp
 from .compare import COMPARE_WITH, c10d_backend, close_c10d, init_c10d, quartiles
 from .data import DTYPES, REDOPS, Buffers, Case, dtype_name

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe_backends() -> list[dict[str, Any]]:
     """One record per backend name (entry points and in-process registrations)."""
-    from .. import registry
+    from .. import _registry as registry
     from ..spec import method_support
 
     entries = registry.entry_points()
@@ -61,7 +61,8 @@ def describe_backends() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import TorchCommError
+    from .. import _registry as registry
+    from .._errors import TorchCommError
 
     try:
         rows = describe_backends()

@@ -15,12 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _env
+from .._errors import TorchCommError
 from ..bench.compare import COMPARE_WITH
 from ..bench.launch import launch
 from ..bench.ops import DEFAULT_OPS, DTYPES, PLUGIN_OPS, REDOPS, unknown_ops_message
 from ..bench.runner import INPLACE_CHOICES, BenchConfig, run_rank, runnable_ops, validate_config
 from ..bench.sizes import parse_size
-from ..errors import TorchCommError
 
 HELP = "benchmark collectives (bandwidth and correctness, nccl-tests style)"
 
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     if network is not None:
         return _run_in_namespaces(parser, network, config)
     if launched is None:
-        from ..registry import get_backend_class
+        from .._registry import get_backend_class
 
         if get_backend_class(config.backend).launcher == "mpiexec":
             from ..bench.mpiexec import relaunch_under_mpiexec

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..plugins import PluginError, list_collectives, plugin_records
+    from .._plugins import PluginError, list_collectives, plugin_records
 
     try:
         records = plugin_records()

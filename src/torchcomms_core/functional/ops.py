@@ -17,13 +17,13 @@ from torch._library.effects import EffectType
 from torch._library.opaque_object import MemberType, register_opaque_type
 from torch._opaque_base import OpaqueBase
 
-from ..errors import CommStateError
-from ..reduce_op import RedOpType, ReduceOp
+from .._errors import CommStateError
+from .._reduce_op import RedOpType, ReduceOp
 from . import pending
 from .table import INOUT, NAMESPACE, OPS, REDUCE_OP, TENSORS, OpSpec, schema
 
 if TYPE_CHECKING:
-    from ..comm import TorchComm
+    from .._comm import TorchComm
 
 
 class CommRef(OpaqueBase):

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..errors import CommTypeError
-from ..reduce_op import ReduceOp
+from .._errors import CommTypeError
+from .._reduce_op import ReduceOp
 from . import pending
 from .async_results import FakeWork, TorchCommsAsyncTensor
 from .autograd import DIFFERENTIABLE
@@ -243,8 +243,8 @@ def _wrap_init(original: Any) -> Any:
 
 def mark_plugin_collectives() -> None:
     """Make every installed plugin collective a clean graph break when traced."""
-    from ..comm import TorchComm
-    from ..plugins import _collectives
+    from .._comm import TorchComm
+    from .._plugins import _collectives
 
     for name, coll in list(_collectives.items()):
         method = TorchComm.__dict__.get(name)
@@ -263,7 +263,7 @@ def mark_plugin_collectives() -> None:
 
 def patch_torchcomm() -> None:
     """Wrap ``TorchComm``'s collectives and constructor (idempotent)."""
-    from ..comm import TorchComm
+    from .._comm import TorchComm
 
     for spec in OPS:
         current = TorchComm.__dict__[spec.method]
@@ -275,7 +275,7 @@ def patch_torchcomm() -> None:
     if getattr(init, _WRAPPED, None) is None:
         TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
     # Communicators created before the compile path was switched on get their ref now.
-    from .. import comm as comm_module
+    from .. import _comm as comm_module
 
     for live in list(getattr(comm_module, "_live", ())):
         ref_of(live)

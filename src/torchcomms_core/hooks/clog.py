@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any, TextIO
 
-from ..comm import RemovableHandle, TorchComm
-from ..errors import CommInputError, CommTypeError
+from .._comm import RemovableHandle, TorchComm
+from .._errors import CommInputError, CommTypeError
 from . import _args
 
 _EVENTS = ("ALL", "LIFECYCLE")

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..comm import RemovableHandle, TorchComm
-from ..errors import CommInputError, CommTypeError
+from .._comm import RemovableHandle, TorchComm
+from .._errors import CommInputError, CommTypeError
 from . import _args
 
 

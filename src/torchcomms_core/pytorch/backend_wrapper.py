@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from ..anysource import recv_anysource
-from ..comm import TorchComm
-from ..errors import CommInputError, CommTypeError
-from ..reduce_op import ReduceOp, coerce_reduce_op
+from .._anysource import recv_anysource
+from .._comm import TorchComm
+from .._errors import CommInputError, CommTypeError
+from .._reduce_op import ReduceOp, coerce_reduce_op
 from . import profiling
 from .work import CommWork
 

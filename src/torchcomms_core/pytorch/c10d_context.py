@@ -89,7 +89,7 @@ def complete_torch_registration() -> None:
     # torch's own lookup will run, or is running, against a complete package.
     if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):
         return
-    from ..comm import new_comm
+    from .._comm import new_comm
     from .backend_wrapper import _BackendWrapper
     from .flight_recorder import FlightRecorderHook
 

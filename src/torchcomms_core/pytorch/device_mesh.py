@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ..comm import TorchComm
-from ..errors import CommInputError, CommTypeError
+from .._comm import TorchComm
+from .._errors import CommInputError, CommTypeError
 from .backend_wrapper import _BackendWrapper
 from .groups import as_process_group
 

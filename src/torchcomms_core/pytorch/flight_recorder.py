@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from .. import _env
-from ..comm import RemovableHandle, TorchComm
-from ..errors import CommInputError, CommTypeError
+from .._comm import RemovableHandle, TorchComm
+from .._errors import CommInputError, CommTypeError
+from .._op_args import reset_op_ids
+from .._work import WorkStatus
 from ..hooks import _args
-from ..work import WorkStatus
 
 #: The c10d flight-recorder format version our dumps follow.
 VERSION = "2.10"
@@ -385,11 +386,7 @@ class FlightRecorderHook:
         self._isolated = isolated
         self._recorder = _Recorder(max_entries) if isolated else global_recorder()
         if isolated:  # as the reference does: operation ids start from 0 again
-            from .. import op_args
-
-            reset_op_ids = getattr(op_args, "reset_op_ids", None)
-            if reset_op_ids is not None:
-                reset_op_ids()
+            reset_op_ids()
         self._tracks: list[_Track] = []
 
     @property

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from .. import _env
-from ..comm import TorchComm
-from ..errors import CommInputError, CommTypeError
+from .._comm import TorchComm
+from .._errors import CommInputError, CommTypeError
 from .backend_wrapper import _BackendWrapper
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..comm import TorchComm
+from .._comm import TorchComm
 from . import profiling
 
 

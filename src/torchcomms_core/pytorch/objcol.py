@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
-from ..comm import TorchComm
-from ..errors import CommInputError, CommOperationError, CommTypeError, TorchCommError
+from .._comm import TorchComm
+from .._errors import CommInputError, CommOperationError, CommTypeError, TorchCommError
 
 
 class UnsafeObjectError(TorchCommError, pickle.UnpicklingError):

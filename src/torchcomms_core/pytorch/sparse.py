@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import torch
 
-from ..comm import TorchComm
-from ..reduce_op import RedOpType, ReduceOp
+from .._comm import TorchComm
+from .._reduce_op import RedOpType, ReduceOp
 
 
 def sparse_all_reduce(comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp,

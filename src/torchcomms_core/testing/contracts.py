@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import torch
 
-from ..comm import new_comm
-from ..errors import CommInputError, CommStateError, CommTimeoutError, CommTypeError
-from ..reduce_op import ReduceOp
-from ..work import WorkStatus
+from .._comm import new_comm
+from .._errors import CommInputError, CommStateError, CommTimeoutError, CommTypeError
+from .._reduce_op import ReduceOp
+from .._work import WorkStatus
 from .pool import unique_name
 from .reference import DTYPES, check, ops_for, product_values, reference, values
 

@@ -59,7 +59,7 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         raise pytest.UsageError("--torchcomms-world-size must be at least 2")
     launcher = str(request.config.getoption("--torchcomms-launcher"))
     if launcher == "auto":
-        from ..registry import get_backend_class
+        from .._registry import get_backend_class
 
         launcher = get_backend_class(torchcomms_backend).launcher or "spawn"
     if launcher == "mpiexec":
@@ -95,7 +95,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     name = config.getoption("--torchcomms-backend", default=None)
     if not name:
         return
-    from ..registry import get_backend_class
+    from .._registry import get_backend_class
     from ..spec import method_support
 
     try:

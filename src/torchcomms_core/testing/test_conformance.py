@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchcomms_core.registry import get_backend_class
+from torchcomms_core._registry import get_backend_class
 from torchcomms_core.testing import contracts
 from torchcomms_core.testing.reference import DTYPES
 

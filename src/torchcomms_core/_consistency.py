@@ -10,14 +10,13 @@ messages per point-to-point operation.
 
 from __future__ import annotations
 
-from typing import Any
-
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from .errors import CommInputError
+from ._errors import CommInputError
 
 _WIDTH = 160
 #: Collectives whose main tensor must have the same element count on every rank.

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .errors import CommInputError, CommTypeError
+from ._errors import CommInputError, CommTypeError
 
 
 class RedOpType(enum.Enum):

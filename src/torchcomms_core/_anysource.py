@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
-    from .work import TorchWork
+    from ._comm import TorchComm
+    from ._work import TorchWork
 
 #: The ``src`` hooks and flight records see for a receive from any source (c10d's value).
 ANY_SOURCE = -1

@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _env
-from .errors import BootstrapError
+from ._errors import BootstrapError
 
 _store_lock = threading.Lock()
 # The process-wide rendezvous store, keyed by (addr, port); every communicator made

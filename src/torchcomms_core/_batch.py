@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CommTypeError
-from .options import BatchP2POptions, CallOptions
+from ._errors import CommTypeError
+from ._options import BatchP2POptions, CallOptions
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
-    from .work import TorchWork
+    from ._comm import TorchComm
+    from ._work import TorchWork
 
 
 class P2POpType(enum.IntEnum):

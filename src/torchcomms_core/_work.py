@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from ._errors import (
     CommInputError,
     CommOperationError,
     CommStateError,
@@ -21,7 +21,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
 
 class WorkStatus(enum.Enum):

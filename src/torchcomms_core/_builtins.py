@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .collectives import Collective
+from ._collectives import Collective
+from ._reduce_op import ReduceOp
 from .hookspecs import hookimpl
-from .reduce_op import ReduceOp
 from .spec import TorchCommBackend, then
 
 
@@ -49,7 +49,7 @@ def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 
 def comm_input_error(red: ReduceOp) -> Exception:
-    from .errors import CommInputError
+    from ._errors import CommInputError
 
     return CommInputError(f"all_reduce_coalesced: {red!r} is not native to this backend; "
                           f"use all_reduce on each tensor")

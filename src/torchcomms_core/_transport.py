@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CommStateError
+from ._errors import CommStateError
 
 _WHAT_INSTEAD = (
     "this torchcomms build has no RDMA transport (the reference's needs ibverbs and GPU "

@@ -10,10 +10,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import CommTypeError
+from ._errors import CommTypeError
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +48,8 @@ class Collective:
 
 def make_method(coll: Collective) -> Callable[..., Any]:
     """Build the ``TorchComm`` method that dispatches ``coll`` (no pluggy on this path)."""
-    from .comm import _OK
-    from .op_args import args_class
+    from ._comm import _OK
+    from ._op_args import args_class
 
     name = coll.name
     nargs = len(coll.args)

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .reduce_op import RedOpType, ReduceOp
-from .spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend, flat_chunks
+from .._reduce_op import RedOpType, ReduceOp
+from ..spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend, flat_chunks
 
 if TYPE_CHECKING:
-    from .options import CommOptions
+    from .._options import CommOptions
 
 
 def _c10d() -> Any:

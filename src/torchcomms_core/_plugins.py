@@ -16,8 +16,8 @@ from typing import Any
 import pluggy
 
 from . import _env, hookspecs
-from .collectives import Collective, make_method
-from .errors import TorchCommError
+from ._collectives import Collective, make_method
+from ._errors import TorchCommError
 
 PLUGINS_GROUP = "torchcomms.plugins"
 BUILTIN = "torchcomms-core"
@@ -80,9 +80,9 @@ def load_plugins() -> None:
 
 
 def _load_all() -> None:
-    pm = get_plugin_manager()
-    from . import builtins
+    from . import _builtins as builtins
 
+    pm = get_plugin_manager()
     _register(pm, builtins, "builtins", BUILTIN, _core_version())
     if _env.plugin_autoload_disabled():
         for ep in metadata.entry_points(group=PLUGINS_GROUP):
@@ -169,7 +169,7 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str, versi
 
 def _forget(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     """Undo a partial registration: the plugin, its record and the collectives it added."""
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
     if plugin is not None and pm.is_registered(plugin):
         pm.unregister(plugin)
@@ -181,7 +181,7 @@ def _forget(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
 
 
 def _install(coll: Collective, plugin_name: str) -> None:
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
     existing = _collectives.get(coll.name)
     if existing is not None:
@@ -199,7 +199,7 @@ def _install(coll: Collective, plugin_name: str) -> None:
 
 def list_collectives() -> dict[str, str]:
     """Every collective a ``TorchComm`` offers, mapped to who provides it."""
-    from .op_args import OP_FIELDS
+    from ._op_args import OP_FIELDS
 
     load_plugins()
     names = {op: BUILTIN for op in OP_FIELDS if op not in ("split", "finalize",

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from . import _env
-from .c10d_adapter import C10dBackend, to_c10d_reduce_op
-from .errors import BootstrapError, CommInputError
-from .reduce_op import RedOpType, ReduceOp
-from .spec import DEFAULT_DTYPES, P2POp, TorchCommBackend
+from .. import _env
+from .._errors import BootstrapError, CommInputError
+from .._reduce_op import RedOpType, ReduceOp
+from ..engines.c10d_adapter import C10dBackend, to_c10d_reduce_op
+from ..spec import DEFAULT_DTYPES, P2POp, TorchCommBackend
 
 if TYPE_CHECKING:
-    from .options import CommOptions
+    from .._options import CommOptions
 
 #: What ``is_available`` reports when torch sees no GPU.
 NO_CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"

@@ -14,7 +14,7 @@ import warnings
 from typing import Any
 
 from . import _env
-from .errors import BackendLoadError, BackendNotFoundError, CommTypeError
+from ._errors import BackendLoadError, BackendNotFoundError, CommTypeError
 from .spec import TorchCommBackend, check_spec_version
 
 BACKENDS_GROUP = "torchcomms.backends"

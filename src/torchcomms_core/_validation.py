@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from . import _env
-from .errors import CommInputError, CommTypeError
-from .reduce_op import RedOpType, ReduceOp, coerce_reduce_op
+from ._errors import CommInputError, CommTypeError
+from ._reduce_op import RedOpType, ReduceOp, coerce_reduce_op
 
 _STRIDED = torch.strided
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)

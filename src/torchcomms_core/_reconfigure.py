@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import (
+from ._errors import (
     CommInputError,
     CommOperationError,
     CommStateError,
@@ -46,13 +46,13 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
-from .options import CommOptions
+from ._options import CommOptions
+from ._validation import Checker, check_hints, check_timeout
+from ._work import TorchWork, is_timeout_error
 from .spec import TorchCommBackend, method_support
-from .validation import Checker, check_hints, check_timeout
-from .work import TorchWork, is_timeout_error
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
 #: State of a communicator created with ``enable_reconfigure=True`` before (or between)
 #: successful reconfigures.
@@ -88,8 +88,8 @@ def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: t
     """
     from torch.distributed import PrefixStore
 
-    from .bootstrap import default_store, resolve_rank_size
-    from .comm import TorchComm
+    from ._bootstrap import default_store, resolve_rank_size
+    from ._comm import TorchComm
 
     if not supports_reconfigure(cls):
         raise RuntimeError(
@@ -167,7 +167,7 @@ def _short(handles: list[str]) -> str:
 
 def _retire(comm: TorchComm, prev_state: str) -> None:
     """Drop the old engine without waiting for dead peers."""
-    from .comm import _ABORTED, _OK
+    from ._comm import _ABORTED, _OK
 
     if prev_state == UNBOUND or prev_state == _ABORTED:
         return  # no engine, or abort() already tore it down
@@ -249,7 +249,7 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
     """``TorchComm.reconfigure``: see the module docstring."""
     from torch.distributed import PrefixStore
 
-    from .comm import _FINALIZED, _OK, _release_dropped
+    from ._comm import _FINALIZED, _OK, _release_dropped
 
     op = "reconfigure"
     if not supports_reconfigure(type(comm._backend)):

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from .errors import CommInputError, CommStateError, CommTypeError
-from .work import TorchWork, WorkStatus
+from ._errors import CommInputError, CommStateError, CommTypeError
+from ._work import TorchWork, WorkStatus
 
 if TYPE_CHECKING:
-    from .comm import TorchComm
+    from ._comm import TorchComm
 
 __all__ = [
     "TorchCommWinAccessType",

@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from . import _env
-from .batch import BatchSendRecv, P2POp
-from .bootstrap import default_store, resolve_rank_size
-from .calling import adapt_backend
-from .consistency import verify_call
-from .errors import (
+from ._batch import BatchSendRecv, P2POp
+from ._bootstrap import default_store, resolve_rank_size
+from ._calling import adapt_backend
+from ._consistency import verify_call
+from ._errors import (
     BackendLoadError,
     CommInputError,
     CommOperationError,
@@ -33,15 +33,15 @@ from .errors import (
     CommTypeError,
     TorchCommError,
 )
-from .op_args import FINALIZE_OP_ID, OpName, args_class, next_op_id, op_name, post_args
-from .options import CommOptions
-from .plugins import call_lifecycle, failed_plugins, load_plugins
-from .reduce_op import RedOpType, ReduceOp
-from .registry import backend_version, get_backend_class, get_mem_allocator
+from ._op_args import FINALIZE_OP_ID, OpName, args_class, next_op_id, op_name, post_args
+from ._options import CommOptions
+from ._plugins import call_lifecycle, failed_plugins, load_plugins
+from ._reduce_op import RedOpType, ReduceOp
+from ._registry import backend_version, get_backend_class, get_mem_allocator
+from ._validation import Checker, check_hints, check_timeout, split_sizes, writable
+from ._window import TorchCommWindow, create_window
+from ._work import TorchWork, WorkStatus, is_engine_failure, is_timeout_error
 from .spec import TorchCommBackend, method_support
-from .validation import Checker, check_hints, check_timeout, split_sizes, writable
-from .window import TorchCommWindow, create_window
-from .work import TorchWork, WorkStatus, is_engine_failure, is_timeout_error
 
 _OK, _FINALIZED, _ABORTED, _FAILED = "ok", "finalized", "aborted", "failed"
 _auto_names = itertools.count()
@@ -336,16 +336,16 @@ class TorchComm:
 
         Rank is the caller's position in the list (sorted order for a set), size its length;
         ``uuid`` must be new for this communicator. Completed on return. See
-        ``torchcomms_core.reconfigure`` and docs/fault-tolerance.md.
+        ``torchcomms_core._reconfigure`` and docs/fault-tolerance.md.
         """
-        from .reconfigure import reconfigure
+        from ._reconfigure import reconfigure
 
         return reconfigure(self, uuid, init_handles, timeout, hints)
 
     def _ensure_usable(self, op: str) -> None:
         state = self._state
         if state == "unbound":
-            from .reconfigure import unbound_error
+            from ._reconfigure import unbound_error
 
             raise unbound_error(op, self._name)
         if state is _FINALIZED:
@@ -885,7 +885,7 @@ class TorchComm:
     def new_window(self, tensor: torch.Tensor | None = None) -> TorchCommWindow:
         """Create a one-sided window (collective); registers ``tensor`` at once if given.
 
-        See :class:`torchcomms_core.window.TorchCommWindow`. Raises ``CommStateError``
+        See :class:`torchcomms_core._window.TorchCommWindow`. Raises ``CommStateError``
         when the backend has no windows (``method_support()["new_window"]``).
         """
         if self._state is not _OK:
@@ -1130,7 +1130,7 @@ def new_comm(
             f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
         )
     if enable_reconfigure:  # unbound until reconfigure; needs no peer now
-        from .reconfigure import new_reconfigurable_comm
+        from ._reconfigure import new_reconfigurable_comm
 
         return new_reconfigurable_comm(cls, backend, device, name or _auto_name(), store,
                                        timeout, hints, abort_process_on_timeout_or_error)
