@@ -75,6 +75,7 @@ from ._registry import (
     register_backend,
     unregister_backend,
 )
+from ._version import __version__
 from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from ._work import TorchWork, WorkStatus
 from .engines import C10dBackend
@@ -82,7 +83,6 @@ from .functional import is_torch_compile_supported, is_torch_compile_supported_a
 from .hookspecs import hookimpl
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
 
-__version__ = "0.1.0"
 
 def __getattr__(name: str) -> object:
     # The bridge's work class loads torch.distributed, so it is only imported when asked for.
