@@ -51,7 +51,7 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
     With ``required=False`` (engines such as MPI that rendezvous by themselves) and no
     ``MASTER_ADDR``/``MASTER_PORT``, a store local to this process stands in.
     """
-    from torch.distributed import HashStore, PrefixStore
+    from torch._C._distributed_c10d import HashStore, PrefixStore
 
     path = _env.store_file()
     if path is not None:
@@ -95,7 +95,7 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
 
 def _file_store(path: str) -> Any:
     """The process's store over the file ``TORCHCOMM_STORE_PATH`` names (single-host jobs)."""
-    from torch.distributed import FileStore, PrefixStore
+    from torch._C._distributed_c10d import FileStore, PrefixStore
 
     key = (path, -1)
     with _store_lock:
@@ -116,7 +116,7 @@ def _file_store(path: str) -> Any:
 
 def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) -> Any:
     """Connect to the TCP store, or host it listening only where ``MASTER_ADDR`` points."""
-    from torch.distributed import TCPStore
+    from torch._C._distributed_c10d import TCPStore
 
     fd = _listen_fd(addr, port) if host else None
     if fd is None:
@@ -149,7 +149,7 @@ def _listen_fd(addr: str, port: int) -> int | None:
             raise BootstrapError(f"{what} does not resolve ({exc}); set it to an address of "
                                  f"this host, or '*' to listen on every interface") from None
         return None  # TCPStore reports the unresolvable MASTER_ADDR itself
-    ips = sorted({info[4][0] for info in infos})
+    ips = sorted({str(info[4][0]) for info in infos})  # an IP address (str) for inet families
     if not listen and target != "localhost" and not _is_ip(target) and all(
             ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in ips):
         # A host name that maps to 127.0.1.1 in /etc/hosts: binding there would lock out

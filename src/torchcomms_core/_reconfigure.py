@@ -86,7 +86,7 @@ def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: t
     It does not wait for any peer: a replacement process creates its communicator alone
     and joins through ``reconfigure``.
     """
-    from torch.distributed import PrefixStore
+    from torch._C._distributed_c10d import PrefixStore
 
     from ._bootstrap import default_store, resolve_rank_size
     from ._comm import TorchComm
@@ -199,7 +199,7 @@ def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
         return False  # the same attempt, or an older one this rank took part in
     if ann["state"] == "pending" or ann["seq"] > seq:
         return True  # waiting elsewhere now, or started elsewhere after this attempt began
-    return ann["state"] == "mismatch" and ann["against"] == key
+    return bool(ann["state"] == "mismatch" and ann["against"] == key)
 
 
 def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
@@ -247,7 +247,7 @@ def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
 def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelta | None = None,
                 hints: dict[str, str] | None = None) -> TorchWork:
     """``TorchComm.reconfigure``: see the module docstring."""
-    from torch.distributed import PrefixStore
+    from torch._C._distributed_c10d import PrefixStore
 
     from ._comm import _FINALIZED, _OK, _release_dropped
 

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias, cast
 
 import torch
 
@@ -36,6 +36,10 @@ class RedOpType(enum.Enum):
 
 _BITWISE = frozenset({RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR})
 
+# Inside ``ReduceOp`` the name ``RedOpType`` is the class attribute (the reference's
+# ``ReduceOp.RedOpType``), not a type; annotations there use this alias instead.
+_OpType: TypeAlias = RedOpType
+
 
 class ReduceOp:
     """A reduction operator: ``ReduceOp.SUM`` ... or ``ReduceOp.PREMUL_SUM(factor)``."""
@@ -52,7 +56,7 @@ class ReduceOp:
     AVG: ClassVar[ReduceOp]
     RedOpType: ClassVar[type[RedOpType]] = RedOpType
 
-    def __init__(self, opType: RedOpType,  # noqa: N803 (the reference's keyword)
+    def __init__(self, opType: _OpType,  # noqa: N803 (the reference's keyword)
                  factor: float | torch.Tensor | None = None) -> None:
         op_type = opType
         if not isinstance(op_type, RedOpType):
@@ -84,7 +88,7 @@ class ReduceOp:
         return ReduceOp(RedOpType.PREMUL_SUM, factor)
 
     @property
-    def type(self) -> RedOpType:
+    def type(self) -> _OpType:
         return self._type
 
     @property
@@ -147,14 +151,14 @@ def coerce_reduce_op(op: object, arg: str = "op") -> ReduceOp:
         if op is RedOpType.PREMUL_SUM:
             raise CommInputError(
                 f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM")
-        return getattr(ReduceOp, op.name)
+        return cast(ReduceOp, getattr(ReduceOp, op.name))
     name = getattr(op, "name", None)  # c10d's RedOpType enum members have .name
     if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":
-        return getattr(ReduceOp, name)
+        return cast(ReduceOp, getattr(ReduceOp, name))
     c10d_type = getattr(op, "op", None)  # a c10d ReduceOp instance wraps a RedOpType
     name = getattr(c10d_type, "name", None)
     if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":
-        return getattr(ReduceOp, name)
+        return cast(ReduceOp, getattr(ReduceOp, name))
     raise CommTypeError(
         f"{arg} must be a torchcomms.ReduceOp such as ReduceOp.SUM, got {op!r} "
         f"({type(op).__name__})"

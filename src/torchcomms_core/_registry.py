@@ -11,7 +11,7 @@ import importlib.metadata as metadata
 import re
 import threading
 import warnings
-from typing import Any
+from typing import Any, cast
 
 from . import _env
 from ._errors import BackendLoadError, BackendNotFoundError, CommTypeError
@@ -189,10 +189,10 @@ def get_backend_class(name: str) -> type[TorchCommBackend]:
             f"`pip install --force-reinstall {entry.distribution or name}` or uninstall it; "
             f"other backends keep working"
         ) from exc
-    _check_backend_class(cls, who)
+    _check_backend_class(cls, who)  # raises unless cls is a TorchCommBackend subclass
     with _lock:
         _loaded[name] = cls
-    return cls
+    return cast(type[TorchCommBackend], cls)
 
 
 def _check_backend_class(cls: Any, who: str) -> None:

@@ -155,7 +155,8 @@ class TorchWork:
                                      f"wait for")
             raise self._error
         with lock:
-            status = self._status
+            # Re-read under the lock: another thread may have finished the work meanwhile.
+            status: WorkStatus = self._status
             if status is WorkStatus.COMPLETED:
                 return True
             if status is not WorkStatus.INPROGRESS:

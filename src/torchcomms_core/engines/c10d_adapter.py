@@ -18,6 +18,8 @@ from .._reduce_op import RedOpType, ReduceOp
 from ..spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend, flat_chunks
 
 if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Work
+
     from .._options import CommOptions
 
 
@@ -55,7 +57,7 @@ class C10dWork:
 
     __slots__ = ("_work", "_timeout")
 
-    def __init__(self, work: Any, timeout: timedelta | None) -> None:
+    def __init__(self, work: Work, timeout: timedelta | None) -> None:
         self._work = work
         self._timeout = timeout
 

@@ -315,7 +315,8 @@ class NcclEngineBackend(C10dBackend):
         """A 1-D tensor in communication-optimised memory when the engine offers it."""
         engine = self._engine
         if engine is not None and engine.supports_tensor_alloc(self.device):
-            return engine.allocate_tensor(numel, dtype=dtype, device=self.device)
+            tensor: torch.Tensor = engine.allocate_tensor(numel, dtype=dtype, device=self.device)
+            return tensor
         return torch.empty(numel, dtype=dtype, device=self.device)
 
     # -- completion ------------------------------------------------------------------
