@@ -44,6 +44,7 @@ def init_c10d(backend: str, rank: int, nranks: int, device: torch.device,
     it works wherever ``new_comm`` does: local ranks, torchrun, mpiexec or SLURM.
     """
     import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
 
     from .._bootstrap import default_store
 
@@ -55,7 +56,7 @@ def init_c10d(backend: str, rank: int, nranks: int, device: torch.device,
     if device.type != "cpu":
         # Binds the group to this rank's device, as a training script would.
         extra["device_id"] = device
-    dist.init_process_group(c10d_backend(backend), store=dist.PrefixStore("c10d", store),
+    dist.init_process_group(c10d_backend(backend), store=PrefixStore("c10d", store),
                             rank=rank, world_size=nranks, timeout=timeout, **extra)
     return dist
 

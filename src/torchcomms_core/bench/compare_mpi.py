@@ -47,7 +47,8 @@ class Mpi4pyCalls:
         self._n = self._comm.Get_size()
         # NumPy views of the bench buffers, made once per tensor: a raw mpi4py program
         # holds its arrays rather than converting them on every call.
-        self._views: dict[int, tuple[torch.Tensor, Any]] = {}
+        # Keyed by a tensor's id, or ("scratch", id) for _scratch's copies.
+        self._views: dict[int | tuple[str, int], tuple[torch.Tensor, Any]] = {}
         ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
                "avg": MPI.SUM}  # MPI has no average: sum, then divide (see all_reduce)
         self.ReduceOp = types.SimpleNamespace(SUM=ops["sum"], PRODUCT=ops["prod"],
@@ -126,10 +127,10 @@ class Mpi4pyCalls:
 
     def _scratch(self, like: torch.Tensor) -> torch.Tensor:
         key = ("scratch", id(like))
-        hit = self._views.get(key)  # type: ignore[call-overload]
+        hit = self._views.get(key)
         if hit is None or hit[0].numel() != like.numel():
             copy = like.clone()
-            hit = self._views[key] = (copy, copy.numpy())  # type: ignore[index]
+            hit = self._views[key] = (copy, copy.numpy())
         hit[0].copy_(like)
         return hit[0]
 

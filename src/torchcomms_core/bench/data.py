@@ -113,7 +113,8 @@ def pattern(src: Any, chunk: Any, offset: torch.Tensor, nranks: int, span: int) 
     gets a different shift, so a chunk delivered to the wrong place or from the wrong rank
     mismatches at every element.
     """
-    return (src + nranks * chunk + offset) % span + 1
+    result: torch.Tensor = (src + nranks * chunk + offset) % span + 1
+    return result
 
 
 def span(case: Case, reduced: bool) -> int:

@@ -32,7 +32,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing listens on right now (another process may still take it first)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @contextlib.contextmanager

@@ -72,7 +72,7 @@ class AllReduce(BenchOp):
     name = "all_reduce"
     reduces = True
     forms = (IN_PLACE,)
-    c10d_name = "all_reduce"
+    c10d_name: ClassVar[str | None] = "all_reduce"
 
     def busbw_factor(self, nranks: int) -> float:
         return 2 * (nranks - 1) / nranks
@@ -124,10 +124,10 @@ class ReduceScatterSingle(BenchOp):
     name = "reduce_scatter_single"
     reduces = True
     splits = True
-    forms = (OUT_OF_PLACE, IN_PLACE)
+    forms: ClassVar[tuple[str, ...]] = (OUT_OF_PLACE, IN_PLACE)
     # Recent PyTorch renamed reduce_scatter_tensor and warns on the old name.
-    c10d_name = "reduce_scatter_single"
-    c10d_older_name = "reduce_scatter_tensor"
+    c10d_name: ClassVar[str | None] = "reduce_scatter_single"
+    c10d_older_name: ClassVar[str | None] = "reduce_scatter_tensor"
 
     def busbw_factor(self, nranks: int) -> float:
         return (nranks - 1) / nranks
@@ -151,7 +151,9 @@ class ReduceScatterSingle(BenchOp):
         comm.reduce_scatter_single(bufs.output, bufs.input, case.reduce_op)
 
     def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        scatter = getattr(dist, self.c10d_function_name(dist))
+        function = self.c10d_function_name(dist)
+        assert function is not None  # c10d_name is set: run_c10d runs only then
+        scatter = getattr(dist, function)
         scatter(bufs.output, bufs.input, op=c10d_reduce_op(dist, case))
 
 
@@ -191,7 +193,7 @@ class ReduceScatterV(BenchOp):
         sizes = uneven_sizes(count, case.nranks)
         full = self._empty(count, case)
         return Buffers(full, self._empty(sizes[case.rank], case), count, self._form(form),
-                       input_list=list(full.split(sizes)), input_splits=sizes)
+                       input_list=list(torch.split(full, sizes)), input_splits=sizes)
 
     def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
         dst, offset = locate(index, uneven_sizes(count, case.nranks))
@@ -215,10 +217,10 @@ class AllGatherSingle(BenchOp):
 
     name = "all_gather_single"
     splits = True
-    forms = (OUT_OF_PLACE, IN_PLACE)
+    forms: ClassVar[tuple[str, ...]] = (OUT_OF_PLACE, IN_PLACE)
     # Recent PyTorch renamed all_gather_into_tensor and warns on the old name.
-    c10d_name = "all_gather_single"
-    c10d_older_name = "all_gather_into_tensor"
+    c10d_name: ClassVar[str | None] = "all_gather_single"
+    c10d_older_name: ClassVar[str | None] = "all_gather_into_tensor"
 
     def busbw_factor(self, nranks: int) -> float:
         return (nranks - 1) / nranks
@@ -242,7 +244,9 @@ class AllGatherSingle(BenchOp):
         comm.all_gather_single(bufs.output, bufs.input)
 
     def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        gather = getattr(dist, self.c10d_function_name(dist))
+        function = self.c10d_function_name(dist)
+        assert function is not None  # c10d_name is set: run_c10d runs only then
+        gather = getattr(dist, function)
         gather(bufs.output, bufs.input)
 
 
@@ -281,7 +285,7 @@ class AllGatherV(BenchOp):
         sizes = uneven_sizes(count, case.nranks)
         full = self._empty(count, case)
         return Buffers(self._empty(sizes[case.rank], case), full, count, self._form(form),
-                       output_list=list(full.split(sizes)), output_splits=sizes)
+                       output_list=list(torch.split(full, sizes)), output_splits=sizes)
 
     def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
         return values(case.rank, 0, index, case, reduced=False)

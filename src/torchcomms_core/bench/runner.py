@@ -179,7 +179,8 @@ class Runner:
             return None
         refuses = getattr(self.dist, "refuses", None)  # raw mpi4py (--compare mpi4py)
         if refuses is not None:
-            return refuses(op, self.case)
+            note: str | None = refuses(op, self.case)
+            return note
         return op.c10d_refuses(self.case, self.c10d_backend)
 
     def measure(self, op: BenchOp, bufs: Buffers) -> Pass:
@@ -316,7 +317,8 @@ def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> s
     if note is not None:
         return f"n/a ({note})"
     if refuses is not None:
-        return dist.describe(op)
+        described: str = dist.describe(op)
+        return described
     return f"torch.distributed.{op.c10d_function_name(dist)} on {c10d_backend}"
 
 

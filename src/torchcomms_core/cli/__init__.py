@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``torchcomms`` command with ``argv`` (default: ``sys.argv[1:]``)."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    code: int = args.run(args)
+    return code
 
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
