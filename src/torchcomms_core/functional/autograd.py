@@ -8,6 +8,7 @@ with the split lists swapped; wait_tensors -> identity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,7 +103,7 @@ def _wait_bwd(ctx: Any, grads: list[torch.Tensor]) -> tuple[Any, ...]:
 
 
 #: Functional op -> backward formula. Ops not listed are not differentiable.
-FORMULAS = {
+FORMULAS: dict[str, Callable[..., tuple[Any, ...]]] = {
     "torchcomm_all_reduce": _all_reduce_bwd,
     "torchcomm_all_gather_single": _all_gather_single_bwd,
     "torchcomm_reduce_scatter_single": _reduce_scatter_single_bwd,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch._library.effects import EffectType
@@ -91,7 +91,7 @@ def reduce_op_fields(op: ReduceOp) -> tuple[str, float | None]:
 def _reduce_op(name: str, factor: float | None) -> ReduceOp:
     if factor is not None:
         return ReduceOp.PREMUL_SUM(factor)
-    return getattr(ReduceOp, RedOpType[name].name)
+    return cast(ReduceOp, getattr(ReduceOp, RedOpType[name].name))
 
 
 def _call_kwargs(hints: dict[str, str] | None, timeout: float | None) -> dict[str, Any]:
@@ -228,7 +228,9 @@ def define_ops() -> torch.library.Library:
     global _lib
     if _lib is not None:
         return _lib
-    lib = torch.library.Library(NAMESPACE, "DEF")
+    # torch ships torch.library.Library without annotations, hence the no-untyped-call
+    # ignores on it and its methods here.
+    lib = torch.library.Library(NAMESPACE, "DEF")  # type: ignore[no-untyped-call]
     tags = (torch.Tag.pt2_compliant_tag,)
     entries: list[tuple[str, str, Callable[..., Any], Callable[..., Any]]] = []
     for spec in OPS:
@@ -252,9 +254,9 @@ def define_ops() -> torch.library.Library:
         )
     )
     for name, sig, kernel, fake in entries:
-        lib.define(f"{name}{sig}", tags=tags)
-        lib.impl(name, kernel, "CompositeExplicitAutograd")
-        lib._register_fake(name, fake)
+        lib.define(f"{name}{sig}", tags=tags)  # type: ignore[no-untyped-call]
+        lib.impl(name, kernel, "CompositeExplicitAutograd")  # type: ignore[no-untyped-call]
+        lib._register_fake(name, fake)  # type: ignore[no-untyped-call]
         # Collectives must run in program order on every rank: ORDERED keeps PT2 from
         # reordering or dropping them (an effect token threads through the graph).
         lib._register_effectful_op(f"{NAMESPACE}::{name}", EffectType.ORDERED)

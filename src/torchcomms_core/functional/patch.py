@@ -142,7 +142,7 @@ def _seconds(timeout: Any) -> float | None:
 
 def ref_of(comm: Any) -> CommRef:
     """The communicator's :class:`CommRef` (made when the communicator is created)."""
-    ref = comm.__dict__.get("_compile_ref")
+    ref: CommRef | None = comm.__dict__.get("_compile_ref")
     if ref is None:
         ref = comm._compile_ref = CommRef(comm)
     return ref
@@ -256,7 +256,8 @@ def mark_plugin_collectives() -> None:
             f"the graph at this call. Call it outside the compiled function, or compile the "
             f"code before and after it separately (see docs/torch-compile.md)"
         )
-        disabled = torch._dynamo.disable(method, reason=reason)
+        # torch._dynamo.disable carries no annotations in torch.
+        disabled = torch._dynamo.disable(method, reason=reason)  # type: ignore[no-untyped-call]
         setattr(disabled, _WRAPPED, method)
         setattr(TorchComm, name, disabled)
 

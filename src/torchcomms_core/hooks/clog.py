@@ -198,6 +198,7 @@ class clog:  # noqa: N801 - the reference's name
             except Exception:  # logging must never fail the operation
                 pass
 
+        assert work is not None  # a None work counts as done above
         finishers = getattr(work, "_finishers", None)
         try:
             work._finishers = [*(finishers or ()), ended]

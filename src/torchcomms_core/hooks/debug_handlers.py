@@ -123,7 +123,11 @@ def register_debug_handlers() -> list[str]:
     already registered (by an earlier import) is left as it is.
     """
     try:
-        from torch._C._distributed_c10d import _get_handler_names, _register_handler
+        # torch's stub lacks _get_handler_names, which the extension module defines.
+        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+            _get_handler_names,
+            _register_handler,
+        )
     except (ImportError, AttributeError):
         return []
     names = set(_get_handler_names())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from datetime import timedelta
+from types import FrameType
 from typing import Any
 
 # How far up from new_comm c10d's helper may be (new_comm -> c10d helper is 1-2 frames;
@@ -52,7 +53,7 @@ def creating_group(store: Any) -> GroupContext | None:
     code = _helper_code()
     if code is None:
         return None
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(_MAX_DEPTH):
         if frame is None:
             return None
@@ -84,7 +85,7 @@ def complete_torch_registration() -> None:
     ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` off for the whole process. Called once our
     package is complete, this sets what torch's own lookup would have set.
     """
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
     # Not imported yet, or still importing (the flag is set at the end of its lookup):
     # torch's own lookup will run, or is running, against a complete package.
     if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):

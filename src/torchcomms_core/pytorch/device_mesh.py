@@ -35,6 +35,7 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
                             f"{type(_global_comm).__name__}")
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.distributed_c10d import GroupName
 
     device_type = comms[0].get_device().type
     global_comm = _global_comm if _global_comm is not None else (
@@ -58,7 +59,7 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
         mesh = _grid(comms, names, groups, my_rank, global_comm)
     device_mesh = DeviceMesh(device_type, mesh, mesh_dim_names=names, _init_backend=False,
                              _rank=my_rank)
-    device_mesh._dim_group_names = [pg.group_name for pg in groups]
+    device_mesh._dim_group_names = [GroupName(pg.group_name) for pg in groups]
     for pg in groups:
         device_mesh._pg_registry[pg.group_name] = pg
     return device_mesh
@@ -111,8 +112,9 @@ def _create_torchcomm_process_group(comm: TorchComm, group_name: str,
     c10d._register_pg_in_world(
         pg,
         backend_name=backend_str,
-        store=pg.get_group_store(),
-        group_name=group_name,
+        # c10d only records the store; a communicator without one is recorded with None.
+        store=pg.get_group_store(),  # type: ignore[arg-type]
+        group_name=c10d.GroupName(group_name),
         backend_config=f"{comm.get_device().type}:{backend_str}",
         rank_mapping=mapping,
     )
@@ -273,7 +275,7 @@ def _grid(comms: list[TorchComm], names: tuple[str, ...], groups: list[Any], my_
         mesh[coords] = rank
     me = tuple(c.get_rank() for c in comms)
     for dim, pg in enumerate(groups):
-        index = list(me)
+        index: list[int | slice] = list(me)
         index[dim] = slice(None)
         expected = mesh[tuple(index)].tolist()
         actual = dist.get_process_group_ranks(pg)

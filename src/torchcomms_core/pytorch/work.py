@@ -40,7 +40,7 @@ class CommWork(Work):
         self._lock = threading.Lock()
         self._done = False
         self._error: BaseException | None = None
-        self._future: torch.futures.Future | None = None
+        self._future: torch.futures.Future[Any] | None = None
         self._resolved = False
 
     # -- c10d Work API ---------------------------------------------------------------
@@ -73,7 +73,7 @@ class CommWork(Work):
     def exception(self) -> BaseException | None:
         return self._error
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.futures.Future[Any]:
         """A future completed with the output tensors once the operation is done."""
         with self._lock:
             if self._future is None:
