@@ -7,7 +7,9 @@ each body checks its results on every rank and raises on the first difference.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -187,11 +189,11 @@ def body_batch_ring(backend: str, device: str, count: int) -> None:
     comm.finalize()
 
 
-def body_timeout(backend: str, device: str, seconds: float) -> dict:
+def body_timeout(backend: str, device: str, seconds: float) -> dict[str, Any]:
     """A receive nobody answers must time out within its timeout and mark the work."""
     comm = new_comm(backend, device, name=unique_name("contract-timeout"))
     r = comm.get_rank()
-    result: dict = {"rank": r}
+    result: dict[str, Any] = {"rank": r}
     if r == 0:
         start = time.monotonic()
         work = comm.recv(torch.empty(1, device=comm.get_device()), 1, async_op=True,
@@ -218,8 +220,9 @@ def body_bad_inputs(backend: str, device: str) -> list[str]:
     comm = new_comm(backend, device, name=unique_name("contract-input"))
     dev = comm.get_device()
     n = comm.get_size()
-    calls = [
-        (lambda: comm.all_reduce([1.0], ReduceOp.SUM), CommTypeError),
+    not_a_tensor: Any = [1.0]
+    calls: list[tuple[Callable[[], object], type[Exception]]] = [
+        (lambda: comm.all_reduce(not_a_tensor, ReduceOp.SUM), CommTypeError),
         (lambda: comm.broadcast(torch.ones(2, device=dev), n), CommInputError),
         (lambda: comm.all_gather([torch.empty(2, device=dev)] * (n + 1),
                                  torch.ones(2, device=dev)), CommInputError),

@@ -64,6 +64,7 @@ def reference(inputs: list[torch.Tensor], op: ReduceOp) -> torch.Tensor:
     elif t is RedOpType.AVG:
         out = stack.sum(0) / len(inputs)
     elif t is RedOpType.PREMUL_SUM:
+        assert op.factor is not None  # ReduceOp.PREMUL_SUM always carries one
         out = (stack * float(op.factor)).sum(0)
     else:
         out = stack[0].clone()

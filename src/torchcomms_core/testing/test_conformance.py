@@ -10,6 +10,7 @@ import torch
 
 from torchcomms_core._registry import get_backend_class
 from torchcomms_core.testing import contracts
+from torchcomms_core.testing.pool import RankPool
 from torchcomms_core.testing.reference import DTYPES
 
 
@@ -33,36 +34,41 @@ def test_backend_resolves_and_can_run_here(torchcomms_backend: str,
     assert torch.device(torchcomms_device).type in cls.devices
 
 
-def test_every_operation_on_every_declared_dtype(conformance_pool, torchcomms_backend,
-                                                 torchcomms_device, torchcomms_timeout,
-                                                 dtype_name) -> None:
+def test_every_operation_on_every_declared_dtype(conformance_pool: RankPool,
+                                                 torchcomms_backend: str,
+                                                 torchcomms_device: str,
+                                                 torchcomms_timeout: float,
+                                                 dtype_name: str) -> None:
     conformance_pool.run(contracts.body_every_op, torchcomms_backend, torchcomms_device,
                          dtype_name, 7, timeout=torchcomms_timeout)
 
 
 @pytest.mark.parametrize("count", [0, 1, 1000])
-def test_every_operation_at_edge_counts(conformance_pool, torchcomms_backend,
-                                        torchcomms_device, torchcomms_timeout, count) -> None:
+def test_every_operation_at_edge_counts(conformance_pool: RankPool, torchcomms_backend: str,
+                                        torchcomms_device: str, torchcomms_timeout: float,
+                                        count: int) -> None:
     conformance_pool.run(contracts.body_every_op, torchcomms_backend, torchcomms_device,
                          "float32", count, timeout=torchcomms_timeout)
 
 
-def test_split_creates_working_sub_communicators(conformance_pool, torchcomms_backend,
-                                                 torchcomms_device,
-                                                 torchcomms_timeout) -> None:
+def test_split_creates_working_sub_communicators(conformance_pool: RankPool,
+                                                 torchcomms_backend: str,
+                                                 torchcomms_device: str,
+                                                 torchcomms_timeout: float) -> None:
     results = conformance_pool.run(contracts.body_split, torchcomms_backend, torchcomms_device,
                                    timeout=torchcomms_timeout)
     assert len(results) == conformance_pool.world_size
 
 
-def test_batch_issues_all_before_waiting(conformance_pool, torchcomms_backend,
-                                         torchcomms_device, torchcomms_timeout) -> None:
+def test_batch_issues_all_before_waiting(conformance_pool: RankPool, torchcomms_backend: str,
+                                         torchcomms_device: str,
+                                         torchcomms_timeout: float) -> None:
     conformance_pool.run(contracts.body_batch_ring, torchcomms_backend, torchcomms_device,
                          4096, timeout=torchcomms_timeout)
 
 
-def test_unanswered_receive_times_out(conformance_pool, torchcomms_backend,
-                                      torchcomms_device) -> None:
+def test_unanswered_receive_times_out(conformance_pool: RankPool, torchcomms_backend: str,
+                                      torchcomms_device: str) -> None:
     results = conformance_pool.run(contracts.body_timeout, torchcomms_backend,
                                    torchcomms_device, 1.0, timeout=60)
     first = results[0]
@@ -71,9 +77,10 @@ def test_unanswered_receive_times_out(conformance_pool, torchcomms_backend,
     assert first.get("after") == "refused", first
 
 
-def test_bad_input_is_refused_before_communication(conformance_pool, torchcomms_backend,
-                                                   torchcomms_device,
-                                                   torchcomms_timeout) -> None:
+def test_bad_input_is_refused_before_communication(conformance_pool: RankPool,
+                                                   torchcomms_backend: str,
+                                                   torchcomms_device: str,
+                                                   torchcomms_timeout: float) -> None:
     for messages in conformance_pool.run(contracts.body_bad_inputs, torchcomms_backend,
                                          torchcomms_device, timeout=torchcomms_timeout):
         assert len(messages) == 8
