@@ -39,7 +39,9 @@ def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> A
             f"(`ip -brief address` lists them) or a hostname that resolves to this host, or "
             f"unset it"
         ) from None
-    opts = ProcessGroupGloo._Options()
+    # torch's stub lists only ProcessGroupGloo.Options; the extension also defines
+    # _Options, the class whose _devices and _timeout ProcessGroupGloo reads.
+    opts = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     opts._devices = [device]
     opts._timeout = timeout
     return opts

@@ -86,7 +86,7 @@ class GlooWindowEngine:
         self._key = f"window/{index}"
         self._epoch = 0
         self._mine: _Segment | None = None
-        self._peers: list[_Segment | None] = []
+        self._peers: list[_Segment] = []
         self._views: list[torch.Tensor] = []
         self._bases: list[int] = []
         self._tensor: torch.Tensor | None = None
@@ -120,7 +120,8 @@ class GlooWindowEngine:
         mine.counters.zero_()
         shared = mine.data[:nbytes].view(tensor.dtype).view(tensor.shape)
         shared.copy_(tensor)
-        tensor.set_(shared)  # the caller's tensor now lives in the window
+        # The caller's tensor now lives in the window. torch's stub lacks set_(Tensor).
+        tensor.set_(shared)  # type: ignore[call-overload]
         self._mine, self._tensor = mine, tensor
         self._waited = [0] * self._size
         self._barrier(timeout)  # every segment exists and is zeroed
@@ -143,7 +144,8 @@ class GlooWindowEngine:
     def free(self, abort: bool = False) -> None:
         tensor = self._tensor
         if tensor is not None:
-            tensor.set_(tensor.clone())  # back to private memory, contents kept
+            # Back to private memory, contents kept. torch's stub lacks set_(Tensor).
+            tensor.set_(tensor.clone())  # type: ignore[call-overload]
         self._tensor = None
         self._views, self._bases = [], []
         for seg in self._peers:
@@ -165,7 +167,7 @@ class GlooWindowEngine:
         return None
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
-        words = self._peers[peer_rank].words  # type: ignore[union-attr]
+        words = self._peers[peer_rank].words
         words[self._rank] += 1  # this rank is the only writer of this counter
         return None
 

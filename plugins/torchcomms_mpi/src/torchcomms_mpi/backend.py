@@ -61,24 +61,26 @@ class MpiBackend(TorchCommBackend):
         self._setup(world.Dup(), name, options)
 
     def _setup(self, comm: Any, name: str, options: CommOptions) -> None:
+        from mpi4py import MPI
+
         from . import buffers, work
 
         # The all_reduce fast path's lookups (mpi4py is imported here, not at module import,
         # because importing mpi4py.MPI initialises MPI).
         self._fa, self._types, self._ops = buffers._fromaddress, buffers.MPI_TYPES, buffers._OPS
 
-        self._MPI = buffers.MPI
+        self._MPI = MPI
         self._b = buffers
         self._comm = comm
         comm.Set_name(name)
-        self._rank = comm.Get_rank()
-        self._size = comm.Get_size()
+        self._rank: int = comm.Get_rank()
+        self._size: int = comm.Get_size()
         self._pending: set[Any] = set()
         # The last timeout seen and its seconds: most calls pass the same object.
         self._td: Any = _UNSET
         self._ts = 0.0
         self._complete = work.complete
-        self._test = buffers.MPI.Request.Test
+        self._test = MPI.Request.Test
         self._windows: list[Any] = []
 
     def finalize(self) -> None:

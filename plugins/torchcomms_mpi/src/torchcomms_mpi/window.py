@@ -39,6 +39,7 @@ class _FlushWork:
     __slots__ = ("_win", "_rank", "_keep", "_done")
 
     def __init__(self, win: Any, rank: int, keep: torch.Tensor) -> None:
+        self._keep: torch.Tensor | None  # the source stays alive until the flush
         self._win, self._rank, self._keep, self._done = win, rank, keep, False
 
     def wait(self) -> bool:
@@ -103,7 +104,7 @@ class MpiWindowEngine:
 
     def register(self, tensor: torch.Tensor) -> list[int]:
         comm = self._comm
-        numels = comm.allgather(tensor.numel())
+        numels: list[int] = comm.allgather(tensor.numel())
         if tensor.dtype not in MPI_TYPES:
             raise ValueError(f"windows cannot hold {tensor.dtype}")
         nbytes = tensor.numel() * tensor.element_size()
@@ -112,7 +113,8 @@ class MpiWindowEngine:
             raw = torch.frombuffer(self._data.tomemory(), dtype=torch.uint8)[:nbytes]
             shared = raw.view(tensor.dtype).view(tensor.shape)
             shared.copy_(tensor)
-            tensor.set_(shared)  # the caller's tensor now lives in the window
+            # The caller's tensor now lives in the window. torch's stub lacks set_(Tensor).
+            tensor.set_(shared)  # type: ignore[call-overload]
         self._signals = MPI.Win.Allocate(8 * self._size, 8, MPI.INFO_NULL, comm)
         counters = torch.frombuffer(self._signals.tomemory(), dtype=torch.int64)
         counters.zero_()
@@ -130,7 +132,9 @@ class MpiWindowEngine:
     def free(self, abort: bool = False) -> None:
         tensor = self._tensor
         if tensor is not None and self._data is not None:
-            tensor.set_(tensor.clone())  # back to private memory before MPI frees the window
+            # Back to private memory before MPI frees the window (torch's stub lacks
+            # set_(Tensor)).
+            tensor.set_(tensor.clone())  # type: ignore[call-overload]
         for win in (self._data, self._signals):
             if win is None:
                 continue

@@ -50,7 +50,8 @@ class NCCLXBackend(NcclEngineBackend):
     def nccl_version() -> tuple[int, ...] | None:
         """The NCCL version torch was built with, ``None`` on a build without NCCL."""
         try:
-            version = torch.cuda.nccl.version()
+            # torch.cuda.nccl.version carries no annotations in torch.
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
         except (AttributeError, RuntimeError):
             return None
         return tuple(int(v) for v in version[:3])
