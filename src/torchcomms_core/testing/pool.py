@@ -96,9 +96,9 @@ def serve(conn: Any, stack_file: str) -> None:
     dump = open(stack_file, "w")  # noqa: SIM115 - lives as long as the process
     if hasattr(faulthandler, "register"):
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
-    import torch  # noqa: F401 - warm the import once per worker
+    import torch  # noqa: F401 - warm the imports once per worker
 
-    import torchcomms  # noqa: F401
+    import torchcomms_core  # noqa: F401
 
     global _task_id
     while True:
