@@ -1,4 +1,9 @@
-"""Shared fixtures: session-wide pools of live gloo ranks (2 and 4)."""
+"""What this repository's tests add to torchcomms' pytest plugin.
+
+The rank-pool fixtures (``pool2``, ``pool4``, ``pool``, ``mpi_pool``) come from the shipped
+plugin, ``torchcomms_core.testing.plugin``; ``mpi_ranks`` is re-exported for test modules
+that build their own parametrization around it.
+"""
 
 from __future__ import annotations
 
@@ -7,62 +12,20 @@ import sys
 
 import pytest
 
-from torchcomms_core.testing import RankPool
+from torchcomms_core.testing import plugin
+from torchcomms_core.testing.plugin import mpi_ranks
+
+__all__ = ["mpi_ranks"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # rank processes import test bodies from this folder
     sys.path.insert(0, HERE)
 
-_pools: dict[int, RankPool] = {}
 
-
-def _pool(size: int) -> RankPool:
-    pool = _pools.get(size)
-    if pool is None:
-        pool = _pools[size] = RankPool(size, comm_timeout_s=30)
-    return pool
-
-
-@pytest.fixture(scope="session")
-def pool2() -> RankPool:
-    return _pool(2)
-
-
-@pytest.fixture(scope="session")
-def pool4() -> RankPool:
-    return _pool(4)
-
-
-@pytest.fixture(params=[2, 4], ids=["2ranks", "4ranks"])
-def pool(request: pytest.FixtureRequest) -> RankPool:
-    """Each test using it runs once at 2 ranks and once at 4."""
-    return _pool(request.param)
-
-
-_mpi_pools: dict[int, RankPool] = {}
-
-
-def mpi_ranks(size: int) -> RankPool:
-    """The session's pool of ``size`` ranks started by mpiexec; skips the test without it."""
-    from torchcomms_core.testing.mpi_launch import mpiexec_unavailable
-
-    missing = mpiexec_unavailable()
-    if missing:
-        pytest.skip(f"needs mpiexec: {missing}")
-    pool = _mpi_pools.get(size)
-    if pool is None:
-        pool = _mpi_pools[size] = RankPool(size, comm_timeout_s=30, launcher="mpiexec")
-    return pool
-
-
-@pytest.fixture(params=[2, 4], ids=["mpi2ranks", "mpi4ranks"])
-def mpi_pool(request: pytest.FixtureRequest) -> RankPool:
-    """Ranks started by mpiexec (for the mpi backend), at 2 and 4; skips where it cannot."""
-    return mpi_ranks(request.param)
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    for pool in (*_pools.values(), *_mpi_pools.values()):
-        pool.close()
-    _pools.clear()
-    _mpi_pools.clear()
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.is_registered(plugin):
+        raise pytest.UsageError(
+            "torchcomms' pytest plugin is not loaded, so the rank-pool fixtures are missing: "
+            "drop -p no:torchcomms, or with PYTEST_DISABLE_PLUGIN_AUTOLOAD set add "
+            "-p torchcomms_core.testing.plugin (it loads through the pytest11 entry point of "
+            "the installed package: pip install -e .)")

@@ -1,7 +1,25 @@
-"""The conformance suite's pytest plugin (``pytest11`` entry point): inert unless asked.
+"""torchcomms' pytest plugin (``pytest11`` entry point): rank-pool fixtures and the
+conformance suite; inert unless asked.
 
 ``pytest --pyargs torchcomms_core.testing --torchcomms-backend NAME`` runs every API
 contract against an installed backend on spawned ranks and reports native/derived methods.
+
+Any test suite (a backend's own, for instance) can also ask for live ranks; every fixture
+hands out a :class:`~torchcomms_core.testing.RankPool` whose ranks start on first use, are
+shared by the whole session, and are closed once when it ends:
+
+``pool2``, ``pool4``
+    Two and four spawned ranks (communicator timeout 30 s).
+``pool``
+    Parametrized: each test using it runs once at 2 ranks and once at 4.
+``mpi_pool``
+    Parametrized likewise over ranks started by ``mpiexec`` (for backends such as mpi);
+    skips the test where ``mpiexec`` or ``mpi4py`` is missing.
+``conformance_pool``
+    The conformance suite's ranks, sized and launched by the ``--torchcomms-*`` options.
+
+Outside a fixture, :func:`shared_pool` and :func:`mpi_ranks` return the same cached pools.
+A fixture of the same name in a ``conftest.py`` overrides any of these, as usual in pytest.
 """
 
 from __future__ import annotations
@@ -29,7 +47,56 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "auto (default) uses what the backend declares (mpi: mpiexec)")
 
 
-_pools: dict[int, RankPool] = {}
+#: Every pool handed out in this session, by (ranks, launcher, communicator timeout).
+_pools: dict[tuple[int, str, float], RankPool] = {}
+
+
+def shared_pool(size: int, *, launcher: str = "spawn", comm_timeout_s: float = 30.0
+                ) -> RankPool:
+    """The session's pool of ``size`` ranks started by ``launcher``, created on first use.
+
+    It lives until the session ends; a body that fails recycles its ranks (see
+    :class:`RankPool`), so later tests still get working ones.
+    """
+    key = (size, launcher, float(comm_timeout_s))
+    pool = _pools.get(key)
+    if pool is None:
+        pool = _pools[key] = RankPool(size, comm_timeout_s=comm_timeout_s, launcher=launcher)
+    return pool
+
+
+def mpi_ranks(size: int) -> RankPool:
+    """The session's pool of ``size`` ranks started by mpiexec; skips the test without it."""
+    from .mpi_launch import mpiexec_unavailable
+
+    missing = mpiexec_unavailable()
+    if missing:
+        pytest.skip(f"needs mpiexec: {missing}")
+    return shared_pool(size, launcher="mpiexec")
+
+
+@pytest.fixture(scope="session")
+def pool2() -> RankPool:
+    """Two spawned ranks, shared by the session."""
+    return shared_pool(2)
+
+
+@pytest.fixture(scope="session")
+def pool4() -> RankPool:
+    """Four spawned ranks, shared by the session."""
+    return shared_pool(4)
+
+
+@pytest.fixture(params=[2, 4], ids=["2ranks", "4ranks"])
+def pool(request: pytest.FixtureRequest) -> RankPool:
+    """Each test using it runs once at 2 ranks and once at 4."""
+    return shared_pool(request.param)
+
+
+@pytest.fixture(params=[2, 4], ids=["mpi2ranks", "mpi4ranks"])
+def mpi_pool(request: pytest.FixtureRequest) -> RankPool:
+    """Ranks started by mpiexec (for the mpi backend), at 2 and 4; skips where it cannot."""
+    return mpi_ranks(request.param)
 
 
 @pytest.fixture(scope="session")
@@ -68,16 +135,15 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         missing = mpiexec_unavailable()
         if missing:
             pytest.skip(f"conformance suite under mpiexec: {missing}")
-    pool = _pools.get(size)
-    if pool is None:
-        pool = _pools[size] = RankPool(size, comm_timeout_s=60, launcher=launcher)
-    return pool
+    return shared_pool(size, launcher=launcher, comm_timeout_s=60)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    for pool in _pools.values():
-        pool.close()
+    """Close every pool of the session, once."""
+    pools = list(_pools.values())
     _pools.clear()
+    for pool in pools:
+        pool.close()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
