@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ._batch import BatchSendRecv, P2POp, P2POpType
 from ._collectives import Collective
-from ._comm import RemovableHandle, TorchComm, new_comm
+from ._comm import TorchComm
+from ._create import new_comm
 from ._errors import (
     BackendLoadError,
     BackendNotFoundError,
@@ -20,6 +21,7 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
+from ._handles import RemovableHandle
 from ._op_args import (
     POST_HOOK_CLASSES,
     PRE_HOOK_CLASSES,

@@ -37,10 +37,9 @@ def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False
             f"{comm.get_name()!r} cannot receive from any source; pass the sender's rank "
             f"(src=...)"
         )
-    timeout, hints = comm._begin("recv", timeout, hints)
-    comm._check.tensor("recv", "tensor", tensor)
-    finishers: list[Callable[[], None]] = []
-    buf = comm._out(tensor, finishers, "recv")
+    call = comm._call("recv", timeout, hints)
+    comm.checker.tensor("recv", "tensor", tensor)
+    buf = call.out(tensor)
     issued: list[Any] = []
     sender: list[int] = []
 
@@ -52,9 +51,8 @@ def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False
         return work
 
     # Read the sender before the core drops the backend's work.
-    finishers.insert(0, lambda: sender.append(issued[0].source_rank()))
-    work = comm._issue("recv", issue, (buf,), async_op, timeout, hints, finishers,
-                       (tensor, ANY_SOURCE))
+    call.then(lambda: sender.append(issued[0].source_rank()), first=True)
+    work = comm._issue(call, issue, (buf,), async_op, (tensor, ANY_SOURCE))
 
     def source_rank() -> int:
         if not sender:

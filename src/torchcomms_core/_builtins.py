@@ -37,13 +37,13 @@ def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor]
 def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
                         ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     tensors, op = args
-    checked = comm._check.tensor_list("all_reduce_coalesced", "tensors", tensors)
+    checked = comm.checker.tensor_list("all_reduce_coalesced", "tensors", tensors)
     for i, t in enumerate(checked):
-        comm._check.same_dtype("all_reduce_coalesced", f"tensors[{i}]", t, "tensors[0]",
+        comm.checker.same_dtype("all_reduce_coalesced", f"tensors[{i}]", t, "tensors[0]",
                                checked[0])
-    red = comm._check.reduce_op("all_reduce_coalesced", op,
+    red = comm.checker.reduce_op("all_reduce_coalesced", op,
                                 checked[0].dtype if checked else torch.float32)
-    if checked and red.type not in comm._native_ops:
+    if checked and red.type not in comm.native_reduce_ops:
         raise comm_input_error(red)
     return (checked, red), kwargs
 

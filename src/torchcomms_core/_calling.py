@@ -15,13 +15,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._optable import names
+
 #: Backend methods the core (and the spec's portable defaults) call with the keywords.
-OPERATIONS: tuple[str, ...] = (
-    "send", "recv", "batch_op_issue", "broadcast", "all_reduce", "reduce", "all_gather",
-    "all_gather_v", "all_gather_single", "reduce_scatter", "reduce_scatter_v",
-    "reduce_scatter_single", "all_to_all", "all_to_all_single", "all_to_all_v_single",
-    "barrier", "scatter", "gather", "gather_single",
-)
+OPERATIONS: tuple[str, ...] = names(issued=True)
 _KEYWORDS = frozenset({"timeout", "hints"})
 
 _lock = threading.Lock()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._errors import CommTypeError
+from ._op_args import args_class
 
 if TYPE_CHECKING:
     from ._comm import TorchComm
@@ -47,14 +48,8 @@ class Collective:
 
 
 def make_method(coll: Collective) -> Callable[..., Any]:
-    """Build the ``TorchComm`` method that dispatches ``coll`` (no pluggy on this path)."""
-    from ._comm import _OK
-    from ._op_args import args_class
-
-    name = coll.name
-    nargs = len(coll.args)
-    impl = coll.impl
-    validate = coll.validate
+    """The ``TorchComm`` method that dispatches ``coll`` (no pluggy on this path)."""
+    name, nargs, impl, validate = coll.name, len(coll.args), coll.impl, coll.validate
     fill = [coll.defaults[a] for a in coll.args if a in coll.defaults]
     first_default = nargs - len(fill)
     args_class(name, coll.args)
@@ -62,13 +57,11 @@ def make_method(coll: Collective) -> Callable[..., Any]:
     def method(self: TorchComm, *args: Any, async_op: Any = None,
                hints: dict[str, str] | None = None, timeout: Any = None,
                **kwargs: Any) -> Any:
-        if self._state is not _OK:
-            self._ensure_usable(name)
+        call = self._call(name, timeout, hints)
         given = len(args)
         if given > nargs:
             if given == nargs + 1 and async_op is None:
-                async_op = args[-1]
-                args = args[:-1]
+                async_op, args = args[-1], args[:-1]
             else:
                 raise CommTypeError(f"{name}() takes {nargs} positional arguments "
                                     f"({', '.join(coll.args)}) and async_op; got {given}")
@@ -79,15 +72,13 @@ def make_method(coll: Collective) -> Callable[..., Any]:
             args = args + tuple(fill[given - first_default:])
         if validate is not None:
             args, kwargs = validate(self, args, kwargs)
-        backend = self._backend
-        native = getattr(backend, name, None)
+        native = getattr(self._backend, name, None)
         if native is not None:
-            return self._issue(name, native, args, bool(async_op), timeout, hints, None, args,
-                               kwargs)
-        return self._issue(name, impl, (backend, *args), bool(async_op), timeout, hints, None,
-                           args, kwargs)
+            return self._issue(call, native, args, bool(async_op), args, kwargs)
+        return self._issue(call, impl, (self._backend, *args), bool(async_op), args, kwargs)
 
     method.__name__ = name
     method.__qualname__ = f"TorchComm.{name}"
     method.__doc__ = coll.doc or f"{name}: a collective provided by {coll.provider}."
+    method._plugin_collective = True  # type: ignore[attr-defined]
     return method

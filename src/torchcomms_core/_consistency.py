@@ -17,15 +17,13 @@ from typing import Any
 import torch
 
 from ._errors import CommInputError
+from ._optable import names
 
 _WIDTH = 160
 #: Collectives whose main tensor must have the same element count on every rank.
-_UNIFORM = frozenset({
-    "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_single", "reduce_scatter",
-    "reduce_scatter_single", "all_to_all_single",
-})
+_UNIFORM = frozenset(names(uniform=True))
 #: Point-to-point operations: checked pairwise instead of by an all-gather.
-P2P = frozenset({"send", "recv", "batch_op_issue"})
+P2P = frozenset(names(p2p=True))
 
 
 def describe(name: str, values: tuple[Any, ...]) -> str:
@@ -91,11 +89,9 @@ def _dtype_name(code: int, candidates: Sequence[torch.Tensor]) -> str:
     for t in candidates:
         if _dtype_code(t.dtype) == code:
             return str(t.dtype).replace("torch.", "")
-    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-                  torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
-                  torch.complex64, torch.complex128):
-        if _dtype_code(dtype) == code:
-            return str(dtype).replace("torch.", "")
+    for value in vars(torch).values():  # every dtype torch defines
+        if isinstance(value, torch.dtype) and _dtype_code(value) == code:
+            return str(value).replace("torch.", "")
     return f"dtype#{code}"
 
 
@@ -123,7 +119,7 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
     problems: list[str] = []
     round2 = []
     verdicts = []
-    for (kind, tensor, peer), got in zip(ops, headers):
+    for (kind, tensor, peer), got in zip(ops, headers, strict=True):
         mine = (_dtype_code(tensor.dtype), tensor.numel())
         if kind == "recv":
             theirs = tuple(int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]
@@ -142,7 +138,7 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
             round2.append(("recv", buf, peer))
             verdicts.append(buf)
     _run(backend, round2, timeout)
-    for (kind, tensor, peer), got in zip(ops, verdicts):
+    for (kind, tensor, peer), got in zip(ops, verdicts, strict=True):
         if kind != "send":
             continue
         ok, code, numel = (int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]

@@ -131,21 +131,29 @@ def rank_and_size() -> tuple[int, int, str] | None:
 
 #: Default of ``CommOptions.abort_process_on_timeout_or_error`` (Meta's torchcomms name).
 ABORT_ON_ERROR = "TORCHCOMM_ABORT_ON_ERROR"
-_TRUE = ("1", "true", "yes", "y")
-_FALSE = ("0", "false", "no", "n")
+_TRUE = frozenset(("1", "true", "yes", "y", "on"))
+_FALSE = frozenset(("0", "false", "no", "n", "off"))
+
+
+def parse_bool(raw: str) -> bool | None:
+    """``True``/``False`` for 1/true/yes/y/on and 0/false/no/n/off (any case), else ``None``.
+
+    The one reading of a boolean the project uses: variables, hints, handler parameters.
+    """
+    value = raw.strip().lower()
+    return True if value in _TRUE else False if value in _FALSE else None
 
 
 def flag(name: str, default: bool) -> bool:
-    """Read a boolean variable: ``1/true/yes/y`` or ``0/false/no/n`` (any case); empty = default."""
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
+    """Read a boolean variable (see :func:`parse_bool`); unset or empty = ``default``."""
+    raw = os.environ.get(name, "")
+    if raw.strip() == "":
         return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use 1/true/yes/y or "
-                     f"0/false/no/n")
+    value = parse_bool(raw)
+    if value is None:
+        raise ValueError(f"{name}={raw!r} is not a boolean; use 1/true/yes/y/on or "
+                         f"0/false/no/n/off")
+    return value
 
 
 def abort_on_error() -> bool:
@@ -185,7 +193,7 @@ def gloo_interface() -> str | None:
 
 
 def use_agent_store() -> bool:
-    return os.environ.get(USE_AGENT_STORE, "").lower() in ("1", "true", "yes")
+    return parse_bool(os.environ.get(USE_AGENT_STORE, "")) is True
 
 
 def restart_count() -> int:
@@ -334,18 +342,6 @@ HEALTH_CHECK_WAIT_MS = "TORCHCOMM_HEALTH_CHECK_WAIT_MS"
 DEFAULT_HEALTH_CHECK_WAIT_MS = 15000
 
 
-def _hook_flag(name: str, default: bool) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw == "":
-        return default
-    if raw in ("1", "true", "yes", "y"):
-        return True
-    if raw in ("0", "false", "no", "n"):
-        return False
-    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; use 1/true/yes/y or "
-                     f"0/false/no/n")
-
-
 def _hook_int(name: str, default: int, example: str) -> int:
     raw = os.environ.get(name, "").strip()
     if raw == "":
@@ -363,12 +359,12 @@ def fr_buffer_size() -> int:
 
 def fr_dump_dynamic_file_name() -> bool:
     """Whether ``TORCHCOMM_FR_DUMP_TEMP_FILE`` names the whole dump file (false)."""
-    return _hook_flag(FR_DUMP_DYNAMIC_FILE_NAME, False)
+    return flag(FR_DUMP_DYNAMIC_FILE_NAME, False)
 
 
 def fr_cpp_stack() -> bool:
     """``TORCHCOMM_FR_CPP_STACK`` (false); validated, but no C++ stacks exist to record."""
-    return _hook_flag(FR_CPP_STACK, False)
+    return flag(FR_CPP_STACK, False)
 
 
 def health_check_wait_ms() -> int:

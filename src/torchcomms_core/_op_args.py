@@ -15,6 +15,8 @@ import itertools
 import warnings
 from typing import Any
 
+from ._optable import OPS
+
 # One process-wide sequence of operation ids, as the reference has (post id = pre id).
 _op_ids = itertools.count()
 #: The id hooks see for ``finalize`` (the reference uses 2**64 - 1).
@@ -32,96 +34,20 @@ def reset_op_ids() -> None:
     _op_ids = itertools.count()
 
 
-class OpName(enum.IntEnum):
-    """Operations a communicator runs; values are the reference's."""
-
-    send = 0
-    recv = 1
-    broadcast = 2
-    all_reduce = 3
-    reduce = 4
-    all_gather = 5
-    all_gather_v = 6
-    all_gather_single = 7
-    reduce_scatter = 8
-    reduce_scatter_v = 9
-    reduce_scatter_single = 10
-    all_to_all_single = 11
-    all_to_all_v_single = 12
-    all_to_all = 13
-    barrier = 14
-    scatter = 15
-    gather = 16
-    gather_single = 17
-    split = 18
-    new_window = 19
-    #: ``BatchSendRecv.issue``; the reference uses the value without binding the name.
-    batch_op_issue = 20
-    finalize = 21
-
+class _OpNameBase(enum.IntEnum):
     def __str__(self) -> str:
         return self.name
+
+
+#: Operations a communicator runs, numbered as the reference numbers them (from the table).
+OpName = _OpNameBase("OpName", [(op.name, op.number) for op in OPS], module=__name__)
+OpName.__doc__ = "Operations a communicator runs; values are the reference's."
 
 
 def op_name(name: str) -> OpName | str:
     """The ``OpName`` of a built-in operation, or the plain name of a plugin collective."""
     member = OpName.__members__.get(name)
     return member if member is not None else name
-
-
-#: Parameter names of each operation, in the public API's order (what ``as_dict`` returns).
-OP_FIELDS: dict[str, tuple[str, ...]] = {
-    "send": ("tensor", "dst"),
-    "recv": ("tensor", "src"),
-    "broadcast": ("tensor", "root"),
-    "all_reduce": ("tensor", "op"),
-    "reduce": ("tensor", "root", "op"),
-    "all_gather": ("tensor_list", "tensor"),
-    "all_gather_v": ("tensor_list", "tensor"),
-    "all_gather_single": ("output", "input"),
-    "reduce_scatter": ("output", "input_list", "op"),
-    "reduce_scatter_v": ("output", "input_list", "op"),
-    "reduce_scatter_single": ("output", "input", "op"),
-    "all_to_all": ("output_tensor_list", "input_tensor_list"),
-    "all_to_all_single": ("output", "input"),
-    "all_to_all_v_single": ("output", "input", "output_split_sizes", "input_split_sizes"),
-    "barrier": (),
-    "scatter": ("output_tensor", "input_tensor_list", "root"),
-    "gather": ("output_tensor_list", "input_tensor", "root"),
-    "gather_single": ("output", "input", "root"),
-    "split": ("ranks", "name"),
-    "new_window": (),
-    "finalize": (),
-    "batch_op_issue": ("ops",),
-}
-
-#: The reference's hook fields: field -> parameter it reads (as named in ``OP_FIELDS``).
-HOOK_FIELDS: dict[str, dict[str, str]] = {
-    "send": {"tensor": "tensor", "peer": "dst"},
-    "recv": {"tensor": "tensor", "peer": "src"},
-    "broadcast": {"tensor": "tensor", "root": "root"},
-    "reduce": {"tensor": "tensor", "root": "root", "op": "op"},
-    "all_reduce": {"tensor": "tensor", "op": "op"},
-    "all_gather": {"input": "tensor", "output": "tensor_list"},
-    "all_gather_v": {"input": "tensor", "output": "tensor_list"},
-    "all_gather_single": {"input": "input", "output": "output"},
-    "reduce_scatter_single": {"input": "input", "output": "output", "op": "op"},
-    "all_to_all_single": {"input": "input", "output": "output"},
-    "reduce_scatter": {"input": "input_list", "output": "output", "op": "op"},
-    "reduce_scatter_v": {"input": "input_list", "output": "output", "op": "op"},
-    "all_to_all_v_single": {"input": "input", "output": "output",
-                            "input_split_sizes": "input_split_sizes",
-                            "output_split_sizes": "output_split_sizes"},
-    "all_to_all": {"input": "input_tensor_list", "output": "output_tensor_list"},
-    "barrier": {},
-    "scatter": {"output": "output_tensor", "input": "input_tensor_list", "root": "root"},
-    "gather": {"input": "input_tensor", "output": "output_tensor_list", "root": "root"},
-    "gather_single": {"input": "input", "output": "output", "root": "root"},
-    "split": {"ranks": "ranks", "name": "name"},
-    "batch_op_issue": {"ops": "ops"},
-    "new_window": {},
-    "finalize": {},
-}
 
 
 class OpArgs:
@@ -261,7 +187,7 @@ def _make(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> type
 
 
 ARGS_CLASSES: dict[str, type[OpArgs]] = {
-    op: _make(op, fields, HOOK_FIELDS.get(op, {})) for op, fields in OP_FIELDS.items()
+    op.name: _make(op.name, op.fields, op.hook_fields) for op in OPS
 }
 # The reference spells these with a capital V and "Op".
 ARGS_CLASSES["all_gather_v"].__name__ = "AllGatherVPreHookArgs"

@@ -11,13 +11,15 @@ import dataclasses
 import importlib.metadata as metadata
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import pluggy
 
 from . import _env, hookspecs
-from ._collectives import Collective, make_method
+from ._collectives import Collective
 from ._errors import TorchCommError
+from ._optable import OPS
 
 PLUGINS_GROUP = "torchcomms.plugins"
 BUILTIN = "torchcomms-core"
@@ -169,20 +171,15 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str, versi
 
 def _forget(pm: pluggy.PluginManager, plugin: Any, name: str) -> None:
     """Undo a partial registration: the plugin, its record and the collectives it added."""
-    from ._comm import TorchComm
-
     if plugin is not None and pm.is_registered(plugin):
         pm.unregister(plugin)
     record = _records.pop(name, None)
     for coll in record.collectives if record else []:
-        _collectives.pop(coll, None)
-        if coll in TorchComm.__dict__:
-            delattr(TorchComm, coll)
+        if _collectives.pop(coll, None) is not None and _host is not None:
+            _host[1](coll)
 
 
 def _install(coll: Collective, plugin_name: str) -> None:
-    from ._comm import TorchComm
-
     existing = _collectives.get(coll.name)
     if existing is not None:
         raise PluginError(
@@ -190,28 +187,34 @@ def _install(coll: Collective, plugin_name: str) -> None:
             f"{coll.provider}; uninstall one of them or disable one with "
             f"TORCHCOMM_PLUGINS=<names to load>"
         )
-    if hasattr(TorchComm, coll.name):
-        raise PluginError(f"{coll.provider} registers collective {coll.name!r}, which is "
-                          f"already a built-in TorchComm method; pick another name")
+    if _host is not None:
+        _host[0](coll)  # raises when the name is taken by a built-in method
     _collectives[coll.name] = coll
-    setattr(TorchComm, coll.name, make_method(coll))
+
+
+#: ``(add, remove)`` of the class that turns collectives into methods (``TorchComm``).
+_host: tuple[Callable[[Collective], None], Callable[[str], None]] | None = None
+
+
+def attach_collective_host(add: Callable[[Collective], None],
+                           remove: Callable[[str], None]) -> None:
+    """Let the communicator class own its plugin methods: ``add`` each collective, now and
+    as plugins load, and ``remove`` those of plugins that are unregistered."""
+    global _host
+    with _lock:
+        _host = (add, remove)
+        for coll in _collectives.values():
+            add(coll)
 
 
 def list_collectives() -> dict[str, str]:
     """Every collective a ``TorchComm`` offers, mapped to who provides it."""
-    from ._op_args import OP_FIELDS
-
     load_plugins()
-    names = {op: BUILTIN for op in OP_FIELDS if op not in ("split", "finalize",
-                                                           "batch_op_issue")}
+    names = {op.name: BUILTIN for op in OPS
+             if op.name not in ("split", "finalize", "batch_op_issue")}
     with _lock:
         names.update({n: c.provider for n, c in _collectives.items()})
     return dict(sorted(names.items()))
-
-
-def get_collective(name: str) -> Collective | None:
-    load_plugins()
-    return _collectives.get(name)
 
 
 def plugin_records() -> list[PluginRecord]:

@@ -32,11 +32,8 @@ import os
 import socket
 import time
 import uuid as _uuid
-import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from ._errors import (
     CommInputError,
@@ -46,17 +43,14 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._options import CommOptions
-from ._validation import Checker, check_hints, check_timeout
+from ._states import ABORTED, FINALIZED, OK, UNBOUND
+from ._validation import check_hints, check_timeout
 from ._work import TorchWork, is_timeout_error
 from .spec import TorchCommBackend, method_support
 
 if TYPE_CHECKING:
     from ._comm import TorchComm
 
-#: State of a communicator created with ``enable_reconfigure=True`` before (or between)
-#: successful reconfigures.
-UNBOUND = "unbound"
 _PREFIX = "reconfigure"
 
 
@@ -68,56 +62,6 @@ def supports_reconfigure(cls: type[TorchCommBackend]) -> bool:
 def make_handle() -> str:
     """A new opaque init handle: a random token plus host and pid (for error messages)."""
     return f"tch1-{_uuid.uuid4().hex}@{socket.gethostname()}:{os.getpid()}"
-
-
-def unbound_error(op: str, name: str) -> CommStateError:
-    return CommStateError(
-        f"{op}: communicator {name!r} was created with enable_reconfigure=True and is not "
-        f"bound to a group yet (or its last reconfigure failed); call "
-        f"comm.reconfigure(uuid, init_handles) first"
-    )
-
-
-def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: torch.device,
-                            name: str, store: Any, timeout: timedelta,
-                            hints: dict[str, str], abort_process: bool) -> TorchComm:
-    """``new_comm(..., enable_reconfigure=True)``: a communicator bound to no group yet.
-
-    It does not wait for any peer: a replacement process creates its communicator alone
-    and joins through ``reconfigure``.
-    """
-    from torch._C._distributed_c10d import PrefixStore
-
-    from ._bootstrap import default_store, resolve_rank_size
-    from ._comm import TorchComm
-
-    if not supports_reconfigure(cls):
-        raise RuntimeError(
-            f"new_comm: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
-            f"{cls.__name__} has no reconfigure_engine); pass enable_reconfigure=False or use "
-            f"a backend that supports it, such as 'gloo'"
-        )
-    if store is None:
-        rank, size, _source = resolve_rank_size()
-        store = default_store(rank, size, timeout, required=True)
-    comm_store = PrefixStore(f"comm/{name}", store)
-    options = CommOptions(
-        abort_process_on_timeout_or_error=abort_process,
-        timeout=timeout,
-        store=comm_store,
-        name=name,
-        enable_reconfigure=True,
-        hints=hints,
-        rank=-1,
-        size=0,
-    )
-    instance = cls()
-    instance._bind(device, name, options)
-    comm = TorchComm(instance, device, name, options, comm_store, backend)
-    comm._state = UNBOUND
-    comm._init_handle = make_handle()
-    comm._reconfigure_uuids = set()
-    return comm
 
 
 def _uuid_key(uuid: Any) -> str:
@@ -167,15 +111,13 @@ def _short(handles: list[str]) -> str:
 
 def _retire(comm: TorchComm, prev_state: str) -> None:
     """Drop the old engine without waiting for dead peers."""
-    from ._comm import _ABORTED, _OK
-
-    if prev_state == UNBOUND or prev_state == _ABORTED:
+    if prev_state == UNBOUND or prev_state == ABORTED:
         return  # no engine, or abort() already tore it down
     backend = comm._backend
     try:
         if comm.is_abort_supported():
             backend.abort()
-        elif prev_state == _OK:
+        elif prev_state == OK:
             backend.finalize()  # healthy group: a clean release does not wait on anyone
     except Exception:  # the old engine is gone either way; the new one is what matters
         pass
@@ -249,8 +191,6 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
     """``TorchComm.reconfigure``: see the module docstring."""
     from torch._C._distributed_c10d import PrefixStore
 
-    from ._comm import _FINALIZED, _OK, _release_dropped
-
     op = "reconfigure"
     if not supports_reconfigure(type(comm._backend)):
         raise RuntimeError(
@@ -262,7 +202,7 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
             f"reconfigure: communicator {comm.get_name()!r} was created with "
             f"enable_reconfigure=False; create it with new_comm(..., enable_reconfigure=True)"
         )
-    if comm._state is _FINALIZED:
+    if comm._state is FINALIZED:
         raise CommStateError(f"reconfigure: communicator {comm.get_name()!r} was finalized; "
                              f"create a new one with new_comm(..., enable_reconfigure=True)")
     key = _uuid_key(uuid)
@@ -321,15 +261,8 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
         raise
     _announce(store, mine, key, "done", seq)
 
-    cls = type(backend)
     comm._options.rank, comm._options.size = rank, size
-    comm._rank, comm._size = rank, size
-    comm._check = Checker(comm._name, comm._device, rank, size, cls.supported_dtypes,
-                          comm._native_ops)
-    comm._failure = None
-    if not comm._finalizer.alive:  # abort() detached it
-        comm._finalizer = weakref.finalize(comm, _release_dropped, backend, comm._name)
-        comm._finalizer.atexit = False
+    comm._bind(rank, size)
     with comm._lock:
-        comm._state = _OK
+        comm._state = OK
     return TorchWork(None, None, comm, op)

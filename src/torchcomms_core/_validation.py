@@ -91,6 +91,32 @@ class Checker:
                 f"{expected} ({why})"
             )
 
+    def blocks(self, op: str, arg: str, ts: Any, ref_arg: str, ref: torch.Tensor, why: str,
+               only: int | None = None) -> list[torch.Tensor]:
+        """One tensor per rank, each of ``ref``'s dtype and element count.
+
+        With ``only`` set, just that entry must match ``ref``'s element count (the ``_v``
+        forms, where other ranks' blocks may differ).
+        """
+        checked = self.tensor_list(op, arg, ts, self.size)
+        for i, t in enumerate(checked):
+            self.same_dtype(op, f"{arg}[{i}]", t, ref_arg, ref)
+            if only is None or i == only:
+                self.numel(op, f"{arg}[{i}]", t, ref.numel(), why)
+        return checked
+
+    def pair(self, op: str, output: Any, input: Any) -> None:  # noqa: A002
+        """An ``output`` and an ``input`` tensor of one dtype."""
+        self.tensor(op, "output", output)
+        self.tensor(op, "input", input)
+        self.same_dtype(op, "output", output, "input", input)
+
+    def times_size(self, op: str, arg: str, t: torch.Tensor, of_arg: str,
+                   of: torch.Tensor) -> None:
+        """``t`` holds one block of ``of``'s size per rank."""
+        n = self.size
+        self.numel(op, arg, t, of.numel() * n, f"{of_arg}.numel() * size = {of.numel()} * {n}")
+
     # -- ranks -----------------------------------------------------------------------
 
     def peer(self, op: str, arg: str, r: Any, allow_self: bool = True) -> int:
@@ -108,6 +134,22 @@ class Checker:
                 f"{op}: {arg}={value} is this rank itself; copy the tensor locally instead"
             )
         return value
+
+    def split_ranks(self, ranks: Any) -> list[int]:
+        """The members of a ``split``: distinct valid ranks including this one, or none."""
+        if not isinstance(ranks, (list, tuple, range)):
+            raise CommTypeError(f"split: ranks must be a list of ints, got {type(ranks).__name__}")
+        members = [self.peer("split", f"ranks[{i}]", r) for i, r in enumerate(ranks)]
+        if len(set(members)) != len(members):
+            dupes = sorted({r for r in members if members.count(r) > 1})
+            raise CommInputError(f"split: ranks {list(ranks)} contain duplicates {dupes}; "
+                                 f"list each rank once")
+        if members and self.rank not in members:
+            raise CommInputError(
+                f"split: ranks {list(ranks)} do not include this rank ({self.rank}); pass the "
+                f"group this rank belongs to, or [] if it joins none"
+            )
+        return sorted(members)
 
     # -- reductions ------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from ._errors import CommInputError, CommStateError, CommTypeError
+from ._states import OK
 from ._work import TorchWork, WorkStatus
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class TorchCommWindow:
         if not tensor.is_contiguous():
             raise CommInputError(f"{where}: the window buffer must be contiguous; pass "
                                  f"tensor.contiguous() and keep that tensor")
-        self._comm._check.tensor(where, "tensor", tensor)
+        self._comm.checker.tensor(where, "tensor", tensor)
         numels = list(self._engine.register(tensor))
         self._meta = (tensor.dtype, list(tensor.shape), tensor.device)
         self._numels = numels
@@ -194,7 +195,7 @@ class TorchCommWindow:
         """
         where = "put"
         meta = self._bound(where)
-        c = self._comm._check
+        c = self._comm.checker
         c.tensor(where, "tensor", tensor)
         dst = c.peer(where, "dst_rank", dst_rank)
         if tensor.dtype != meta[0]:
@@ -220,7 +221,7 @@ class TorchCommWindow:
                timeout: timedelta | None = None) -> TorchWork:
         """Tell ``peer_rank`` that this rank's earlier puts to it are visible there."""
         self._bound("signal")
-        peer = self._comm._check.peer("signal", "peer_rank", peer_rank)
+        peer = self._comm.checker.peer("signal", "peer_rank", peer_rank)
         inner = self._engine.signal(peer, async_op, self._timeout(timeout))
         return self._work("signal", inner, async_op)
 
@@ -228,18 +229,18 @@ class TorchCommWindow:
                     timeout: timedelta | None = None) -> TorchWork:
         """Wait for one ``signal`` from ``peer_rank`` (each signal is consumed once)."""
         self._bound("wait_signal")
-        peer = self._comm._check.peer("wait_signal", "peer_rank", peer_rank)
+        peer = self._comm.checker.peer("wait_signal", "peer_rank", peer_rank)
         inner = self._engine.wait_signal(peer, async_op, self._timeout(timeout))
         return self._work("wait_signal", inner, async_op)
 
     def get_attr(self, peer_rank: int) -> TorchCommWindowAttr:
-        peer = self._comm._check.peer("get_attr", "peer_rank", peer_rank)
+        peer = self._comm.checker.peer("get_attr", "peer_rank", peer_rank)
         return TorchCommWindowAttr(self._engine.access_type(peer))
 
     def map_remote_tensor(self, rank: int) -> torch.Tensor:
         """A tensor viewing ``rank``'s buffer directly (UNIFIED access only)."""
         meta = self._bound("map_remote_tensor")
-        peer = self._comm._check.peer("map_remote_tensor", "rank", rank)
+        peer = self._comm.checker.peer("map_remote_tensor", "rank", rank)
         if self._engine.access_type(peer) is not TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED:
             raise CommStateError(
                 f"map_remote_tensor: rank {peer}'s window is not directly addressable from this "
@@ -294,7 +295,7 @@ class TorchCommWindow:
 
     def _usable(self, where: str) -> None:
         comm = self._comm
-        if comm._state != "ok":
+        if comm._state is not OK:
             comm._ensure_usable(f"window {where}")
 
     def _bound(self, where: str) -> tuple[torch.dtype, list[int], torch.device]:

@@ -34,10 +34,11 @@ def torchcomms_register_collectives() -> list[Collective]:
 
 
 @hookspec
-def torchcomms_comm_created(comm: TorchComm) -> None:
+def torchcomms_comm_created(comm: TorchComm, parent: TorchComm | None) -> None:
     """Observe a communicator right after ``new_comm`` or ``split`` created it.
 
     :param comm: the new communicator, ready for operations.
+    :param parent: the communicator it was split from, or ``None`` (``new_comm``).
     """
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from ._optable import DERIVED, names
 from ._reduce_op import RedOpType, ReduceOp
 
 if TYPE_CHECKING:
@@ -36,26 +37,7 @@ REQUIRED_METHODS: tuple[str, ...] = (
 )
 
 #: Operations with a portable default in the spec (native when a backend overrides them).
-DERIVABLE_METHODS: tuple[str, ...] = (
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "all_gather_v",
-    "all_gather_single",
-    "reduce_scatter",
-    "reduce_scatter_v",
-    "reduce_scatter_single",
-    "all_to_all",
-    "all_to_all_single",
-    "all_to_all_v_single",
-    "barrier",
-    "scatter",
-    "gather",
-    "gather_single",
-    "batch_op_issue",
-    "split",
-)
+DERIVABLE_METHODS: tuple[str, ...] = names(support=DERIVED)
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
 OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource",
@@ -86,8 +68,9 @@ BASIC_REDUCE_OPS = frozenset(
     }
 )
 
-#: One point-to-point operation of a batch: ``("send" | "recv", tensor, peer)``.
-P2POp = tuple[str, torch.Tensor, int]
+#: One operation of a batch as a backend receives it: ``("send" | "recv", tensor, peer)``
+#: (the user-facing ``P2POp`` unpacks to this).
+BatchOp = tuple[str, torch.Tensor, int]
 
 
 class TorchCommBackend(abc.ABC):
@@ -173,7 +156,7 @@ class TorchCommBackend(abc.ABC):
 
     # -- portable defaults ------------------------------------------------------------
 
-    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
                        timeout: timedelta | None = None,
                        hints: dict[str, str] | None = None) -> Any:
         """Issue every send and receive of ``ops`` before waiting for any of them."""
@@ -199,7 +182,7 @@ class TorchCommBackend(abc.ABC):
                      hints: dict[str, str] | None = None) -> Any:
         me, n = self.get_rank(), self.get_size()
         tensor_list[me].copy_(tensor)
-        ops: list[P2POp] = []
+        ops: list[BatchOp] = []
         for peer in range(n):
             if peer != me:
                 ops.append(("send", tensor, peer))
@@ -222,7 +205,7 @@ class TorchCommBackend(abc.ABC):
                    timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
         me, n = self.get_rank(), self.get_size()
         output_tensor_list[me].copy_(input_tensor_list[me])
-        ops: list[P2POp] = []
+        ops: list[BatchOp] = []
         for peer in range(n):
             if peer != me:
                 ops.append(("send", input_tensor_list[peer], peer))

@@ -17,7 +17,7 @@ import torch
 
 from .. import _env
 from .._bootstrap import resolve_rank_size
-from .._comm import new_comm
+from .._create import new_comm
 from .._registry import get_backend_class
 from .base import BenchOp
 from .compare import COMPARE_WITH, c10d_backend, close_c10d, init_c10d, quartiles

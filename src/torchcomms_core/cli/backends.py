@@ -62,7 +62,6 @@ def describe_backends() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import _registry as registry
     from .._errors import TorchCommError
 
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .._reduce_op import RedOpType, ReduceOp
-from ..spec import DERIVABLE_METHODS, MultiWork, P2POp, TorchCommBackend, flat_chunks
+from ..spec import DERIVABLE_METHODS, BatchOp, MultiWork, TorchCommBackend, flat_chunks
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Work
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .._options import CommOptions
 
 
-def _c10d() -> Any:
+def c10d_module() -> Any:
+    """``torch._C._distributed_c10d``, imported on first use."""
     # Imported lazily: torch.distributed imports torchcomms while half-initialised.
     import torch._C._distributed_c10d as c10d
 
@@ -36,7 +37,7 @@ _C10D_OPS: dict[RedOpType, Any] = {}
 def to_c10d_reduce_op(op: ReduceOp) -> Any:
     """Return the c10d ``ReduceOp`` equivalent of one of our basic reductions."""
     if not _C10D_OPS:
-        red = _c10d().ReduceOp.RedOpType
+        red = c10d_module().ReduceOp.RedOpType
         for t in RedOpType:
             if t is not RedOpType.PREMUL_SUM:
                 _C10D_OPS[t] = getattr(red, t.name)
@@ -44,7 +45,7 @@ def to_c10d_reduce_op(op: ReduceOp) -> Any:
 
 
 def _make_opts(cls_name: str, timeout: timedelta | None, fields: dict[str, Any]) -> Any:
-    opts = getattr(_c10d(), cls_name)()
+    opts = getattr(c10d_module(), cls_name)()
     if timeout is not None:
         opts.timeout = timeout
     for key, value in fields.items():
@@ -174,7 +175,7 @@ class C10dBackend(TorchCommBackend):
              timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
         return self._done(self._engine.recv([tensor], src, 0), async_op, timeout)
 
-    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
                        timeout: timedelta | None = None,
                        hints: dict[str, str] | None = None) -> Any:
         engine = self._engine

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .. import _env
+from .._env import parse_bool
 from .._errors import BootstrapError, CommInputError
 from .._reduce_op import RedOpType, ReduceOp
-from ..engines.c10d_adapter import C10dBackend, to_c10d_reduce_op
-from ..spec import DEFAULT_DTYPES, P2POp, TorchCommBackend
+from ..spec import DEFAULT_DTYPES, BatchOp, TorchCommBackend
+from .c10d_adapter import C10dBackend, c10d_module, to_c10d_reduce_op
 
 if TYPE_CHECKING:
     from .._options import CommOptions
@@ -31,15 +32,6 @@ NCCL_DTYPES: tuple[torch.dtype, ...] = tuple(d for d in DEFAULT_DTYPES if d != t
 #: Element types NCCL can pre-multiply (``ncclRedOpCreatePreMulSum``).
 _PREMUL_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.bfloat16})
 _BITWISE = frozenset({RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR})
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _c10d() -> Any:
-    # Imported lazily: torch.distributed imports torchcomms while half-initialised.
-    import torch._C._distributed_c10d as c10d
-
-    return c10d
 
 
 # -- availability ------------------------------------------------------------------------
@@ -125,12 +117,10 @@ def bool_hint(hints: dict[str, str], key: str, default: bool) -> bool:
     raw = hints.get(key)
     if raw is None:
         return default
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise CommInputError(f"hint {key}={raw!r} is not a boolean; use 'true' or 'false'")
+    value = parse_bool(raw)
+    if value is None:
+        raise CommInputError(f"hint {key}={raw!r} is not a boolean; use 'true' or 'false'")
+    return value
 
 
 def check_hint_keys(hints: dict[str, str], prefix: str, known: Sequence[str]) -> None:
@@ -181,10 +171,6 @@ class CudaWork:
 
     def is_completed(self) -> bool:
         return all(work.is_completed() for work in self._works)
-
-    @property
-    def c10d_works(self) -> tuple[Any, ...]:
-        return self._works
 
 
 def _scaled(t: torch.Tensor, factor: float | torch.Tensor) -> torch.Tensor:
@@ -355,7 +341,7 @@ class NcclEngineBackend(C10dBackend):
 
     # -- point to point --------------------------------------------------------------
 
-    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
                        timeout: timedelta | None = None,
                        hints: dict[str, str] | None = None) -> Any:
         engine = self._engine
@@ -392,8 +378,8 @@ class NcclEngineBackend(C10dBackend):
             if isinstance(factor, torch.Tensor):
                 # NCCL reads a device-side factor of the data's type while the kernel runs.
                 factor = factor.detach().to(device=tensor.device, dtype=tensor.dtype)
-                return _c10d()._make_nccl_premul_sum(factor), factor
-            return _c10d()._make_nccl_premul_sum(float(factor)), None  # type: ignore[arg-type]
+                return c10d_module()._make_nccl_premul_sum(factor), factor
+            return c10d_module()._make_nccl_premul_sum(float(factor)), None  # type: ignore[arg-type]
         return to_c10d_reduce_op(op), None
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,

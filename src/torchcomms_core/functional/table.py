@@ -1,33 +1,21 @@
-"""The one table of compilable collectives: each ``TorchComm`` method and its op schemas.
+"""The compilable operations and their ``torch.library`` schemas.
 
-Everything else (op definitions, kernels, fake kernels, method wrappers) is derived from it.
+Derived from the core's operation table (``torchcomms_core._optable``): every operation
+marked ``compilable`` gets op definitions, kernels, fake kernels and a method wrapper.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from .._optable import IN, INOUT, INT, INTS, OUT, REDUCE_OP, TENSOR, TENSORS, Param
+from .._optable import OPS as _OPS
+
+__all__ = ["IN", "INOUT", "INT", "INTS", "NAMESPACE", "OPS", "OUT", "REDUCE_OP", "TENSOR",
+           "TENSORS", "BY_METHOD", "OpSpec", "Param", "schema"]
+
 #: Library namespace of every op (``torch.ops.torchcomms.<name>``).
 NAMESPACE = "torchcomms"
-
-# Parameter kinds: how a value travels through the op schema.
-TENSOR = "Tensor"
-TENSORS = "Tensor[]"
-INT = "int"
-INTS = "int[]"
-REDUCE_OP = "op"  # a ReduceOp, carried as ``str op, float? op_factor``
-
-# Roles of a tensor parameter.
-IN = "in"  # read only
-INOUT = "inout"  # read and written in place (all_reduce's tensor)
-OUT = "out"  # written only; its shape and dtype are the result's
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    name: str
-    kind: str
-    role: str = IN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,43 +47,7 @@ class OpSpec:
         return f"torchcomm_{self.method}"
 
 
-def _t(name: str, role: str = IN) -> Param:
-    return Param(name, TENSOR, role)
-
-
-def _ts(name: str, role: str = IN) -> Param:
-    return Param(name, TENSORS, role)
-
-
-_OP = Param("op", REDUCE_OP)
-
-OPS: tuple[OpSpec, ...] = (
-    OpSpec("send", (_t("tensor"), Param("dst", INT))),
-    OpSpec("recv", (_t("tensor", OUT), Param("src", INT))),
-    OpSpec("broadcast", (_t("tensor", INOUT), Param("root", INT))),
-    OpSpec("all_reduce", (_t("tensor", INOUT), _OP)),
-    OpSpec("reduce", (_t("tensor", INOUT), Param("root", INT), _OP)),
-    OpSpec("all_gather", (_ts("tensor_list", OUT), _t("tensor"))),
-    OpSpec("all_gather_v", (_ts("tensor_list", OUT), _t("tensor"))),
-    OpSpec("all_gather_single", (_t("output", OUT), _t("input"))),
-    OpSpec("reduce_scatter", (_t("output", OUT), _ts("input_list"), _OP)),
-    OpSpec("reduce_scatter_v", (_t("output", OUT), _ts("input_list"), _OP)),
-    OpSpec("reduce_scatter_single", (_t("output", OUT), _t("input"), _OP)),
-    OpSpec("all_to_all", (_ts("output_tensor_list", OUT), _ts("input_tensor_list"))),
-    OpSpec("all_to_all_single", (_t("output", OUT), _t("input"))),
-    OpSpec(
-        "all_to_all_v_single",
-        (
-            _t("output", OUT),
-            _t("input"),
-            Param("output_split_sizes", INTS),
-            Param("input_split_sizes", INTS),
-        ),
-    ),
-    OpSpec("barrier", ()),
-    OpSpec("scatter", (_t("output_tensor", OUT), _ts("input_tensor_list"), Param("root", INT))),
-    OpSpec("gather", (_ts("output_tensor_list", OUT), _t("input_tensor"), Param("root", INT))),
-)
+OPS: tuple[OpSpec, ...] = tuple(OpSpec(op.name, op.params) for op in _OPS if op.compilable)
 
 BY_METHOD: dict[str, OpSpec] = {spec.method: spec for spec in OPS}
 

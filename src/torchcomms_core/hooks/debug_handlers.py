@@ -15,19 +15,19 @@ import sys
 import threading
 from typing import Any
 
+from .._env import parse_bool
+
 HANDLER_NAMES = ("torchcomms_fr_trace_json", "torchcomms_fr_dump_file", "torchcomms_health_check")
-_TRUE, _FALSE = ("1", "true", "yes", "y"), ("0", "false", "no", "n")
 
 
 def _param(req: Any, name: str, default: bool) -> bool:
-    raw = str(req.get_param(name) or "").strip().lower()
+    raw = str(req.get_param(name) or "").strip()
     if raw == "":
         return default
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"parameter {name}={raw!r} must be true or false")
+    value = parse_bool(raw)
+    if value is None:
+        raise ValueError(f"parameter {name}={raw!r} must be true or false")
+    return value
 
 
 def _reply(resp: Any, status: int, body: Any, kind: str = "application/json") -> None:

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from .._comm import RemovableHandle, TorchComm
+from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
+from .._handles import RemovableHandle
 from . import _args
 
 

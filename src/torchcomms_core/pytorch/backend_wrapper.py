@@ -311,9 +311,6 @@ class _BackendWrapper(ProcessGroup):
         pg._set_group_desc(group_desc or "undefined")
         parent = self._global_ranks or list(range(self.size()))
         pg._set_global_ranks([parent[r] for r in ranks])
-        from .flight_recorder import inherit_recorders
-
-        inherit_recorders(self._comm, child)
         return pg
 
     def merge_remote_group(self, *args: Any, **kwargs: Any) -> Any:

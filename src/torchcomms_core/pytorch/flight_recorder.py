@@ -22,11 +22,15 @@ from typing import Any
 import torch
 
 from .. import _env
-from .._comm import RemovableHandle, TorchComm
+from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
+from .._handles import RemovableHandle
 from .._op_args import reset_op_ids
+from .._plugins import get_plugin_manager
 from .._work import WorkStatus
 from ..hooks import _args
+from ..hookspecs import hookimpl
+from ._world import describe
 
 #: The c10d flight-recorder format version our dumps follow.
 VERSION = "2.10"
@@ -42,16 +46,28 @@ _SCALAR_NAMES = {
 _MAX_FRAMES = 32
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Recorders attached to each communicator, so process groups split from it through
-# ``torch.distributed`` are recorded too (weak: a dead comm needs no recording).
+# Recorders attached to each communicator, so communicators split from it (process groups
+# that torch.distributed splits included) are recorded too (weak: a dead comm needs none).
 _attached: weakref.WeakKeyDictionary[TorchComm, list[FlightRecorderHook]] = (
     weakref.WeakKeyDictionary())
 
 
-def inherit_recorders(parent: TorchComm, child: TorchComm) -> None:
-    """Register ``child`` with every recorder that records ``parent``."""
-    for recorder in list(_attached.get(parent, ())):
-        recorder.register_with_comm(child)
+class _SplitFollower:
+    """Lifecycle observer: a split child joins every recorder of its parent."""
+
+    @hookimpl
+    def torchcomms_comm_created(self, comm: TorchComm, parent: TorchComm | None) -> None:
+        for recorder in list(_attached.get(parent, ())) if parent is not None else ():
+            recorder.register_with_comm(comm)
+
+
+_follower = _SplitFollower()
+
+
+def _follow_splits() -> None:
+    pm = get_plugin_manager()
+    if not pm.is_registered(_follower):
+        pm.register(_follower, name="torchcomms-flight-recorder")
 
 
 def _scalar_name(dtype: torch.dtype) -> str:
@@ -271,8 +287,6 @@ class _Recorder:
     # -- dumping ---------------------------------------------------------------------
 
     def dump_dict(self, include_completed: bool = True) -> dict[str, Any]:
-        from .groups import describe
-
         now = time.time_ns()
         with self.lock:
             entries = list(self.entries)
@@ -433,6 +447,7 @@ class FlightRecorderHook:
                                 f"{type(comm).__name__}")
         if not self._recorder.enabled:
             return self
+        _follow_splits()
         attached = _attached.setdefault(comm, [])
         if self not in attached:
             attached.append(self)

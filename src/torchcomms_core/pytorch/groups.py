@@ -6,24 +6,15 @@ collectives (resolved by group name), ``get_process_group_ranks`` and ``DeviceMe
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from .. import _env
 from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
+from ._world import describe, find_group, global_ranks_of
 from .backend_wrapper import _BackendWrapper
 
-
-def find_group(comm: TorchComm) -> _BackendWrapper | None:
-    """The registered process group over ``comm``, if there is one."""
-    from torch.distributed import distributed_c10d
-
-    for pg in distributed_c10d._world.pg_map:
-        if isinstance(pg, _BackendWrapper) and pg.get_comm() is comm:
-            return pg
-    return None
+__all__ = ["as_process_group", "describe", "find_group", "global_ranks_of", "register"]
 
 
 def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _BackendWrapper:
@@ -104,22 +95,3 @@ def _global_ranks(comm: TorchComm) -> list[int]:
     everyone = torch.empty(comm.get_size(), dtype=torch.int64, device=comm.get_device())
     comm.all_gather_single(everyone, me)
     return [int(r) for r in everyone.tolist()]
-
-
-def global_ranks_of(comm: TorchComm) -> list[int] | None:
-    """The global ranks of ``comm``'s members if it is registered, else ``None``."""
-    pg = find_group(comm)
-    if pg is None:
-        return None
-    from torch.distributed import distributed_c10d
-
-    mapping: dict[int, int] = distributed_c10d._world.pg_group_ranks.get(pg, {})
-    return [g for g, _ in sorted(mapping.items(), key=lambda kv: kv[1])]
-
-
-def describe(comm: TorchComm) -> tuple[str, str, Any]:
-    """``(group name, description, global ranks or None)`` of ``comm`` as c10d knows it."""
-    pg = find_group(comm)
-    if pg is None:
-        return comm.get_name(), "undefined", None
-    return pg.group_name, pg.group_desc, global_ranks_of(comm)

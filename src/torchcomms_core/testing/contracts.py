@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .._comm import new_comm
+from .._create import new_comm
 from .._errors import CommInputError, CommStateError, CommTimeoutError, CommTypeError
 from .._reduce_op import ReduceOp
 from .._work import WorkStatus

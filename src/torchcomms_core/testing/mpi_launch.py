@@ -1,7 +1,7 @@
 """Start a :class:`~torchcomms_core.testing.pool.RankPool`'s ranks with ``mpiexec``.
 
 Backends whose engine is started by an MPI launcher (the mpi backend) need their ranks to
-be MPI processes. ``mpiexec -n N python -m torchcomms_core.testing.mpi_launch ADDRESS DIR``
+be MPI processes. ``mpiexec -n N python -m torchcomms_core.testing._mpi_rank ADDRESS DIR``
 starts them; each connects back to the pool and then serves test bodies like a spawned rank.
 """
 
@@ -17,6 +17,9 @@ import threading
 from typing import Any
 
 from ..bench.mpiexec import find_mpiexec
+
+#: What each MPI process runs (``_mpi_rank`` serves test bodies like a spawned rank).
+_RANK_MODULE = "torchcomms_core.testing._mpi_rank"
 
 __all__ = ["MpiRank", "find_mpiexec", "mpiexec_unavailable", "start"]
 
@@ -97,7 +100,7 @@ def start(world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 12
     # MPICH over UCX warns about every RMA key still cached at exit; keep test logs readable.
     child_env.setdefault("UCX_LOG_LEVEL", "error")
     job = subprocess.Popen(
-        [mpiexec, "-n", str(world_size), sys.executable, "-m", __name__, f"{host}:{port}",
+        [mpiexec, "-n", str(world_size), sys.executable, "-m", _RANK_MODULE, f"{host}:{port}",
          tmpdir],
         env=child_env, start_new_session=True,
     )
@@ -130,25 +133,3 @@ def start(world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 12
     conns = [conn for _, _, conn in hellos]
     stacks = [os.path.join(tmpdir, f"rank{rank}.stacks") for rank, _, _ in hellos]
     return ranks, conns, stacks
-
-
-def _main(address: str, tmpdir: str) -> None:
-    from .. import _env
-    from .pool import serve
-
-    found = _env.rank_and_size()
-    if found is None:
-        sys.exit("torchcomms_core.testing.mpi_launch: start me with mpiexec")
-    rank, size, _source = found
-    # Test bodies ask the pool's usual way (current_rank()); the values are mpiexec's.
-    os.environ["TORCHCOMM_RANK"], os.environ["TORCHCOMM_SIZE"] = str(rank), str(size)
-    with open(os.path.join(tmpdir, "authkey"), "rb") as f:
-        authkey = f.read()
-    host, port = address.rsplit(":", 1)
-    conn = multiprocessing.connection.Client((host, int(port)), authkey=authkey)
-    conn.send((rank, os.getpid()))
-    serve(conn, os.path.join(tmpdir, f"rank{rank}.stacks"))
-
-
-if __name__ == "__main__":
-    _main(sys.argv[1], sys.argv[2])

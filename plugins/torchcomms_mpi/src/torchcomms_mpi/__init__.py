@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+
 from .backend import MpiBackend
 
-__version__ = "0.1.0"
+try:  # one version for every distribution: the core's _version.py, read at build time
+    __version__ = _metadata.version("torchcomms-mpi")
+except _metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+    __version__ = "0+unknown"
 __all__ = ["MpiBackend", "__version__"]

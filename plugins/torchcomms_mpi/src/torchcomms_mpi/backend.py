@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import torch
 
 from torchcomms_core import BootstrapError, CommInputError, CommOptions, ReduceOp
-from torchcomms_core.spec import BASIC_REDUCE_OPS, DEFAULT_DTYPES, P2POp, TorchCommBackend
+from torchcomms_core.spec import BASIC_REDUCE_OPS, DEFAULT_DTYPES, BatchOp, TorchCommBackend
 
 _UNSET = object()
 
@@ -187,7 +187,7 @@ class MpiBackend(TorchCommBackend):
         return self._finish("recv", async_op, timeout,
                             self._comm.Irecv(self._b.buf(tensor), src), tensor)
 
-    def batch_op_issue(self, ops: Sequence[P2POp], async_op: bool, *,
+    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
                        timeout: timedelta | None = None,
                        hints: dict[str, str] | None = None) -> Any:
         comm, buf = self._comm, self._b.buf

@@ -6,6 +6,8 @@ to every ``TorchComm`` (entry point ``torchcomms.plugins``: ``torchcomms_quantiz
 
 from __future__ import annotations
 
+import importlib.metadata as _metadata
+
 from .bounds import (
     all_reduce_block_absmax,
     all_reduce_error_bound,
@@ -14,7 +16,10 @@ from .bounds import (
 )
 from .quantization import dequantize_blocks, quantize_blocks
 
-__version__ = "0.1.0"
+try:  # one version for every distribution: the core's _version.py, read at build time
+    __version__ = _metadata.version("torchcomms-quantized")
+except _metadata.PackageNotFoundError:  # imported from a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "__version__",

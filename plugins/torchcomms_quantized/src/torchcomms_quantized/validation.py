@@ -25,7 +25,7 @@ def validate_all_reduce(comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str
     """Check ``quantized_all_reduce(tensor, op, *, block_size, dtype)``."""
     name = "quantized_all_reduce"
     tensor, op = args
-    comm._check.tensor(name, "tensor", tensor)
+    comm.checker.tensor(name, "tensor", tensor)
     _floating(name, "tensor", tensor)
     red = _reduce_op(comm, name, op, tensor.dtype)
     return (tensor, red), _options(comm, name, kwargs)
@@ -36,7 +36,7 @@ def validate_reduce_scatter(comm: TorchComm, args: tuple[Any, ...], kwargs: dict
     """Check ``quantized_reduce_scatter(output, input, op, *, block_size, dtype)``."""
     name = "quantized_reduce_scatter"
     output, input, op = args
-    check = comm._check
+    check = comm.checker
     check.tensor(name, "output", output)
     check.tensor(name, "input", input)
     _floating(name, "input", input)
@@ -58,7 +58,7 @@ def _floating(name: str, arg: str, t: torch.Tensor) -> None:
 
 
 def _reduce_op(comm: TorchComm, name: str, op: Any, dtype: torch.dtype) -> ReduceOp:
-    red = comm._check.reduce_op(name, op, dtype)
+    red = comm.checker.reduce_op(name, op, dtype)
     if red.type not in (RedOpType.SUM, RedOpType.AVG):
         raise CommInputError(
             f"{name}: op must be ReduceOp.SUM or ReduceOp.AVG, got ReduceOp.{red.type.name}; "

@@ -1,0 +1,78 @@
+"""What ``torch.distributed`` knows about a group it is creating on torchcomms.
+
+(A leaf of the core: ``new_comm`` reads it; it imports nothing of ours.)
+
+Under ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1`` PyTorch 2.13 calls ``new_comm(backend,
+device, name=, store=, hints=)`` from ``_new_process_group_helper`` without the rank,
+size or timeout the user gave ``init_process_group``. Those are local variables of that
+call; reading them from its frame is the one route the switch leaves open that gives
+exactly the values plain gloo gets, however the job was launched (``tcp://``,
+``env://``, ``store=``). If PyTorch renames the function or its variables, the lookup
+finds nothing and ``new_comm`` falls back to the launcher's environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+# How far up from new_comm c10d's helper may be (new_comm -> c10d helper is 1-2 frames;
+# allow for a decorator or two in between).
+_MAX_DEPTH = 8
+_HELPER = "_new_process_group_helper"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupContext:
+    """Rank, size and timeout c10d gives the process group it is creating."""
+
+    rank: int
+    size: int
+    timeout: timedelta | None
+    global_ranks: tuple[int, ...]
+    group_desc: str | None
+
+
+def _helper_code() -> Any:
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    fn = getattr(c10d, _HELPER, None) if c10d is not None else None
+    while fn is not None and hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return getattr(fn, "__code__", None)
+
+
+def creating_group(store: Any) -> GroupContext | None:
+    """The context of the c10d group being created with ``store``, if c10d is creating one.
+
+    Only a call made with a store from inside ``_new_process_group_helper`` qualifies;
+    anything else (a user's own ``new_comm``) gets ``None``.
+    """
+    if store is None:
+        return None
+    code = _helper_code()
+    if code is None:
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            return _read(frame.f_locals)
+        frame = frame.f_back
+    return None
+
+
+def _read(local: dict[str, Any]) -> GroupContext | None:
+    rank, size = local.get("group_rank"), local.get("group_size")
+    if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):
+        return None
+    timeout = local.get("timeout")
+    if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+        timeout = None
+    ranks = local.get("global_ranks_in_group") or ()
+    desc = local.get("group_desc")
+    return GroupContext(rank, size, timeout, tuple(int(r) for r in ranks),
+                        desc if isinstance(desc, str) else None)

@@ -1,0 +1,514 @@
+"""The base of ``TorchComm``: state, lifecycle, hooks, and the path every operation takes.
+
+An operation starts with ``_call`` (state guard, per-call timeout and hints), stages its
+tensors on the returned ``_Call`` (contiguous stand-ins copied back on completion, AVG and
+PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend call, ``TorchWork``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from . import _env
+from ._calling import adapt_backend
+from ._consistency import verify_call
+from ._errors import CommStateError
+from ._handles import RemovableHandle
+from ._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
+from ._options import CommOptions
+from ._plugins import (
+    call_lifecycle,
+    failed_plugins,
+    load_plugins,
+)
+from ._reduce_op import RedOpType, ReduceOp
+from ._registry import backend_version, get_mem_allocator
+from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
+from ._validation import Checker, check_hints, check_timeout, writable
+from ._work import TorchWork, WorkStatus, is_engine_failure
+from .spec import TorchCommBackend, method_support
+
+# Live communicators, released in order at interpreter exit: engines torn down during
+# module teardown can abort the process (joinable C++ threads), so they go first.
+_live: weakref.WeakSet[CommBase] = weakref.WeakSet()
+
+
+@atexit.register
+def _release_live_at_exit() -> None:
+    for comm in list(_live):
+        try:
+            comm._release_quietly()
+        except Exception:  # exiting anyway; never turn a clean exit into a failure
+            pass
+
+
+def _in(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _release_dropped(backend: TorchCommBackend, name: str) -> None:
+    warnings.warn(
+        f"torchcomms communicator {name!r} was garbage-collected without finalize(); its "
+        f"resources were released. Call comm.finalize() when you are done with it",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    try:
+        backend.finalize()
+    except Exception:  # the engine may already be broken; never fail in a finalizer
+        pass
+
+
+class _Call:
+    """One operation being prepared: checked timeout and hints, and its completion steps."""
+
+    __slots__ = ("op", "timeout", "hints", "finishers")
+
+    def __init__(self, op: str, timeout: timedelta | None, hints: dict[str, str] | None) -> None:
+        self.op = op
+        self.timeout = timeout
+        self.hints = hints
+        self.finishers: list[Callable[[], None]] | None = None
+
+    def then(self, step: Callable[[], None], first: bool = False) -> None:
+        if self.finishers is None:
+            self.finishers = [step]
+        elif first:
+            self.finishers.insert(0, step)
+        else:
+            self.finishers.append(step)
+
+    def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
+        """A contiguous stand-in for a result tensor (``keep``: its values are read too)."""
+        if t.is_contiguous():
+            return t
+        writable(self.op, t)
+        tmp = t.contiguous() if keep else torch.empty_like(t, memory_format=torch.contiguous_format)
+        self.then(lambda: t.copy_(tmp))
+        return tmp
+
+    def lower(self, red: ReduceOp, native: frozenset[RedOpType], result: torch.Tensor | None,
+              size: int) -> tuple[ReduceOp, Any]:
+        """``(op for the backend, PREMUL factor or None)`` for AVG/PREMUL_SUM it lacks.
+
+        AVG becomes SUM and ``result`` (when this rank gets one) is divided by ``size`` on
+        completion; PREMUL_SUM becomes SUM on inputs the caller multiplies by the factor.
+        """
+        if red._type in native:
+            return red, None
+        if red._type is RedOpType.AVG:
+            if result is not None:
+                self.then(lambda: result.div_(size), first=True)
+            return ReduceOp.SUM, None
+        return ReduceOp.SUM, red.factor
+
+
+class CommBase:
+    """State, hooks and the issuing path every ``TorchComm`` operation goes through.
+
+    ``TorchComm`` (``_comm``) adds the operations; this class owns construction, identity,
+    the lifecycle (finalize, abort, failure), hook registration, and ``_call``/``_issue``:
+    the state guard, per-call checks, staging and backend call shared by every operation.
+    """
+
+    def __init__(self, backend: TorchCommBackend, device: torch.device, name: str,
+                 options: CommOptions, store: Any, backend_name: str | None = None) -> None:
+        adapt_backend(backend)  # reference-style methods without timeout=/hints=
+        self._backend = backend
+        self._backend_name = backend_name or backend.get_backend_name()
+        self._device = device
+        self._name = name
+        self._options = options
+        self._store = store
+        self._timeout: timedelta = options.timeout or _env.default_timeout()
+        self._hints: dict[str, str] = dict(options.hints)
+        self._state = OK
+        self._failure: BaseException | None = None
+        self._pre_hooks: dict[int, Callable[..., Any]] = {}
+        self._post_hooks: dict[int, Callable[..., Any]] = {}
+        self._abort_hooks: dict[int, Callable[..., Any]] = {}
+        self._lock = threading.Lock()
+        # Async works not yet waited on; at exit a communicator with any is aborted rather
+        # than finalized, so exit never waits for a peer that will not come.
+        self._inflight: weakref.WeakSet[TorchWork] = weakref.WeakSet()
+        self._native_ops = frozenset(type(backend).supported_reduce_ops)
+        self._support = method_support(type(backend))
+        self._check_calls = _env.check_collectives()
+        self._bind(backend.get_rank(), backend.get_size())
+        _live.add(self)
+
+    def _bind(self, rank: int, size: int) -> None:
+        """Take ``rank`` and ``size`` (creation and reconfigure) and arm the GC release."""
+        self._rank, self._size = rank, size
+        self._check = Checker(self._name, self._device, rank, size,
+                              type(self._backend).supported_dtypes, self._native_ops)
+        self._failure = None
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is None or not finalizer.alive:  # abort() detaches it
+            self._finalizer = weakref.finalize(self, _release_dropped, self._backend, self._name)
+            self._finalizer.atexit = False
+
+    # -- identity and what plugin authors may use -------------------------------------
+
+    def get_rank(self) -> int:
+        return self._rank
+
+    def get_size(self) -> int:
+        return self._size
+
+    def get_name(self) -> str:
+        return self._name
+
+    def get_device(self) -> torch.device:
+        return self._device
+
+    def get_backend(self) -> str:
+        """The backend name given to ``new_comm`` (``"gloo"``, ``"nccl"``, ...)."""
+        return self._backend_name
+
+    def get_backend_version(self) -> str:
+        """The version of the backend: its distribution's, else the engine's."""
+        return backend_version(type(self._backend))
+
+    def get_mem_allocator(self) -> Any:
+        """The backend's process-wide memory allocator (``get_mem_allocator(backend)``)."""
+        return get_mem_allocator(self._backend_name)
+
+    @property
+    def mem_allocator(self) -> Any:
+        """Deprecated alias of :meth:`get_mem_allocator`."""
+        warnings.warn("TorchComm.mem_allocator is deprecated; call get_mem_allocator()",
+                      DeprecationWarning, stacklevel=2)
+        return self.get_mem_allocator()
+
+    def get_options(self) -> CommOptions:
+        return self._options
+
+    def get_backend_impl(self) -> TorchCommBackend:
+        """The backend object (a ``TorchCommBackend``); plugin collectives call its methods."""
+        return self._backend
+
+    def unsafe_get_backend(self) -> TorchCommBackend:
+        """Deprecated alias of :meth:`get_backend_impl` (the engine is ``.engine`` on it)."""
+        warnings.warn("TorchComm.unsafe_get_backend() is deprecated; use get_backend_impl()",
+                      DeprecationWarning, stacklevel=2)
+        return self._backend
+
+    def method_support(self) -> dict[str, str]:
+        """Which operations the backend runs natively and which the core derives."""
+        return dict(self._support)
+
+    @property
+    def checker(self) -> Checker:
+        """The argument checker of this communicator (for plugin collectives).
+
+        ``.tensor(op, arg, t)``, ``.tensor_list``, ``.blocks``, ``.pair``, ``.peer``,
+        ``.same_dtype``, ``.numel`` and ``.reduce_op`` raise the built-in operations' errors.
+        """
+        return self._check
+
+    @property
+    def native_reduce_ops(self) -> frozenset[RedOpType]:
+        """Reduce operations the backend runs itself (the core derives AVG/PREMUL_SUM)."""
+        return self._native_ops
+
+    def tensor_register(self, tensor: torch.Tensor) -> None:
+        """Pre-register ``tensor``'s memory with the backend (a no-op where it has none)."""
+        self._check.tensor("tensor_register", "tensor", tensor)
+        getattr(self._backend, "tensor_register", lambda t: None)(tensor)
+
+    def tensor_deregister(self, tensor: torch.Tensor) -> None:
+        """Release a registration made by :meth:`tensor_register`."""
+        self._check.tensor("tensor_deregister", "tensor", tensor)
+        getattr(self._backend, "tensor_deregister", lambda t: None)(tensor)
+
+    def get_device_transport(self) -> int:
+        """The backend's device transport handle; only GPU backends have one."""
+        transport = getattr(self._backend, "get_device_transport", None)
+        if transport is None:
+            raise CommStateError(
+                f"get_device_transport: backend {self._backend_name!r} has no device "
+                f"transport (it is a GPU-backend feature of the reference's ncclx); use the "
+                f"communicator's operations or windows instead")
+        return int(transport())
+
+    def get_timeout(self) -> timedelta:
+        return self._timeout
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Set the default timeout of every later operation."""
+        self._timeout = check_timeout(timeout, "set_timeout")
+        self._options.timeout = self._timeout
+        self._backend.set_timeout(self._timeout)
+
+    def set_hints(self, hints: dict[str, str]) -> None:
+        self._hints = dict(check_hints(hints, "set_hints"))
+
+    def __copy__(self) -> CommBase:
+        return self  # a communicator is a live endpoint: copies are the same object
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CommBase:
+        memo[id(self)] = self
+        return self
+
+    def __getattr__(self, item: str) -> Any:
+        # Only reached for unknown attributes: plugin collectives are installed on the
+        # class when plugins load, so load them once and look again.
+        if item.startswith("_"):
+            raise AttributeError(item)
+        load_plugins()
+        if item in type(self).__dict__:
+            return getattr(self, item)
+        failed = failed_plugins()
+        hint = ("; plugins that failed to load: " + "; ".join(r.error for r in failed)
+                if failed else "; torchcomms.list_collectives() lists what is available")
+        raise AttributeError(f"TorchComm has no attribute {item!r}{hint}")
+
+    def __repr__(self) -> str:
+        return (f"<TorchComm {self._name!r} backend={self.get_backend()} rank={self._rank}/"
+                f"{self._size} device={self._device} {self._state}>")
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def finalize(self) -> None:
+        """Release the communicator after its operations complete. Idempotent and thread-safe.
+
+        Every later operation raises :class:`CommStateError`. Operations still in flight are
+        waited for (each up to its timeout); use :meth:`abort` to abandon them instead.
+        """
+        if not self._end(FINALIZED):
+            return
+        try:
+            hook_args = self._pre_plain("finalize", (), FINALIZE_OP_ID)
+        finally:  # a failing hook must not leave the engine running
+            self._backend.finalize()
+        self._post_plain(hook_args)
+        call_lifecycle("torchcomms_comm_finalized", comm=self)
+
+    def abort(self) -> None:
+        """Tear the communicator down now, abandoning operations in flight; runs abort hooks.
+
+        Returns without waiting for peers. Works still in flight raise
+        :class:`CommStateError` from ``wait()``. Idempotent and thread-safe.
+        """
+        if not self._end(ABORTED):
+            return
+        self._run_abort_hooks()
+        if self.is_abort_supported():
+            self._backend.abort()
+        else:
+            self._backend.finalize()
+        call_lifecycle("torchcomms_comm_aborted", comm=self, reason="abort")
+
+    def _end(self, state: str, only_from: tuple[str, ...] = ()) -> bool:
+        """Move to a terminal ``state`` once (``only_from``: just from those states)."""
+        with self._lock:
+            if self._state is FINALIZED or self._state is ABORTED or (
+                    only_from and self._state not in only_from):
+                return False
+            self._state = state
+        self._finalizer.detach()
+        return True
+
+    def _release_quietly(self) -> None:
+        """Release at interpreter exit: finalize, or abort when operations are in flight."""
+        if any(w._status is WorkStatus.INPROGRESS and not w._engine_done()
+               for w in list(self._inflight)):
+            self.abort()
+        elif self._end(FINALIZED, only_from=(OK, FAILED)):
+            self._backend.finalize()
+
+    def is_aborted(self) -> bool:
+        return self._state is ABORTED
+
+    def is_finalized(self) -> bool:
+        return self._state is FINALIZED
+
+    def is_abort_supported(self) -> bool:
+        return self._support.get("abort") == "native"
+
+    def get_init_handle(self) -> str:
+        """An opaque handle naming this rank's endpoint of the communicator."""
+        handle = getattr(self, "_init_handle", None)
+        if handle is not None:  # enable_reconfigure: the token reconfigure expects
+            return str(handle)
+        return f"{self.get_backend()}://{self._name}/{self._rank}"
+
+    def reconfigure(self, uuid: int | str, init_handles: list[str] | set[str],
+                    timeout: timedelta | None = None,
+                    hints: dict[str, str] | None = None) -> TorchWork:
+        """Bind the communicator to exactly the members ``init_handles`` names (fault tolerance).
+
+        Rank is the caller's position in the list (sorted order for a set), size its length;
+        ``uuid`` must be new for this communicator. Completed on return. Raises
+        :class:`CommInputError` when members disagree and :class:`CommTimeoutError` when one
+        never arrives. See docs/fault-tolerance.md.
+        """
+        from ._reconfigure import reconfigure  # fault tolerance loads only when used
+
+        return reconfigure(self, uuid, init_handles, timeout, hints)
+
+    def _ensure_usable(self, op: str) -> None:
+        state = self._state
+        if state is UNBOUND:
+            raise CommStateError(
+                f"{op}: communicator {self._name!r} was created with enable_reconfigure=True "
+                f"and is not bound to a group yet (or its last reconfigure failed); call "
+                f"comm.reconfigure(uuid, init_handles) first")
+        if state is FINALIZED or state is ABORTED:
+            raise CommStateError(f"{op}: communicator {self._name!r} was {state}; create a new "
+                                 f"one with torchcomms.new_comm()")
+        raise CommStateError(
+            f"{op}: communicator {self._name!r} failed earlier ({self._failure}) and cannot run "
+            f"more operations; finalize it and create a new communicator"
+        ) from self._failure
+
+    def _on_work_failure(self, work: TorchWork, error: BaseException) -> None:
+        with self._lock:
+            if self._state is not OK:
+                return
+            self._state = FAILED
+            self._failure = error
+        self._run_abort_hooks()
+        call_lifecycle("torchcomms_comm_aborted", comm=self, reason=str(error))
+        # With enable_reconfigure a failure revokes the communicator; recovery is reconfigure.
+        if (self._options.abort_process_on_timeout_or_error
+                and not self._options.enable_reconfigure):
+            sys.stderr.write(f"torchcomms: aborting the process: {error} "
+                             f"(abort_process_on_timeout_or_error=True)\n")
+            sys.stderr.flush()
+            os.abort()
+
+    def _run_abort_hooks(self) -> None:
+        for hook in tuple(self._abort_hooks.values()):
+            try:
+                hook()
+            except Exception as exc:  # an abort hook must not mask the original failure
+                warnings.warn(f"torchcomms abort hook {hook!r} raised {exc!r}", RuntimeWarning,
+                              stacklevel=2)
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def register_pre_hook(self, callback: Callable[[OpName, int, Any], None]
+                          ) -> RemovableHandle:
+        """Call ``callback(name, op_id, args)`` before each operation is issued.
+
+        ``args`` is the operation's ``<Op>PreHookArgs``; ``args.work`` is its ``TorchWork``
+        (status ``NOT_STARTED``). The handle's ``remove()`` unregisters the hook.
+        """
+        return RemovableHandle(self._pre_hooks, callback, "register_pre_hook")
+
+    def register_post_hook(self, callback: Callable[[int, Any], None]) -> RemovableHandle:
+        """Call ``callback(op_id, args)`` after each operation is issued.
+
+        ``args`` is a ``CollectivePostHookArgs`` (``SplitPostHookArgs``, ...) with the
+        operation's ``work``; synchronous operations have completed by then.
+        """
+        return RemovableHandle(self._post_hooks, callback, "register_post_hook")
+
+    def register_abort_hook(self, callback: Callable[[], None]) -> RemovableHandle:
+        """Call ``callback()`` when the communicator aborts or an operation fails or times out."""
+        return RemovableHandle(self._abort_hooks, callback, "register_abort_hook")
+
+    def _run_pre_hooks(self, name: str, values: tuple[Any, ...], async_op: bool = False,
+                       timeout: Any = None, hints: Any = None, op_id: int | None = None
+                       ) -> OpArgs:
+        args = args_class(name)(name, next_op_id() if op_id is None else op_id, values,
+                                async_op, timeout, hints)
+        # Pre-hooks see the operation's work before it starts (status NOT_STARTED).
+        args.work = TorchWork.not_started(self, name)
+        label = op_name(name)
+        for hook in tuple(self._pre_hooks.values()):
+            hook(label, args.op_id, args)
+        return args
+
+    def _run_post_hooks(self, args: OpArgs, work: TorchWork) -> None:
+        post = post_args(args, work)
+        for hook in tuple(self._post_hooks.values()):
+            hook(args.op_id, post)
+
+    def _pre_plain(self, name: str, values: tuple[Any, ...], op_id: int | None = None
+                   ) -> OpArgs | None:
+        """Pre hooks of an operation that returns no work (split, new_window, finalize)."""
+        if not (self._pre_hooks or self._post_hooks):
+            return None
+        return self._run_pre_hooks(name, values, op_id=op_id)
+
+    def _post_plain(self, args: OpArgs | None) -> None:
+        if args is not None:
+            args.work._start(None, None)
+            self._run_post_hooks(args, args.work)
+
+    # -- issuing ---------------------------------------------------------------------
+
+    def _call(self, op: str, timeout: Any, hints: Any) -> _Call:
+        """Start an operation: refuse it on an unusable communicator, check timeout and hints.
+
+        Runs first in every operation, so a bad value never reaches the engine and never
+        changes the communicator's state.
+        """
+        if self._state is not OK:
+            self._ensure_usable(op)
+        if timeout is not None:
+            timeout = check_timeout(timeout, op)
+        if hints is not None:
+            hints = check_hints(hints, op)
+        return _Call(op, timeout, hints)
+
+    def _issue(self, call: _Call, method: Callable[..., Any], bargs: tuple[Any, ...],
+               async_op: bool, values: tuple[Any, ...],
+               extra: dict[str, Any] | None = None) -> TorchWork:
+        """Run hooks, call the backend and wrap what it returns; ``values`` are for hooks."""
+        name, timeout, hints = call.op, call.timeout, call.hints
+        args = None
+        if self._pre_hooks or self._post_hooks:
+            args = self._run_pre_hooks(name, values, async_op, timeout, hints)
+        if timeout is None:
+            timeout = self._timeout
+        if hints is None:
+            hints = self._hints
+        try:
+            if self._check_calls:
+                verify_call(self._backend, name, values, self._size, timeout)
+            if extra:
+                inner = method(*bargs, async_op, timeout=timeout, hints=hints, **extra)
+            else:
+                inner = method(*bargs, async_op, timeout=timeout, hints=hints)
+        except Exception as exc:
+            if not is_engine_failure(exc):
+                raise  # refused by the backend's own checks: the communicator is fine
+            # Failed while issuing (sync calls wait inside the backend): classify it and
+            # update the communicator exactly as a failed wait() would.
+            error = TorchWork.failed(exc, self, name).error
+            if error is exc:
+                raise
+            raise error from exc  # type: ignore[misc]
+        finishers = call.finishers
+        if args is None:
+            work = TorchWork(inner, finishers, self, name)
+        else:
+            work = args.work
+            work._start(inner, finishers)
+        if not async_op and (inner is not None or finishers):
+            work.wait()
+        elif async_op and work._status is WorkStatus.INPROGRESS:
+            self._inflight.add(work)
+        if args is not None:
+            self._run_post_hooks(args, work)
+        return work
+
+    def _reduced(self, call: _Call, red: ReduceOp, out: torch.Tensor | None,
+                 inputs: list[torch.Tensor]) -> tuple[ReduceOp, list[torch.Tensor]]:
+        """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
+        bop, factor = call.lower(red, self._native_ops, out, self._size)
+        return bop, inputs if factor is None else [t * factor for t in inputs]

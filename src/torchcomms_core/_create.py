@@ -1,0 +1,205 @@
+"""``new_comm``: resolve a backend, rendezvous, and build a ``TorchComm``."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from . import _env
+from ._bootstrap import default_store, resolve_rank_size
+from ._c10d_group import creating_group
+from ._comm import TorchComm
+from ._errors import (
+    BackendLoadError,
+    CommInputError,
+    CommOperationError,
+    CommTimeoutError,
+    CommTypeError,
+    TorchCommError,
+)
+from ._names import auto_name, check_name, claim_name, release_name
+from ._options import CommOptions
+from ._plugins import call_lifecycle, load_plugins
+from ._reconfigure import make_handle, supports_reconfigure
+from ._registry import get_backend_class
+from ._states import UNBOUND
+from ._validation import check_hints, check_timeout
+from ._work import is_timeout_error
+from .spec import TorchCommBackend
+
+
+def new_comm(
+    backend: str,
+    device: torch.device | str,
+    name: str | None = None,
+    abort_process_on_timeout_or_error: bool | None = None,
+    timeout: timedelta | None = None,
+    is_high_priority_stream: bool | None = None,
+    store: Any = None,
+    enable_reconfigure: bool = False,
+    hints: dict[str, str] | None = None,
+) -> TorchComm:
+    """Create a communicator on ``backend`` and ``device``; returns once every rank joined.
+
+    The parameters follow the reference's binding, positional order included.
+
+    Args:
+        backend: a backend name (``"gloo"``, ``"ncclx"``, an entry point or a name given to
+            ``register_backend``).
+        device: the device the communicator works on (``"cpu"``, ``torch.device("cuda")``).
+        name: unique per process; every rank passes the same. Generated (``comm_<n>``) when
+            omitted, which only the main thread may rely on.
+        abort_process_on_timeout_or_error: abort the process when an operation fails or
+            times out; default ``TORCHCOMM_ABORT_ON_ERROR`` (true).
+        timeout: default timeout of every operation (``TORCHCOMM_TIMEOUT_SECONDS``, 600 s).
+        is_high_priority_stream: GPU backends run on a high-priority stream; CPU backends
+            ignore it. Passed to the backend as the hint ``high_priority_stream``.
+        store: a c10d ``Store`` to rendezvous through; without it, rank and size come from
+            the launcher's environment and the store from ``MASTER_ADDR``/``MASTER_PORT``
+            (or ``TORCHCOMM_STORE_PATH``).
+        enable_reconfigure: create the communicator unbound, for ``reconfigure``.
+        hints: backend-specific ``dict[str, str]``.
+
+    Returns:
+        A ready :class:`TorchComm`.
+
+    Raises:
+        BackendNotFoundError, BackendLoadError: the backend is not installed or cannot run.
+        BootstrapError: rank, size or the store could not be determined.
+        CommInputError, CommTypeError: an argument was refused.
+        CommTimeoutError: some rank did not join within ``timeout``.
+    """
+    if not isinstance(backend, str) or not backend:
+        raise CommTypeError(f"new_comm: backend must be a backend name such as 'gloo', "
+                            f"got {backend!r}")
+    try:
+        device = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise CommTypeError(f"new_comm: device {device!r} is not a torch.device: {exc}") from None
+    if name is not None:
+        check_name(name, "new_comm")
+    if timeout is not None:
+        timeout = check_timeout(timeout, "new_comm")
+    else:
+        try:
+            timeout = _env.default_timeout()
+        except ValueError as exc:
+            raise CommInputError(f"new_comm: {exc}") from None
+    hints = dict(check_hints(hints, "new_comm")) if hints is not None else {}
+    if abort_process_on_timeout_or_error is None:
+        try:
+            abort_process_on_timeout_or_error = _env.abort_on_error()
+        except ValueError as exc:
+            raise CommInputError(f"new_comm: {exc}") from None
+    elif not isinstance(abort_process_on_timeout_or_error, bool):
+        raise CommTypeError(f"new_comm: abort_process_on_timeout_or_error must be a bool or "
+                            f"None, got {abort_process_on_timeout_or_error!r}")
+    if is_high_priority_stream is not None:
+        if not isinstance(is_high_priority_stream, bool):
+            raise CommTypeError(f"new_comm: is_high_priority_stream must be a bool or None, "
+                                f"got {is_high_priority_stream!r}")
+        hints.setdefault("high_priority_stream", "true" if is_high_priority_stream else "false")
+    load_plugins()
+    cls = get_backend_class(backend)
+    ok, reason = cls.is_available()
+    if not ok:
+        raise BackendLoadError(f"new_comm: backend {backend!r} cannot run here: {reason}")
+    if device.type not in cls.devices:
+        raise CommInputError(
+            f"new_comm: backend {backend!r} runs on {', '.join(cls.devices)} devices, not "
+            f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
+        )
+    if enable_reconfigure:  # unbound until reconfigure; needs no peer now
+        return new_reconfigurable_comm(cls, backend, device, name or auto_name(), store,
+                                       timeout, hints, abort_process_on_timeout_or_error)
+    # Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, init_process_group's rank, size and timeout.
+    c10d_group = creating_group(store)
+    if c10d_group is not None:
+        rank, size = c10d_group.rank, c10d_group.size
+        timeout = c10d_group.timeout or timeout
+    else:
+        rank, size, _source = resolve_rank_size()
+    if name is None:
+        name = auto_name()
+    root = store if store is not None else default_store(rank, size, timeout,
+                                                         required=cls.needs_store)
+    from torch.distributed import PrefixStore
+
+    if c10d_group is None:  # c10d keeps live group names unique, and reuses destroyed ones
+        claim_name(root, name, rank)
+    comm_store = PrefixStore(f"comm/{name}", root)
+    options = CommOptions(
+        abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
+        timeout=timeout,
+        store=comm_store,
+        name=name,
+        enable_reconfigure=enable_reconfigure,
+        hints=hints,
+        rank=rank,
+        size=size,
+    )
+    instance = cls()
+    instance._bind(device, name, options)
+    try:
+        instance.init(device, name, options)
+    except TorchCommError:
+        release_name(root, name, rank)
+        raise
+    except Exception as exc:
+        release_name(root, name, rank)
+        what = (f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
+                f"{rank} of {size}")
+        if is_timeout_error(exc):
+            raise CommTimeoutError(
+                f"{what} within {timeout}: {exc}. Every rank must call new_comm with the same "
+                f"name; check that all {size} ranks are running and can reach each other"
+            ) from exc
+        raise CommOperationError(f"{what}: {exc}") from exc
+    # A backend may pin the device further (cuda -> cuda:<local rank>).
+    bound = getattr(instance, "device", None)
+    if isinstance(bound, torch.device) and bound.type == device.type:
+        device = bound
+    comm = TorchComm(instance, device, name, options, comm_store, backend)
+    call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
+    return comm
+
+
+def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: torch.device,
+                            name: str, store: Any, timeout: timedelta,
+                            hints: dict[str, str], abort_process: bool) -> TorchComm:
+    """``new_comm(..., enable_reconfigure=True)``: a communicator bound to no group yet.
+
+    It does not wait for any peer: a replacement process creates its communicator alone
+    and joins through ``reconfigure``.
+    """
+    from torch.distributed import PrefixStore
+
+    if not supports_reconfigure(cls):
+        raise RuntimeError(
+            f"new_comm: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
+            f"{cls.__name__} has no reconfigure_engine); pass enable_reconfigure=False or use "
+            f"a backend that supports it, such as 'gloo'"
+        )
+    if store is None:
+        rank, size, _source = resolve_rank_size()
+        store = default_store(rank, size, timeout, required=True)
+    comm_store = PrefixStore(f"comm/{name}", store)
+    options = CommOptions(
+        abort_process_on_timeout_or_error=abort_process,
+        timeout=timeout,
+        store=comm_store,
+        name=name,
+        enable_reconfigure=True,
+        hints=hints,
+        rank=-1,
+        size=0,
+    )
+    instance = cls()
+    instance._bind(device, name, options)
+    comm = TorchComm(instance, device, name, options, comm_store, backend)
+    comm._state = UNBOUND
+    comm._init_handle = make_handle()
+    comm._reconfigure_uuids = set()
+    return comm

@@ -1,0 +1,55 @@
+"""Small handles the communicator returns: hook registrations, persistent all-gathers."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._errors import CommTypeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from ._comm import TorchComm
+
+
+class RemovableHandle:
+    """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
+
+    __slots__ = ("_table", "_key")
+    _ids = itertools.count()
+
+    def __init__(self, table: dict[int, Callable[..., Any]], fn: Any, where: str) -> None:
+        if not callable(fn):
+            raise CommTypeError(f"{where}: expected a callable, got {type(fn).__name__}")
+        self._table = table
+        self._key = next(self._ids)
+        table[self._key] = fn
+
+    def remove(self) -> None:
+        self._table.pop(self._key, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+class PersistentAllGather:
+    """Handle of a persistent all-gather: the bound output tensor."""
+
+    __slots__ = ("comm", "output")
+
+    def __init__(self, comm: TorchComm, output: torch.Tensor) -> None:
+        self.comm = comm
+        self.output: torch.Tensor | None = output
+
+
+def owned(handle: Any, comm: TorchComm, where: str) -> PersistentAllGather:
+    """``handle`` after checking it is a persistent all-gather of ``comm``."""
+    if not isinstance(handle, PersistentAllGather) or handle.comm is not comm:
+        raise CommTypeError(f"{where}: handle must come from this communicator's "
+                            f"all_gather_p_init")
+    return handle
