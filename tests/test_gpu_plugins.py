@@ -5,6 +5,7 @@ The ``gpu`` class runs on one CUDA device at world size 1 and is skipped elsewhe
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from datetime import timedelta
@@ -742,17 +743,49 @@ class TestOnGPU:
         finally:
             comm.finalize()
 
-    def test_bandwidth(self, comm: Any) -> None:
+    def test_bandwidth(self, comm: Any, record_property: Any) -> None:
+        """Times all_reduce and all_gather at 1 and 256 MiB; the figures are reported, and
+        checked only for sense (speed goals belong to ``torchcomms bench``)."""
+        from torchcomms_core.bench.ops import OPS
+        from torchcomms_core.bench.results import Row, Timing
+
+        size = comm.get_size()
         for mib in (1, 256):
             n = mib * (1 << 20) // 4
-            x = torch.ones(n, device="cuda")
-            out = torch.empty(n * comm.get_size(), device="cuda")
+            x = torch.empty(n, device="cuda")
+            out = torch.empty(n * size, device="cuda")
             iters = 50 if mib == 1 else 10
-            for name in ("all_reduce", "all_gather"):
+            for name, op in (("all_reduce", "all_reduce"), ("all_gather", "all_gather_single")):
+                x.fill_(1.0)
+                out.fill_(-1.0)
                 ms = _time_per_op(comm, name, x, out, iters)
-                gbps = n * 4 / (ms / 1e3) / 1e9
-                print(f"\nbandwidth {name} {mib} MiB: {ms:.3f} ms/op, {gbps:.1f} GB/s algbw "
-                      f"(world size {comm.get_size()}: NCCL's local path, no interconnect)")
+                assert math.isfinite(ms) and ms > 0, f"{name} {mib} MiB: timed {ms} ms per op"
+                runs = _WARMUP + iters
+                if name == "all_reduce":  # a SUM of ones, repeated: size ** runs
+                    expected_x, expected_out = float(size) ** runs, -1.0
+                else:
+                    expected_x, expected_out = 1.0, 1.0
+                assert _all(x, expected_x), f"{name} {mib} MiB: wrong input after timing"
+                assert _all(out, expected_out), f"{name} {mib} MiB: wrong output after timing"
+                largest = (n if name == "all_reduce" else n * size) * 4
+                row = Row(op=op, size=largest, count=largest // 4, dtype="float32",
+                          redop="sum", root=0, nranks=size,
+                          busbw_factor=OPS[op].busbw_factor(size))
+                timing = Timing([ms * 1e3])
+                algbw, busbw = row.algbw(timing), row.busbw(timing)
+                assert algbw is not None and math.isfinite(algbw) and algbw > 0, algbw
+                # The bus carries nothing at world size 1 (factor 0): busbw is 0 there.
+                assert busbw is not None and math.isfinite(busbw) and busbw >= 0, busbw
+                assert (busbw > 0) == (size > 1), (busbw, size)
+                record_property(f"{name}_{mib}MiB_algbw_gbps", round(algbw, 3))
+                record_property(f"{name}_{mib}MiB_busbw_gbps", round(busbw, 3))
+                print(f"\nbandwidth {name} {mib} MiB: {ms:.3f} ms/op, {algbw:.1f} GB/s algbw, "
+                      f"{busbw:.1f} GB/s busbw (world size {size}: NCCL's local path, no "
+                      f"interconnect)")
+
+
+#: Untimed calls before the timed ones.
+_WARMUP = 3
 
 
 def _time_per_op(comm: Any, name: str, x: torch.Tensor, out: torch.Tensor, iters: int) -> float:
@@ -764,7 +797,7 @@ def _time_per_op(comm: Any, name: str, x: torch.Tensor, out: torch.Tensor, iters
         else:
             comm.all_gather_single(out, x, async_op=False)
 
-    for _ in range(3):
+    for _ in range(_WARMUP):
         run()
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
