@@ -37,8 +37,8 @@ def rebuild_process_group(comm: TorchComm, *, group_desc: str = "default_pg") ->
                              f"bound to a group; call comm.reconfigure(...) first")
     old = find_group(comm)
     if old is not None:
-        old.shutdown = _keep_comm  # type: ignore[method-assign]
-        old.abort = _keep_comm  # type: ignore[method-assign]
+        old.shutdown = _keep_comm
+        old.abort = _keep_comm
         if old is dist.group.WORLD:
             dist.destroy_process_group()
         else:
