@@ -13,7 +13,7 @@ import torch
 from ._collectives import Collective
 from ._reduce_op import ReduceOp
 from .hookspecs import hookimpl
-from .spec import TorchCommBackend, then
+from .spec import TorchCommBackend, then, unflatten_into
 
 
 def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor], op: ReduceOp,
@@ -23,15 +23,7 @@ def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor]
         return None
     flat = torch.cat([t.reshape(-1) for t in tensors])
     work = backend.all_reduce(flat, op, async_op, timeout=timeout, hints=hints)
-
-    def unflatten() -> None:
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
-
-    return then(work, unflatten)
+    return then(work, unflatten_into(flat, tensors))
 
 
 def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -104,6 +104,9 @@ class TorchComm(CommBase):
         call = self._call("all_reduce", timeout, hints)
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
+        if red._type in self._native_ops and tensor.is_contiguous():  # the common case, lean
+            return self._issue(call, self._backend.all_reduce, (tensor, red), async_op,
+                               (tensor, red))
         buf = call.out(tensor, keep=True)
         bop, factor = call.lower(red, self._native_ops, buf, self._size)
         if factor is not None:
@@ -388,7 +391,7 @@ class TorchComm(CommBase):
         hints = check_hints(hints, "split") if hints is not None else None
         timeout = check_timeout(timeout, "split") if timeout is not None else self._timeout
         hook_args = self._pre_plain("split", (list(ranks), name))
-        from torch.distributed import PrefixStore  # torch.distributed loads on first use
+        from torch._C._distributed_c10d import PrefixStore  # torch.distributed loads on first use
 
         key = "_".join(map(str, members)) if members else "none"
         store = PrefixStore(f"split/{name}/{key}", self._store)

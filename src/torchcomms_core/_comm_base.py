@@ -78,9 +78,9 @@ class _Call:
         self.op = op
         self.timeout = timeout
         self.hints = hints
-        self.finishers: list[Callable[[], None]] | None = None
+        self.finishers: list[Callable[[], object]] | None = None
 
-    def then(self, step: Callable[[], None], first: bool = False) -> None:
+    def then(self, step: Callable[[], object], first: bool = False) -> None:
         if self.finishers is None:
             self.finishers = [step]
         elif first:
@@ -144,6 +144,9 @@ class CommBase:
         self._native_ops = frozenset(type(backend).supported_reduce_ops)
         self._support = method_support(type(backend))
         self._check_calls = _env.check_collectives()
+        # Fault tolerance (enable_reconfigure): this endpoint's token and the uuids used.
+        self._init_handle: str | None = None
+        self._reconfigure_uuids: set[str] = set()
         self._bind(backend.get_rank(), backend.get_size())
         _live.add(self)
 
@@ -339,9 +342,8 @@ class CommBase:
 
     def get_init_handle(self) -> str:
         """An opaque handle naming this rank's endpoint of the communicator."""
-        handle = getattr(self, "_init_handle", None)
-        if handle is not None:  # enable_reconfigure: the token reconfigure expects
-            return str(handle)
+        if self._init_handle is not None:  # enable_reconfigure: the token reconfigure expects
+            return self._init_handle
         return f"{self.get_backend()}://{self._name}/{self._rank}"
 
     def reconfigure(self, uuid: int | str, init_handles: list[str] | set[str],
@@ -446,8 +448,10 @@ class CommBase:
 
     def _post_plain(self, args: OpArgs | None) -> None:
         if args is not None:
-            args.work._start(None, None)
-            self._run_post_hooks(args, args.work)
+            work = args.work
+            assert work is not None  # set by _run_pre_hooks
+            work._start(None, None)
+            self._run_post_hooks(args, work)
 
     # -- issuing ---------------------------------------------------------------------
 
@@ -494,7 +498,7 @@ class CommBase:
                 raise
             raise error from exc  # type: ignore[misc]
         finishers = call.finishers
-        if args is None:
+        if args is None or args.work is None:
             work = TorchWork(inner, finishers, self, name)
         else:
             work = args.work

@@ -104,8 +104,8 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
     """
     device = getattr(backend, "device", torch.device("cpu"))
     me = backend.get_rank()
-    headers = []
-    round1 = []
+    headers: list[torch.Tensor | None] = []
+    round1: list[tuple[str, torch.Tensor, int]] = []
     for kind, tensor, peer in ops:
         h = torch.tensor([_dtype_code(tensor.dtype), tensor.numel()], dtype=torch.int64)
         if kind == "send":
@@ -117,12 +117,12 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
             headers.append(buf)
     _run(backend, round1, timeout)
     problems: list[str] = []
-    round2 = []
-    verdicts = []
-    for (kind, tensor, peer), got in zip(ops, headers, strict=True):
+    round2: list[tuple[str, torch.Tensor, int]] = []
+    verdicts: list[torch.Tensor | None] = []
+    for (_kind, tensor, peer), got in zip(ops, headers, strict=True):
         mine = (_dtype_code(tensor.dtype), tensor.numel())
-        if kind == "recv":
-            theirs = tuple(int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]
+        if got is not None:  # a receive: compare the sender's header with this buffer
+            theirs = tuple(int(v) for v in got.cpu().tolist())
             ok = theirs == mine
             if not ok:
                 problems.append(
@@ -138,11 +138,11 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
             round2.append(("recv", buf, peer))
             verdicts.append(buf)
     _run(backend, round2, timeout)
-    for (kind, tensor, peer), got in zip(ops, verdicts, strict=True):
-        if kind != "send":
+    for (_kind, tensor, peer), got in zip(ops, verdicts, strict=True):
+        if got is None:  # a receive: its verdict was sent above
             continue
-        ok, code, numel = (int(v) for v in got.cpu().tolist())  # type: ignore[union-attr]
-        if not ok:
+        verdict_ok, code, numel = (int(v) for v in got.cpu().tolist())
+        if not verdict_ok:
             problems.append(
                 f"rank {me} sends {tensor.numel()} elements of "
                 f"{str(tensor.dtype).replace('torch.', '')} to rank {peer}, which receives "

@@ -125,23 +125,10 @@ def new_comm(
         name = auto_name()
     root = store if store is not None else default_store(rank, size, timeout,
                                                          required=cls.needs_store)
-    from torch.distributed import PrefixStore
-
     if c10d_group is None:  # c10d keeps live group names unique, and reuses destroyed ones
         claim_name(root, name, rank)
-    comm_store = PrefixStore(f"comm/{name}", root)
-    options = CommOptions(
-        abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
-        timeout=timeout,
-        store=comm_store,
-        name=name,
-        enable_reconfigure=enable_reconfigure,
-        hints=hints,
-        rank=rank,
-        size=size,
-    )
-    instance = cls()
-    instance._bind(device, name, options)
+    instance, options = _instance(cls, device, name, root, abort_process_on_timeout_or_error,
+                                  timeout, hints, rank, size)
     try:
         instance.init(device, name, options)
     except TorchCommError:
@@ -161,7 +148,7 @@ def new_comm(
     bound = getattr(instance, "device", None)
     if isinstance(bound, torch.device) and bound.type == device.type:
         device = bound
-    comm = TorchComm(instance, device, name, options, comm_store, backend)
+    comm = TorchComm(instance, device, name, options, options.store, backend)
     call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
     return comm
 
@@ -174,8 +161,6 @@ def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: t
     It does not wait for any peer: a replacement process creates its communicator alone
     and joins through ``reconfigure``.
     """
-    from torch.distributed import PrefixStore
-
     if not supports_reconfigure(cls):
         raise RuntimeError(
             f"new_comm: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
@@ -185,21 +170,31 @@ def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: t
     if store is None:
         rank, size, _source = resolve_rank_size()
         store = default_store(rank, size, timeout, required=True)
-    comm_store = PrefixStore(f"comm/{name}", store)
+    instance, options = _instance(cls, device, name, store, abort_process, timeout, hints,
+                                  rank=-1, size=0, enable_reconfigure=True)
+    comm = TorchComm(instance, device, name, options, options.store, backend)
+    comm._state = UNBOUND
+    comm._init_handle = make_handle()
+    return comm
+
+
+def _instance(cls: type[TorchCommBackend], device: torch.device, name: str, root: Any,
+              abort_process: bool, timeout: timedelta, hints: dict[str, str], rank: int,
+              size: int, enable_reconfigure: bool = False
+              ) -> tuple[TorchCommBackend, CommOptions]:
+    """A backend instance bound to its options, working under ``comm/<name>`` of ``root``."""
+    from torch._C._distributed_c10d import PrefixStore
+
     options = CommOptions(
         abort_process_on_timeout_or_error=abort_process,
         timeout=timeout,
-        store=comm_store,
+        store=PrefixStore(f"comm/{name}", root),
         name=name,
-        enable_reconfigure=True,
+        enable_reconfigure=enable_reconfigure,
         hints=hints,
-        rank=-1,
-        size=0,
+        rank=rank,
+        size=size,
     )
     instance = cls()
     instance._bind(device, name, options)
-    comm = TorchComm(instance, device, name, options, comm_store, backend)
-    comm._state = UNBOUND
-    comm._init_handle = make_handle()
-    comm._reconfigure_uuids = set()
-    return comm
+    return instance, options

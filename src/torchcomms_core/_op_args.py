@@ -13,9 +13,12 @@ from __future__ import annotations
 import enum
 import itertools
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._optable import OPS
+
+if TYPE_CHECKING:
+    from ._work import TorchWork
 
 # One process-wide sequence of operation ids, as the reference has (post id = pre id).
 _op_ids = itertools.count()
@@ -34,14 +37,43 @@ def reset_op_ids() -> None:
     _op_ids = itertools.count()
 
 
-class _OpNameBase(enum.IntEnum):
+class OpName(enum.IntEnum):
+    """Operations a communicator runs; values are the reference's.
+
+    Spelled out so type checkers see the members; it must equal the operation table
+    (``_optable.OPS``), which is checked when this module is imported.
+    """
+
+    send = 0
+    recv = 1
+    broadcast = 2
+    all_reduce = 3
+    reduce = 4
+    all_gather = 5
+    all_gather_v = 6
+    all_gather_single = 7
+    reduce_scatter = 8
+    reduce_scatter_v = 9
+    reduce_scatter_single = 10
+    all_to_all_single = 11
+    all_to_all_v_single = 12
+    all_to_all = 13
+    barrier = 14
+    scatter = 15
+    gather = 16
+    gather_single = 17
+    split = 18
+    new_window = 19
+    batch_op_issue = 20
+    finalize = 21
+
     def __str__(self) -> str:
         return self.name
 
 
-#: Operations a communicator runs, numbered as the reference numbers them (from the table).
-OpName = _OpNameBase("OpName", [(op.name, op.number) for op in OPS], module=__name__)
-OpName.__doc__ = "Operations a communicator runs; values are the reference's."
+if {m.name: m.value for m in OpName} != {op.name: op.number for op in OPS}:
+    raise ImportError("torchcomms_core: OpName and the operation table (_optable.OPS) "
+                      "disagree; add the operation to both with the same number")
 
 
 def op_name(name: str) -> OpName | str:
@@ -70,7 +102,7 @@ class OpArgs:
         self.async_op = async_op
         self.timeout = timeout
         self.hints = hints
-        self.work = None
+        self.work: TorchWork | None = None
         self._values = dict(zip(self.fields, values, strict=False))
 
     def __getattr__(self, item: str) -> Any:

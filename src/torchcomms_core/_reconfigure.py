@@ -49,7 +49,7 @@ from ._work import TorchWork, is_timeout_error
 from .spec import TorchCommBackend, method_support
 
 if TYPE_CHECKING:
-    from ._comm import TorchComm
+    from ._comm_base import CommBase as TorchComm  # any communicator
 
 _PREFIX = "reconfigure"
 
@@ -206,7 +206,7 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
         raise CommStateError(f"reconfigure: communicator {comm.get_name()!r} was finalized; "
                              f"create a new one with new_comm(..., enable_reconfigure=True)")
     key = _uuid_key(uuid)
-    mine = comm._init_handle
+    mine = comm.get_init_handle()  # enable_reconfigure: set at creation
     handles = _handle_list(init_handles, mine)
     timeout = check_timeout(timeout, op) if timeout is not None else comm._timeout
     hints = dict(check_hints(hints, op)) if hints is not None else {}

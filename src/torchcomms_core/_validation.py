@@ -235,7 +235,8 @@ def check_timeout(timeout: Any, where: str) -> timedelta:
                              f"timedelta(seconds=30)")
     if timeout > _env.MAX_TIMEOUT:
         raise _too_long(where, str(timeout))
-    return timeout
+    checked: timedelta = timeout
+    return checked
 
 
 def _too_long(where: str, shown: str) -> CommInputError:

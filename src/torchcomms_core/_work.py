@@ -21,7 +21,7 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
-    from ._comm import TorchComm
+    from ._comm_base import CommBase as TorchComm  # any communicator
 
 
 class WorkStatus(enum.Enum):
@@ -72,7 +72,7 @@ class TorchWork:
     def __init__(
         self,
         inner: Any = None,
-        finishers: list[Callable[[], None]] | None = None,
+        finishers: list[Callable[[], object]] | None = None,
         comm: TorchComm | None = None,
         op: str = "",
     ) -> None:
@@ -105,7 +105,7 @@ class TorchWork:
         work._status = WorkStatus.NOT_STARTED
         return work
 
-    def _start(self, inner: Any, finishers: list[Callable[[], None]] | None) -> None:
+    def _start(self, inner: Any, finishers: list[Callable[[], object]] | None) -> None:
         """Bind a ``not_started`` work to what the backend returned."""
         self._inner = inner
         self._finishers = finishers

@@ -28,6 +28,7 @@ def torchcomms_register_collectives() -> list[Collective]:
     Called once, when plugins are loaded. Each result becomes a method of
     ``TorchComm`` named ``Collective.name``.
     """
+    return []
 
 
 # -- communicator lifecycle ----------------------------------------------------------------

@@ -430,6 +430,18 @@ def flat_chunks(tensor: torch.Tensor, n: int) -> list[torch.Tensor]:
     return list(flat.chunk(n))
 
 
+def unflatten_into(flat: torch.Tensor, targets: Sequence[torch.Tensor]) -> Callable[[], None]:
+    """A completion step copying consecutive pieces of ``flat`` back into ``targets``."""
+    def step() -> None:
+        offset = 0
+        for t in targets:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+    return step
+
+
 def split_dim0(tensor: torch.Tensor, split_sizes: Sequence[int], n: int) -> list[torch.Tensor]:
     """Split ``tensor`` along dim 0 into ``n`` views (equal parts when ``split_sizes`` is empty)."""
     if tensor.dim() == 0:

@@ -272,7 +272,7 @@ def patch_torchcomm() -> None:
             continue
         ORIGINALS[spec.method] = current
         setattr(TorchComm, spec.method, _wrap_method(spec, current))
-    init = TorchComm.__dict__["__init__"]
+    init = TorchComm.__init__  # inherited from CommBase until wrapped here
     if getattr(init, _WRAPPED, None) is None:
         TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
     # Communicators created before the compile path was switched on get their ref now.
