@@ -104,55 +104,57 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
     """
     device = getattr(backend, "device", torch.device("cpu"))
     me = backend.get_rank()
-    headers: list[torch.Tensor | None] = []
-    round1: list[tuple[str, torch.Tensor, int]] = []
-    for kind, tensor, peer in ops:
-        h = torch.tensor([_dtype_code(tensor.dtype), tensor.numel()], dtype=torch.int64)
-        if kind == "send":
-            round1.append(("send", h.to(device), peer))
-            headers.append(None)
-        else:
-            buf = torch.zeros(2, dtype=torch.int64, device=device)
-            round1.append(("recv", buf, peer))
-            headers.append(buf)
-    _run(backend, round1, timeout)
+    # Round 1: senders ship (dtype, numel); receivers get the header into a buffer.
+    outgoing = [[_dtype_code(t.dtype), t.numel()] if kind == "send" else None
+                for kind, t, _ in ops]
+    headers = _exchange(backend, ops, outgoing, 2, device, timeout)
     problems: list[str] = []
-    round2: list[tuple[str, torch.Tensor, int]] = []
-    verdicts: list[torch.Tensor | None] = []
+    verdicts: list[list[int] | None] = []
     for (_kind, tensor, peer), got in zip(ops, headers, strict=True):
-        mine = (_dtype_code(tensor.dtype), tensor.numel())
-        if got is not None:  # a receive: compare the sender's header with this buffer
-            theirs = tuple(int(v) for v in got.cpu().tolist())
-            ok = theirs == mine
-            if not ok:
-                problems.append(
-                    f"rank {peer} sends {theirs[1]} elements of "
-                    f"{_dtype_name(theirs[0], [tensor])} to rank {me}, which receives "
-                    f"{mine[1]} elements of {_dtype_name(mine[0], [tensor])}"
-                )
-            verdict = torch.tensor([int(ok), *mine], dtype=torch.int64)
-            round2.append(("send", verdict.to(device), peer))
+        mine = [_dtype_code(tensor.dtype), tensor.numel()]
+        if got is None:  # a send: its receiver answers in round 2
             verdicts.append(None)
-        else:
-            buf = torch.zeros(3, dtype=torch.int64, device=device)
-            round2.append(("recv", buf, peer))
-            verdicts.append(buf)
-    _run(backend, round2, timeout)
-    for (_kind, tensor, peer), got in zip(ops, verdicts, strict=True):
-        if got is None:  # a receive: its verdict was sent above
             continue
-        verdict_ok, code, numel = (int(v) for v in got.cpu().tolist())
-        if not verdict_ok:
+        if got != mine:
+            problems.append(
+                f"rank {peer} sends {got[1]} elements of {_dtype_name(got[0], [tensor])} to "
+                f"rank {me}, which receives {mine[1]} elements of "
+                f"{_dtype_name(mine[0], [tensor])}"
+            )
+        verdicts.append([int(got == mine), *mine])
+    # Round 2, the other way: receivers ship (ok, dtype, numel); senders read the verdict.
+    answers = _exchange(backend, [("recv" if kind == "send" else "send", t, peer)
+                                  for kind, t, peer in ops], verdicts, 3, device, timeout)
+    for (_kind, tensor, peer), got in zip(ops, answers, strict=True):
+        if got is not None and not got[0]:
             problems.append(
                 f"rank {me} sends {tensor.numel()} elements of "
                 f"{str(tensor.dtype).replace('torch.', '')} to rank {peer}, which receives "
-                f"{numel} elements of {_dtype_name(code, [tensor])}"
+                f"{got[2]} elements of {_dtype_name(got[1], [tensor])}"
             )
     if problems:
         raise CommInputError(
             "point-to-point mismatch, nothing was sent: " + "; ".join(problems) +
             ". A send and its receive must have the same element count and dtype"
         )
+
+
+def _exchange(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]],
+              outgoing: Sequence[list[int] | None], width: int, device: torch.device,
+              timeout: Any) -> list[list[int] | None]:
+    """Send ``outgoing[i]`` for each send of ``ops``; return what each receive got."""
+    batch: list[tuple[str, torch.Tensor, int]] = []
+    received: list[torch.Tensor | None] = []
+    for (kind, _tensor, peer), values in zip(ops, outgoing, strict=True):
+        if kind == "send":
+            batch.append(("send", torch.tensor(values, dtype=torch.int64, device=device), peer))
+            received.append(None)
+        else:
+            buf = torch.zeros(width, dtype=torch.int64, device=device)
+            batch.append(("recv", buf, peer))
+            received.append(buf)
+    _run(backend, batch, timeout)
+    return [None if buf is None else [int(v) for v in buf.cpu().tolist()] for buf in received]
 
 
 def _run(backend: Any, ops: list[tuple[str, torch.Tensor, int]], timeout: Any) -> None:
