@@ -70,10 +70,6 @@ class C10dWork:
     def is_completed(self) -> bool:
         return self._work.is_completed()
 
-    @property
-    def c10d_work(self) -> Any:
-        return self._work
-
 
 class C10dBackend(TorchCommBackend):
     """Backend over a c10d engine (``ProcessGroupGloo``, ``ProcessGroupNCCL``, a vendor's)."""

@@ -11,4 +11,4 @@ class AnySourceWork(C10dWork):
     __slots__ = ()
 
     def source_rank(self) -> int:
-        return int(self.c10d_work._source_rank())
+        return int(self._work._source_rank())  # the c10d work this one wraps
