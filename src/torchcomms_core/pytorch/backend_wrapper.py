@@ -18,6 +18,7 @@ from .._anysource import recv_anysource
 from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
 from .._reduce_op import ReduceOp, coerce_reduce_op
+from ..spec import unflatten_into
 from . import profiling
 from .work import CommWork
 
@@ -463,7 +464,7 @@ class _BackendWrapper(ProcessGroup):
                                   ts)
             flat = torch.cat([t.reshape(-1) for t in ts])
             work = self._comm.all_reduce(flat, op, True, timeout=timeout)
-            return self._work([work], ts, _unflatten_into(flat, ts))
+            return self._work([work], ts, unflatten_into(flat, ts))
 
         return self._recorded("c10d::allreduce_coalesced_", _SLOTS[5], "all_reduce", ts, issue)
 
@@ -510,7 +511,7 @@ class _BackendWrapper(ProcessGroup):
                                                 timeout=_timeout(opts))
             rows = flat_out.view(n, -1)
             return self._work([work], output_lists,
-                              _chain([_unflatten_into(rows[r], list(output_lists[r]))
+                              _chain([unflatten_into(rows[r], list(output_lists[r]))
                                       for r in range(n)]))
 
         return self._recorded("c10d::allgather_coalesced_", _SLOTS[4], "all_gather", ins,
@@ -626,7 +627,7 @@ class _BackendWrapper(ProcessGroup):
                 flat_out = flat_in.new_empty(flat_in.shape[1])
                 works.append(self._comm.reduce_scatter_single(flat_out, flat_in.reshape(-1),
                                                               op, True, timeout=timeout))
-                steps.append(_unflatten_into(flat_out, [outs[i] for i in idx]))
+                steps.append(unflatten_into(flat_out, [outs[i] for i in idx]))
             return self._work(works, outs, _chain(steps))
 
         # Gloo reduce-scatters each input with an all-reduce of its own.
@@ -801,17 +802,6 @@ def _index_by_dtype(tensors: list[torch.Tensor]) -> list[list[int]]:
     for i, t in enumerate(tensors):
         groups.setdefault(t.dtype, []).append(i)
     return list(groups.values())
-
-
-def _unflatten_into(flat: torch.Tensor, targets: list[torch.Tensor]) -> Callable[[], None]:
-    def step() -> None:
-        offset = 0
-        for t in targets:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
-
-    return step
 
 
 def _scatter_columns(gathered: torch.Tensor, outs: list[torch.Tensor]) -> Callable[[], None]:
