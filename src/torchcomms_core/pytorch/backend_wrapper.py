@@ -9,7 +9,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
@@ -21,6 +22,11 @@ from .._reduce_op import ReduceOp, coerce_reduce_op
 from ..spec import unflatten_into
 from . import profiling
 from .work import CommWork
+
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import GroupName
+
+    from .._work import TorchWork
 
 _batch_code: Any = None
 
@@ -43,7 +49,7 @@ def _enclosing_p2p_batch() -> list[Any] | None:
     finding the list lets us collect the whole batch and issue it through the batch API.
     """
     code = _batch_isend_irecv_code()
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return None
@@ -112,13 +118,14 @@ class _P2PBatch:
         self.key = key
         self.expected = expected
         self.ops: list[tuple[str, torch.Tensor, int]] = []
-        self._work: Any = None
+        self._work: TorchWork | None = None
 
     @property
     def full(self) -> bool:
         return self.expected is not None and len(self.ops) >= self.expected
 
-    def issue(self) -> None:
+    def issue(self) -> TorchWork:
+        """Issue the batch once; the work of its one issue."""
         if self._work is None:
             batch = self._comm.batch_op_create()
             for kind, tensor, peer in self.ops:
@@ -127,14 +134,13 @@ class _P2PBatch:
                 else:
                     batch.recv(tensor, peer)
             self._work = batch.issue(async_op=True)
+        return self._work
 
     def wait(self) -> bool:
-        self.issue()
-        return self._work.wait()
+        return self.issue().wait()
 
     def is_completed(self) -> bool:
-        self.issue()
-        return self._work.is_completed()
+        return self.issue().is_completed()
 
 
 class _BackendWrapper(ProcessGroup):
@@ -157,7 +163,8 @@ class _BackendWrapper(ProcessGroup):
             raise CommTypeError(f"_BackendWrapper needs a torchcomms TorchComm, got "
                                 f"{type(comm).__name__}")
         # The (store, rank, size) constructor cannot build Python subclasses.
-        super().__init__(comm.get_rank(), comm.get_size())
+        # The stub lists only that one; c10d also binds (rank, size), which we use.
+        super().__init__(comm.get_rank(), comm.get_size())  # type: ignore[call-arg]
         self._comm = comm
         self._device = torch.device(comm.get_device().type)
         self._engine = _c10d_engine(comm)
@@ -183,7 +190,8 @@ class _BackendWrapper(ProcessGroup):
         """The communicator every operation of this group runs on."""
         return self._comm
 
-    def get_group_store(self) -> Store | None:
+    # The stub promises a Store; a communicator created without one has none to give.
+    def get_group_store(self) -> Store | None:  # type: ignore[override]
         """The communicator's store (c10d builds further groups on a group's store)."""
         store = self._comm.get_options().store
         return store if isinstance(store, Store) else None
@@ -220,8 +228,9 @@ class _BackendWrapper(ProcessGroup):
             opts.global_ranks_in_group = list(self._global_ranks)
 
     @property
-    def group_name(self) -> str:
-        return self._group_name
+    def group_name(self) -> GroupName:
+        # GroupName is c10d's NewType of str, so any name is one.
+        return cast("GroupName", self._group_name)
 
     @property
     def group_desc(self) -> str:
@@ -245,7 +254,8 @@ class _BackendWrapper(ProcessGroup):
     def _device_types(self) -> list[torch.device]:
         return [self._device]
 
-    def _get_backend(self, device: Any) -> _BackendWrapper:
+    # The stub returns a c10d Backend; the wrapper is its own backend (see the class doc).
+    def _get_backend(self, device: Any) -> _BackendWrapper:  # type: ignore[override]
         kind = torch.device(device).type
         if kind != self._device.type:
             # c10d's own words, so code that handles a plain group's refusal handles ours.
@@ -416,7 +426,9 @@ class _BackendWrapper(ProcessGroup):
 
     # -- collectives -----------------------------------------------------------------
 
-    def broadcast(self, tensors: Any, opts: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (tensor, root, timeout) form; Python code
+    # (distributed_c10d) calls (tensors, opts), which this takes.
+    def broadcast(self, tensors: Any, opts: Any = None) -> CommWork:  # type: ignore[override]
         ts = _tensor_list(tensors, "broadcast")
 
         def issue() -> CommWork:
@@ -427,7 +439,9 @@ class _BackendWrapper(ProcessGroup):
 
         return self._recorded("c10d::broadcast_", _SLOTS[6], "broadcast", ts, issue)
 
-    def allreduce(self, tensors: Any, opts: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (tensors, op, timeout) form; Python code
+    # (distributed_c10d) calls (tensors, opts), which this takes.
+    def allreduce(self, tensors: Any, opts: Any = None) -> CommWork:  # type: ignore[override]
         ts = _tensor_list(tensors, "allreduce")
         if ts and ts[0].is_sparse:
             return self._recorded("c10d::allreduce_", _SLOTS[6], "sparse_all_reduce", ts,
@@ -468,7 +482,10 @@ class _BackendWrapper(ProcessGroup):
 
         return self._recorded("c10d::allreduce_coalesced_", _SLOTS[5], "all_reduce", ts, issue)
 
-    def reduce(self, tensors: Any, opts: Any = None, op: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (tensor, root, op, timeout) form; Python code
+    # (distributed_c10d) calls (tensors, opts), which this takes.
+    def reduce(self, tensors: Any, opts: Any = None,  # type: ignore[override]
+               op: Any = None) -> CommWork:
         """``reduce(tensors, ReduceOptions)`` or ``reduce(tensor, root, op)``."""
         t = _one(tensors, "reduce")
 
@@ -565,9 +582,13 @@ class _BackendWrapper(ProcessGroup):
         return self._recorded("c10d::allgather_into_tensor_coalesced_", _SLOTS[4],
                               "all_gather", ins, issue)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    # c10d's other name for the operation; the stub names its arguments differently.
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
-    def reduce_scatter(self, output_tensors: Any, input_lists: Any, opts: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (tensor, list, op, timeout) form; Python code
+    # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
+    def reduce_scatter(self, output_tensors: Any,  # type: ignore[override]
+                       input_lists: Any, opts: Any = None) -> CommWork:
         if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(tensor, list) overload
             input_lists = [input_lists]
         outs = _tensor_list(output_tensors, "reduce_scatter")
@@ -596,7 +617,8 @@ class _BackendWrapper(ProcessGroup):
         return self._recorded("c10d::_reduce_scatter_base_", (output, input, *_SLOTS[4]),
                               "all_reduce", [input], issue)
 
-    _reduce_scatter_base = reduce_scatter_single
+    # c10d's other name for the operation; the stub names its arguments differently.
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
                                         opts: Any = None) -> CommWork:
@@ -634,7 +656,8 @@ class _BackendWrapper(ProcessGroup):
         return self._recorded("c10d::reduce_scatter_tensor_coalesced_", _SLOTS[6],
                               "all_reduce", ins, issue, per_input=True)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    # c10d's other name for the operation; the stub names its arguments differently.
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def alltoall(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
         outs = _tensor_list(output_tensors, "alltoall")
@@ -665,9 +688,13 @@ class _BackendWrapper(ProcessGroup):
         return self._recorded("c10d::alltoall_base_", (output, input, *_SLOTS[5]),
                               "all_to_all", [input], issue)
 
-    alltoall_base = all_to_all_single
+    # c10d's other name for the operation; the stub overloads it by argument names.
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
-    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (list, tensor, root, timeout) form; Python code
+    # (distributed_c10d) calls (output_lists, inputs, opts), which this takes.
+    def gather(self, output_tensors: Any,  # type: ignore[override]
+               input_tensors: Any, opts: Any = None) -> CommWork:
         if isinstance(input_tensors, torch.Tensor) and output_tensors and isinstance(
                 output_tensors[0], torch.Tensor):  # gather(list, tensor, root) overload
             output_tensors = [output_tensors]
@@ -682,7 +709,10 @@ class _BackendWrapper(ProcessGroup):
 
         return self._recorded("c10d::gather_", _SLOTS[6], "gather", [t], issue)
 
-    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:
+    # The stub's overloads add c10d's C++-only (tensor, list, root, timeout) form; Python code
+    # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
+    def scatter(self, output_tensors: Any,  # type: ignore[override]
+                input_tensors: Any, opts: Any = None) -> CommWork:
         if isinstance(output_tensors, torch.Tensor) and input_tensors and isinstance(
                 input_tensors[0], torch.Tensor):  # scatter(tensor, list, root) overload
             input_tensors = [input_tensors]
@@ -697,7 +727,10 @@ class _BackendWrapper(ProcessGroup):
 
         return self._recorded("c10d::scatter_", _SLOTS[6], "scatter", ins, issue)
 
-    def barrier(self, opts: Any = None, timeout: timedelta | None = None) -> CommWork:
+    # Takes both stub overloads, barrier(opts) and barrier(timeout=...), but they name
+    # their first argument differently, which no one signature can match.
+    def barrier(self, opts: Any = None,  # type: ignore[override]
+                timeout: timedelta | None = None) -> CommWork:
         def issue() -> CommWork:
             self._flush()
             work = self._comm.barrier(True, timeout=_timeout(timeout if opts is None else opts))

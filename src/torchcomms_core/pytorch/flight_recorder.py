@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import weakref
+from types import FrameType
 from typing import Any
 
 import torch
@@ -115,7 +116,7 @@ def _frames() -> list[tuple[str, str, int]]:
     dump time.
     """
     out: list[tuple[str, str, int]] = []
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     here = _HERE
     while frame is not None and len(out) < _MAX_FRAMES:
         code = frame.f_code

@@ -6,6 +6,8 @@ collectives (resolved by group name), ``get_process_group_ranks`` and ``DeviceMe
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from .. import _env
@@ -27,7 +29,8 @@ def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _Back
     if not isinstance(comm, TorchComm):
         raise CommTypeError(f"as_process_group: expected a torchcomms TorchComm, got "
                             f"{type(comm).__name__}")
-    existing = find_group(comm)
+    # Only our wrappers have get_comm, so a group found for a comm is one.
+    existing = cast("_BackendWrapper | None", find_group(comm))
     if existing is not None:
         return existing
     import torch.distributed as dist
@@ -61,7 +64,8 @@ def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = Fa
     c10d._register_pg_in_world(
         pg,
         backend_name=backend,
-        store=pg.get_group_store(),
+        # c10d only records the store (pg_map); a comm created without one has none.
+        store=pg.get_group_store(),  # type: ignore[arg-type]
         group_name=pg.group_name,
         backend_config=f"{device}:{backend}",
         rank_mapping={g: i for i, g in enumerate(global_ranks)},

@@ -159,7 +159,7 @@ class RankPool:
     # -- lifecycle -------------------------------------------------------------------
 
     def _start(self) -> None:
-        from torch.distributed import TCPStore
+        from torch._C._distributed_c10d import TCPStore
 
         self._store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
                                wait_for_workers=False)

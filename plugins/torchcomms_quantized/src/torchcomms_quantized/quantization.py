@@ -114,7 +114,7 @@ def dequantize_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int, out:
     q3 = q.reshape(rows, nblocks, block_size)
     s2 = scales.reshape(rows, nblocks)
     o3 = out.view(rows, nblocks, block_size) if out.is_contiguous() else (
-        out.unflatten(-1, (nblocks, block_size)).reshape(rows, nblocks, block_size))
+        torch.unflatten(out, -1, (nblocks, block_size)).reshape(rows, nblocks, block_size))
     slices = _slices(q, rows, nblocks, block_size)
     work = (torch.empty(min(nblocks, _slice_blocks(block_size)) * block_size,
                         dtype=torch.float32, device=q.device) if accumulate else None)
