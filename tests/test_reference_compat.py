@@ -280,7 +280,7 @@ def test_store_path_rendezvous(tmp_path) -> None:
                        TORCHCOMM_STORE_PATH=str(tmp_path / "store")))
         for r in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
         assert "sum 2.0" in out
 

@@ -99,6 +99,8 @@ def __getattr__(name: str) -> object:
 globals().update(PRE_HOOK_CLASSES)
 
 __all__ = [
+    "POST_HOOK_CLASSES",
+    "PRE_HOOK_CLASSES",
     "SPEC_VERSION",
     "AllGatherOptions",
     "AllGatherPExecOptions",
@@ -183,6 +185,6 @@ if is_torch_compile_supported_and_enabled():
     from .functional import collectives as _compile_collectives  # noqa: F401
 
 # Imported before torch, we were half-initialised when torch.distributed looked for us.
-from .pytorch.c10d_context import complete_torch_registration as _complete_registration
+from .pytorch.c10d_context import complete_torch_registration as _complete_registration  # noqa: E402
 
 _complete_registration()

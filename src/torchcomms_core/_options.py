@@ -101,7 +101,8 @@ InitHandle = str
 
 
 class ReconfigureOptions:
-    """Arguments of ``TorchComm.reconfigure``: ``uuid``, ``init_handles``, ``timeout``, ``hints``."""
+    """Arguments of ``TorchComm.reconfigure``: ``uuid``, ``init_handles``, ``timeout``,
+    ``hints``."""
 
     __slots__ = ("uuid", "init_handles", "timeout", "hints")
 
