@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .data import IN_PLACE, OUT_OF_PLACE, Buffers, Case, count_wrong, fill
+from .data import IN_PLACE, OUT_OF_PLACE, Buffers, Case, count_wrong, fill, values
 
 
 class BenchOp(abc.ABC):
@@ -148,7 +148,10 @@ class BenchOp(abc.ABC):
 
 
 class PairOp(BenchOp):
-    """A round trip between ranks 0 and 1 (two legs); the other ranks stand by."""
+    """A round trip between ranks 0 and 1 (two legs); the other ranks stand by.
+
+    Rank 0's data goes to rank 1 and back: both end with it in their output.
+    """
 
     min_ranks = 2
     legs = 2
@@ -159,6 +162,12 @@ class PairOp(BenchOp):
     def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
         return Buffers(self._empty(count, case), self._empty(count, case), count,
                        self._form(form))
+
+    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
+        return values(case.rank, 0, index, case, reduced=False)
+
+    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
+        return values(0, 0, index, case, reduced=False)
 
     def participates(self, case: Case) -> bool:
         return case.rank < 2

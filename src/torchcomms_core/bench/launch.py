@@ -41,18 +41,18 @@ def _environ(updates: dict[str, str | None]) -> Iterator[None]:
     """Set (or, for ``None``, remove) environment variables, restoring them afterwards."""
     saved = {key: os.environ.get(key) for key in updates}
     try:
-        for key, value in updates.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environ(updates)
         yield
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _set_environ(saved)
+
+
+def _set_environ(updates: dict[str, str | None]) -> None:
+    for key, value in updates.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def rank_environment(rank: int, nranks: int, store_file: str) -> dict[str, str | None]:

@@ -27,6 +27,7 @@ from .data import (
     pair_sizes,
     pattern,
     reduce_pattern,
+    starts,
     triangle,
     uneven_sizes,
     values,
@@ -59,33 +60,157 @@ def c10d_reduce_op(dist: Any, case: Case) -> Any:
     return getattr(dist.ReduceOp, _C10D_REDOPS[case.redop])
 
 
-def _chunks(buf: torch.Tensor, nranks: int) -> list[torch.Tensor]:
-    return list(buf.chunk(nranks)) if buf.numel() else []
+def _place(index: torch.Tensor, sizes: list[int] | None, whole: int = 0
+           ) -> tuple[Any, torch.Tensor]:
+    """``(part, offset)`` of flat positions ``index`` in parts of ``sizes`` laid end to end.
+
+    ``sizes`` ``None``: the buffer is a single part, numbered ``whole``.
+    """
+    if sizes is None:
+        return whole, index
+    if len(set(sizes)) == 1:
+        # Equal parts: what locate gives, without a search per element.
+        return index // sizes[0], index % sizes[0]
+    return locate(index, sizes)
 
 
-# -- reductions ----------------------------------------------------------------------------
+class _Collective(BenchOp):
+    """An operation described by how its buffers split into one part per rank.
 
+    A rank's input is either whole (every rank receives all of it, or its reduction) or one
+    part per destination rank; its output is either whole (the root's data, or the
+    reduction) or one part per source rank. Part ``d`` of rank ``s``'s input holds
+    ``values(s, d, ...)`` and lands in part ``s`` of rank ``d``'s output; that gives
+    ``input_values`` and ``expected_values``. Unless said otherwise, ``(n - 1) / n`` of the
+    data crosses the bus.
+    """
 
-class AllReduce(BenchOp):
-    """In place: every rank ends with the reduction of all inputs."""
+    #: Whether the result lands at the root only (the other ranks' outputs are scratch).
+    to_root: ClassVar[bool] = False
+    #: Whether the parts differ in size (element counts rounded to ``triangle(nranks)``).
+    uneven: ClassVar[bool] = False
+    #: Whether the operation takes its split buffers as lists of views of their parts.
+    listed: ClassVar[bool] = False
 
-    name = "all_reduce"
-    reduces = True
-    forms = (IN_PLACE,)
-    c10d_name: ClassVar[str | None] = "all_reduce"
+    def granule(self, nranks: int) -> int:
+        return triangle(nranks) if self.uneven else super().granule(nranks)
 
     def busbw_factor(self, nranks: int) -> float:
-        return 2 * (nranks - 1) / nranks
+        return (nranks - 1) / nranks
+
+    def input_parts(self, count: int, case: Case) -> list[int] | None:
+        """Sizes of this rank's input parts, one per destination; ``None`` when whole."""
+        return None
+
+    def output_parts(self, count: int, case: Case) -> list[int] | None:
+        """Sizes of this rank's output parts, one per source; ``None`` when whole."""
+        return None
+
+    def holds_result(self, case: Case) -> bool:
+        return not self.to_root or case.rank == case.root
+
+    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
+        dst, offset = _place(index, self.input_parts(count, case))
+        return values(case.rank, dst, offset, case, reduced=self.reduces)
+
+    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
+        # The part of each sender's input this rank receives: all of it (0), or part ``rank``.
+        part = 0 if self.input_parts(count, case) is None else case.rank
+        if self.reduces:
+            return reduce_pattern(part, index, case)
+        src, offset = _place(index, self.output_parts(count, case), whole=case.root)
+        return values(src, part, offset, case, reduced=False)
+
+    def _with_parts(self, bufs: Buffers, case: Case) -> Buffers:
+        """``bufs`` with each split buffer's parts as views (``listed``), and their sizes
+        when ``uneven``."""
+        inputs = self.input_parts(bufs.count, case)
+        outputs = self.output_parts(bufs.count, case)
+        if inputs is not None:
+            bufs.input_list = self._views(bufs.input, inputs)
+            bufs.input_splits = inputs if self.uneven else []
+        if outputs is not None:
+            bufs.output_list = self._views(bufs.output, outputs)
+            bufs.output_splits = outputs if self.uneven else []
+        return bufs
+
+    def _views(self, buf: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+        return list(torch.split(buf, sizes)) if self.listed and buf.numel() else []
+
+    def _c10d(self, dist: Any) -> Callable[..., Any]:
+        """The ``torch.distributed`` function named by ``c10d_function_name``."""
+        function = self.c10d_function_name(dist)
+        assert function is not None  # c10d_name is set: run_c10d runs only then
+        result: Callable[..., Any] = getattr(dist, function)
+        return result
+
+
+class _ListForm(_Collective):
+    """The list form of a single-tensor operation: out of place, under its own c10d name."""
+
+    forms: ClassVar[tuple[str, ...]] = (OUT_OF_PLACE,)
+    listed = True
+    c10d_older_name: ClassVar[str | None] = None
+
+
+class _InPlace(_Collective):
+    """One buffer, which is input and output."""
+
+    forms = (IN_PLACE,)
 
     def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
         buf = self._empty(count, case)
         return Buffers(buf, buf, count, self._form(form))
 
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.rank, 0, index, case, reduced=True)
 
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return reduce_pattern(0, index, case)
+class _Chunked(_Collective):
+    """A whole buffer of ``count`` elements on one side, this rank's part on the other.
+
+    When ``gathers``, the whole buffer is the output, one part from each source; otherwise it
+    is the input, one part for each destination. Rooted operations have the whole buffer at
+    the root only (elsewhere it is empty). In place, this rank's part is a view of it.
+    """
+
+    #: Whether the whole buffer is the output (otherwise the input).
+    gathers: ClassVar[bool]
+
+    def parts(self, count: int, case: Case) -> list[int]:
+        """Sizes of the whole buffer's parts, one per rank."""
+        if self.uneven:
+            return uneven_sizes(count, case.nranks)
+        return [count // case.nranks] * case.nranks
+
+    def input_parts(self, count: int, case: Case) -> list[int] | None:
+        return None if self.gathers else self.parts(count, case)
+
+    def output_parts(self, count: int, case: Case) -> list[int] | None:
+        return self.parts(count, case) if self.gathers else None
+
+    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
+        form = self._form(form)
+        sizes = self.parts(count, case)
+        whole = self._empty(count if not self.rooted or case.rank == case.root else 0, case)
+        if form == IN_PLACE:
+            mine = whole.narrow(0, starts(sizes)[case.rank], sizes[case.rank])
+        else:
+            mine = self._empty(sizes[case.rank], case)
+        if self.gathers:
+            return self._with_parts(Buffers(mine, whole, count, form), case)
+        return self._with_parts(Buffers(whole, mine, count, form), case)
+
+
+# -- reductions ----------------------------------------------------------------------------
+
+
+class AllReduce(_InPlace):
+    """In place: every rank ends with the reduction of all inputs."""
+
+    name = "all_reduce"
+    reduces = True
+    c10d_name: ClassVar[str | None] = "all_reduce"
+
+    def busbw_factor(self, nranks: int) -> float:
+        return 2 * (nranks - 1) / nranks
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_reduce(bufs.output, case.reduce_op)
@@ -99,14 +224,12 @@ class Reduce(AllReduce):
 
     name = "reduce"
     rooted = True
+    # Other ranks' tensors are scratch space for the engine.
+    to_root = True
     c10d_name = "reduce"
 
     def busbw_factor(self, nranks: int) -> float:
         return 1.0
-
-    def holds_result(self, case: Case) -> bool:
-        # Other ranks' tensors are scratch space for the engine.
-        return case.rank == case.root
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.reduce(bufs.output, case.root, case.reduce_op)
@@ -115,7 +238,7 @@ class Reduce(AllReduce):
         dist.reduce(bufs.output, dst=case.root, op=c10d_reduce_op(dist, case))
 
 
-class ReduceScatterSingle(BenchOp):
+class ReduceScatterSingle(_Chunked):
     """Rank ``r``'s output is the reduction of chunk ``r`` of every rank's input.
 
     In place, the output is rank ``r``'s chunk of its own input.
@@ -124,51 +247,24 @@ class ReduceScatterSingle(BenchOp):
     name = "reduce_scatter_single"
     reduces = True
     splits = True
+    gathers = False
     forms: ClassVar[tuple[str, ...]] = (OUT_OF_PLACE, IN_PLACE)
     # Recent PyTorch renamed reduce_scatter_tensor and warns on the old name.
     c10d_name: ClassVar[str | None] = "reduce_scatter_single"
     c10d_older_name: ClassVar[str | None] = "reduce_scatter_tensor"
 
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        form = self._form(form)
-        chunk = count // case.nranks
-        full = self._empty(count, case)
-        if form == IN_PLACE:
-            return Buffers(full, full.narrow(0, case.rank * chunk, chunk), count, form)
-        return Buffers(full, self._empty(chunk, case), count, form)
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(case.rank, index // chunk, index % chunk, case, reduced=True)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return reduce_pattern(case.rank, index, case)
-
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.reduce_scatter_single(bufs.output, bufs.input, case.reduce_op)
 
     def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        function = self.c10d_function_name(dist)
-        assert function is not None  # c10d_name is set: run_c10d runs only then
-        scatter = getattr(dist, function)
-        scatter(bufs.output, bufs.input, op=c10d_reduce_op(dist, case))
+        self._c10d(dist)(bufs.output, bufs.input, op=c10d_reduce_op(dist, case))
 
 
-class ReduceScatter(ReduceScatterSingle):
+class ReduceScatter(_ListForm, ReduceScatterSingle):
     """``reduce_scatter_single`` with the input as a list of one tensor per rank."""
 
     name = "reduce_scatter"
-    forms = (OUT_OF_PLACE,)
     c10d_name = "reduce_scatter"
-    c10d_older_name = None
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        bufs = super().allocate(count, case, form)
-        bufs.input_list = _chunks(bufs.input, case.nranks)
-        return bufs
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.reduce_scatter(bufs.output, bufs.input_list, case.reduce_op)
@@ -177,30 +273,14 @@ class ReduceScatter(ReduceScatterSingle):
         dist.reduce_scatter(bufs.output, bufs.input_list, op=c10d_reduce_op(dist, case))
 
 
-class ReduceScatterV(BenchOp):
+class ReduceScatterV(_Chunked):
     """Uneven reduce-scatter: rank ``r`` receives ``r + 1`` parts of the input."""
 
     name = "reduce_scatter_v"
     reduces = True
-
-    def granule(self, nranks: int) -> int:
-        return triangle(nranks)
-
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        sizes = uneven_sizes(count, case.nranks)
-        full = self._empty(count, case)
-        return Buffers(full, self._empty(sizes[case.rank], case), count, self._form(form),
-                       input_list=list(torch.split(full, sizes)), input_splits=sizes)
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        dst, offset = locate(index, uneven_sizes(count, case.nranks))
-        return values(case.rank, dst, offset, case, reduced=True)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return reduce_pattern(case.rank, index, case)
+    uneven = True
+    listed = True
+    gathers = False
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.reduce_scatter_v(bufs.output, bufs.input_list, case.reduce_op)
@@ -209,7 +289,7 @@ class ReduceScatterV(BenchOp):
 # -- data movement -------------------------------------------------------------------------
 
 
-class AllGatherSingle(BenchOp):
+class AllGatherSingle(_Chunked):
     """Chunk ``r`` of every rank's output is rank ``r``'s input.
 
     In place, the input is rank ``r``'s chunk of its own output.
@@ -217,51 +297,24 @@ class AllGatherSingle(BenchOp):
 
     name = "all_gather_single"
     splits = True
+    gathers = True
     forms: ClassVar[tuple[str, ...]] = (OUT_OF_PLACE, IN_PLACE)
     # Recent PyTorch renamed all_gather_into_tensor and warns on the old name.
     c10d_name: ClassVar[str | None] = "all_gather_single"
     c10d_older_name: ClassVar[str | None] = "all_gather_into_tensor"
 
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        form = self._form(form)
-        chunk = count // case.nranks
-        full = self._empty(count, case)
-        if form == IN_PLACE:
-            return Buffers(full.narrow(0, case.rank * chunk, chunk), full, count, form)
-        return Buffers(self._empty(chunk, case), full, count, form)
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.rank, 0, index, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(index // chunk, 0, index % chunk, case, reduced=False)
-
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_gather_single(bufs.output, bufs.input)
 
     def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        function = self.c10d_function_name(dist)
-        assert function is not None  # c10d_name is set: run_c10d runs only then
-        gather = getattr(dist, function)
-        gather(bufs.output, bufs.input)
+        self._c10d(dist)(bufs.output, bufs.input)
 
 
-class AllGather(AllGatherSingle):
+class AllGather(_ListForm, AllGatherSingle):
     """``all_gather_single`` with the output as a list of one tensor per rank."""
 
     name = "all_gather"
-    forms = (OUT_OF_PLACE,)
     c10d_name = "all_gather"
-    c10d_older_name = None
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        bufs = super().allocate(count, case, form)
-        bufs.output_list = _chunks(bufs.output, case.nranks)
-        return bufs
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_gather(bufs.output_list, bufs.input)
@@ -270,55 +323,35 @@ class AllGather(AllGatherSingle):
         dist.all_gather(bufs.output_list, bufs.input)
 
 
-class AllGatherV(BenchOp):
+class AllGatherV(_Chunked):
     """Uneven all-gather: rank ``r`` contributes ``r + 1`` parts of every output."""
 
     name = "all_gather_v"
-
-    def granule(self, nranks: int) -> int:
-        return triangle(nranks)
-
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        sizes = uneven_sizes(count, case.nranks)
-        full = self._empty(count, case)
-        return Buffers(self._empty(sizes[case.rank], case), full, count, self._form(form),
-                       output_list=list(torch.split(full, sizes)), output_splits=sizes)
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.rank, 0, index, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        src, offset = locate(index, uneven_sizes(count, case.nranks))
-        return values(src, 0, offset, case, reduced=False)
+    uneven = True
+    listed = True
+    gathers = True
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_gather_v(bufs.output_list, bufs.input)
 
 
-class AllToAllSingle(BenchOp):
+class AllToAllSingle(_Collective):
     """Chunk ``s`` of rank ``r``'s output is chunk ``r`` of rank ``s``'s input."""
 
     name = "all_to_all_single"
     splits = True
     c10d_name = "all_to_all_single"
 
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
+    def input_parts(self, count: int, case: Case) -> list[int] | None:
+        return [count // case.nranks] * case.nranks
+
+    def output_parts(self, count: int, case: Case) -> list[int] | None:
+        return self.input_parts(count, case)
 
     def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        return Buffers(self._empty(count, case), self._empty(count, case), count,
+        bufs = Buffers(self._empty(count, case), self._empty(count, case), count,
                        self._form(form))
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(case.rank, index // chunk, index % chunk, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(index // chunk, case.rank, index % chunk, case, reduced=False)
+        return self._with_parts(bufs, case)
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_to_all_single(bufs.output, bufs.input)
@@ -327,17 +360,11 @@ class AllToAllSingle(BenchOp):
         dist.all_to_all_single(bufs.output, bufs.input)
 
 
-class AllToAll(AllToAllSingle):
+class AllToAll(_ListForm, AllToAllSingle):
     """``all_to_all_single`` with input and output as lists of one tensor per rank."""
 
     name = "all_to_all"
     c10d_name = "all_to_all"
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        bufs = super().allocate(count, case, form)
-        bufs.input_list = _chunks(bufs.input, case.nranks)
-        bufs.output_list = _chunks(bufs.output, case.nranks)
-        return bufs
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_to_all(bufs.output_list, bufs.input_list)
@@ -346,35 +373,22 @@ class AllToAll(AllToAllSingle):
         dist.all_to_all(bufs.output_list, bufs.input_list)
 
 
-class AllToAllVSingle(BenchOp):
+class AllToAllVSingle(AllToAllSingle):
     """Uneven all-to-all: rank ``s`` sends ``1 + (s + d) % n`` parts to rank ``d``.
 
     Every pair exchanges a different amount, yet each rank sends and receives ``count``.
     """
 
     name = "all_to_all_v_single"
-    c10d_name = "all_to_all_single"
+    splits = False
+    uneven = True
 
-    def granule(self, nranks: int) -> int:
-        return triangle(nranks)
+    def input_parts(self, count: int, case: Case) -> list[int] | None:
+        return pair_sizes(count, case.nranks, case.rank)
 
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
+    def output_parts(self, count: int, case: Case) -> list[int] | None:
         n = case.nranks
-        return Buffers(self._empty(count, case), self._empty(count, case), count,
-                       self._form(form), input_splits=pair_sizes(count, n, case.rank),
-                       output_splits=[pair_sizes(count, n, src)[case.rank] for src in range(n)])
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        dst, offset = locate(index, pair_sizes(count, case.nranks, case.rank))
-        return values(case.rank, dst, offset, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        n = case.nranks
-        src, offset = locate(index, [pair_sizes(count, n, s)[case.rank] for s in range(n)])
-        return values(src, case.rank, offset, case, reduced=False)
+        return [pair_sizes(count, n, src)[case.rank] for src in range(n)]
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_to_all_v_single(bufs.output, bufs.input, bufs.output_splits, bufs.input_splits)
@@ -386,27 +400,18 @@ class AllToAllVSingle(BenchOp):
 # -- rooted --------------------------------------------------------------------------------
 
 
-class Broadcast(BenchOp):
-    """In place: every rank ends with the root's tensor."""
+class Broadcast(_InPlace):
+    """In place: every rank ends with the root's tensor.
+
+    Non-roots fill their own values too, so a broadcast that never arrives is caught.
+    """
 
     name = "broadcast"
     rooted = True
-    forms = (IN_PLACE,)
     c10d_name = "broadcast"
 
     def busbw_factor(self, nranks: int) -> float:
         return 1.0
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        buf = self._empty(count, case)
-        return Buffers(buf, buf, count, self._form(form))
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        # Non-roots fill their own values too, so a broadcast that never arrives is caught.
-        return values(case.rank, 0, index, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.root, 0, index, case, reduced=False)
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.broadcast(bufs.output, case.root)
@@ -415,32 +420,16 @@ class Broadcast(BenchOp):
         dist.broadcast(bufs.output, src=case.root)
 
 
-class Gather(BenchOp):
+class Gather(_Chunked):
     """Chunk ``r`` of the root's output list is rank ``r``'s input."""
 
     name = "gather"
     rooted = True
+    to_root = True
     splits = True
+    listed = True
+    gathers = True
     c10d_name = "gather"
-
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        chunk = count // case.nranks
-        full = self._empty(count if case.rank == case.root else 0, case)
-        return Buffers(self._empty(chunk, case), full, count, self._form(form),
-                       output_list=_chunks(full, case.nranks))
-
-    def holds_result(self, case: Case) -> bool:
-        return case.rank == case.root
-
-    def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.rank, 0, index, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(index // chunk, 0, index % chunk, case, reduced=False)
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.gather(bufs.output_list, bufs.input, case.root)
@@ -460,29 +449,19 @@ class GatherSingle(Gather):
         comm.gather_single(bufs.output, bufs.input, case.root)
 
 
-class Scatter(BenchOp):
+class Scatter(_Chunked):
     """Rank ``r``'s output is chunk ``r`` of the root's input list."""
 
     name = "scatter"
     rooted = True
     splits = True
+    listed = True
+    gathers = False
     c10d_name = "scatter"
 
-    def busbw_factor(self, nranks: int) -> float:
-        return (nranks - 1) / nranks
-
-    def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        chunk = count // case.nranks
-        full = self._empty(count if case.rank == case.root else 0, case)
-        return Buffers(full, self._empty(chunk, case), count, self._form(form),
-                       input_list=_chunks(full, case.nranks))
-
     def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        chunk = count // case.nranks
-        return values(case.root, index // chunk, index % chunk, case, reduced=False)
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(case.root, case.rank, index, case, reduced=False)
+        # Only the root has an input: the root's data, whichever rank asks.
+        return super().input_values(index, count, dataclasses.replace(case, rank=case.root))
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.scatter(bufs.output, bufs.input_list, case.root)
@@ -504,16 +483,13 @@ class SendRecv(PairOp):
     c10d_name = "send/recv"
 
     def fill(self, bufs: Buffers, case: Case) -> None:
+        super().fill(bufs, case)
         # Rank 1 starts with its own values, so a message that never arrives is caught.
-        fill(bufs.input, lambda index: values(case.rank, 0, index, case, reduced=False))
-        fill(bufs.output, lambda index: values(case.rank, 0, index, case, reduced=False))
-        if case.rank == 0:
-            bufs.output.zero_()
-
-    def expected_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
-        return values(0, 0, index, case, reduced=False)
+        if case.rank != 0:
+            fill(bufs.output, lambda index: self.input_values(index, bufs.count, case))
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
+        # A communicator and torch.distributed take the same send and recv arguments.
         if case.rank == 0:
             comm.send(bufs.input, 1)
             comm.recv(bufs.output, 1)
@@ -522,12 +498,7 @@ class SendRecv(PairOp):
             comm.send(bufs.output, 0)
 
     def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        if case.rank == 0:
-            dist.send(bufs.input, 1)
-            dist.recv(bufs.output, 1)
-        elif case.rank == 1:
-            dist.recv(bufs.output, 0)
-            dist.send(bufs.output, 0)
+        self.run(dist, bufs, case)
 
 
 class Barrier(BenchOp):
@@ -561,13 +532,21 @@ class Barrier(BenchOp):
 # -- plugin collectives --------------------------------------------------------------------
 
 
-class AllReduceCoalesced(AllReduce):
+class _PluginOp(_Collective):
+    """A collective that a plugin adds: torch.distributed has no equivalent to compare."""
+
+    c10d_name: ClassVar[str | None] = None
+
+    def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
+        raise NotImplementedError(f"{self.name} has no torch.distributed equivalent")
+
+
+class AllReduceCoalesced(_PluginOp, AllReduce):
     """``all_reduce`` of the buffer as a list of tensors, through the built-in plugin."""
 
     name = "all_reduce_coalesced"
     #: Tensors the buffer is split into.
     tensors: ClassVar[int] = 4
-    c10d_name = None
 
     def granule(self, nranks: int) -> int:
         return self.tensors
@@ -585,16 +564,14 @@ class AllReduceCoalesced(AllReduce):
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_reduce_coalesced(bufs.output_list, case.reduce_op)
 
-    def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        raise NotImplementedError(f"{self.name} has no torch.distributed equivalent")
 
-
-class _QuantizedBound:
+class _Quantized(_PluginOp):
     """Counts elements outside the error bound torchcomms-quantized documents (its README).
 
-    Per element of block ``b``: ``|result - exact| <= A_b / divisor`` for SUM (divided by
-    ``n`` for AVG), ``A_b`` being the sum over ranks of max|x| over the block, plus
-    ``flushes * 2**-100`` for blocks flushed to zero, plus the final rounding to
+    The plugin's data moves as int8 with one float32 scale per block, so results are
+    approximate by design. Per element of block ``b``: ``|result - exact| <= A_b / divisor``
+    for SUM (divided by ``n`` for AVG), ``A_b`` being the sum over ranks of max|x| over the
+    block, plus ``flushes * 2**-100`` for blocks flushed to zero, plus the final rounding to
     bfloat16/float16: ``u * (|exact| + that)`` and, for float16 subnormals, ``2**-25``.
     Restated rather than imported (the core imports no plugin), so the bench checks the
     documented contract independently of the plugin's own code.
@@ -602,6 +579,10 @@ class _QuantizedBound:
 
     #: The collective's default block size, which ``run`` uses.
     block_size: ClassVar[int] = 256
+    #: The ``divisor`` of the bound.
+    divisor: ClassVar[int]
+    #: The bound's ``flushes``: ``nranks`` plus this many.
+    extra_flushes: ClassVar[int] = 0
     _FLUSH: ClassVar[float] = 2.0**-100
     _ROUNDING: ClassVar[dict[torch.dtype, tuple[float, float]]] = {
         torch.float32: (0.0, 0.0),
@@ -609,22 +590,24 @@ class _QuantizedBound:
         torch.float16: (2.0**-11, 2.0**-25),
     }
 
-    def _refuses(self, dtype: torch.dtype, redop: str) -> str | None:
+    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
         if dtype not in self._ROUNDING:
             return (f"needs a floating-point datatype (float32, bfloat16, float16), got "
                     f"{dtype_name(dtype)}")
         if redop not in ("sum", "avg"):
             return f"reduces with sum or avg only, got --op {redop}"
-        return None
+        return super().refuses(dtype, redop, nranks)
 
-    def _count_outside(self, result: torch.Tensor, case: Case, divisor: int, flushes: int,
-                       inputs: Callable[[torch.Tensor, Case], torch.Tensor]) -> int:
-        """Elements of ``result`` outside the bound; ``inputs(index, rank_case)`` gives a
-        rank's addends of the elements at ``index``. Blocks start at index 0."""
-        flat = result.view(-1)
+    def count_wrong(self, bufs: Buffers, case: Case) -> int:
+        """Elements farther from the exact result than the documented error bound."""
+        flat = bufs.output.view(-1)
         n, size = case.nranks, self.block_size
         unit, tiny = self._ROUNDING[case.dtype]
         ranks = [dataclasses.replace(case, rank=r) for r in range(n)]
+        # Where this rank's output lies in every rank's input. Each output is padded to
+        # whole blocks, so blocks start at the output's start.
+        parts = self.input_parts(bufs.count, case)
+        start_in_input = 0 if parts is None else starts(parts)[case.rank]
         wrong = 0
         # BLOCK (2**20) is a multiple of the block size, so quantization blocks never straddle
         # two of these slices.
@@ -633,17 +616,18 @@ class _QuantizedBound:
             absmax_sum = torch.zeros(-(-(stop - start) // size), dtype=torch.float64,
                                      device=flat.device)
             for rank_case in ranks:
-                addends = inputs(index, rank_case).to(torch.float64)
+                addends = self.input_values(index + start_in_input, bufs.count, rank_case)
+                addends = addends.to(torch.float64)
                 exact += addends
                 padded = torch.zeros(absmax_sum.numel() * size, dtype=torch.float64,
                                      device=flat.device)
                 padded[: addends.numel()] = addends.abs()
                 absmax_sum += padded.view(-1, size).amax(dim=1)
-            per_block = absmax_sum / divisor
+            per_block = absmax_sum / self.divisor
             if case.redop == "avg":
                 exact /= n
                 per_block /= n
-            per_block += flushes * self._FLUSH
+            per_block += (n + self.extra_flushes) * self._FLUSH
             quantized = per_block.repeat_interleave(size)[: stop - start]
             bound = quantized + unit * (exact.abs() + quantized) + tiny
             error = (flat[start:stop].to(torch.float64) - exact).abs()
@@ -652,60 +636,29 @@ class _QuantizedBound:
         return wrong
 
 
-class QuantizedAllReduce(_QuantizedBound, AllReduce):
-    """In place, like all_reduce, through the ``quantized_all_reduce`` plugin collective.
-
-    Its data moves as int8 with one float32 scale per block, so results are approximate by
-    design; ``count_wrong`` counts the elements outside the plugin's documented error bound.
-    """
+class QuantizedAllReduce(_Quantized, AllReduce):
+    """In place, like all_reduce, through the ``quantized_all_reduce`` plugin collective."""
 
     name = "quantized_all_reduce"
-    c10d_name = None
-    _DIVISOR: ClassVar[int] = 126
-
-    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
-        return self._refuses(dtype, redop) or super().refuses(dtype, redop, nranks)
+    divisor = 126
+    extra_flushes = 1
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.quantized_all_reduce(bufs.output, case.reduce_op)
 
-    def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        raise NotImplementedError(f"{self.name} has no torch.distributed equivalent")
 
-    def count_wrong(self, bufs: Buffers, case: Case) -> int:
-        """Elements farther from the exact result than the documented error bound."""
-        return self._count_outside(
-            bufs.output, case, self._DIVISOR, case.nranks + 1,
-            lambda index, rank_case: self.input_values(index, bufs.count, rank_case))
-
-
-class QuantizedReduceScatter(_QuantizedBound, ReduceScatterSingle):
+class QuantizedReduceScatter(_Quantized, ReduceScatterSingle):
     """Like reduce_scatter_single, through the ``quantized_reduce_scatter`` plugin collective.
 
-    One int8 quantization; ``count_wrong`` counts elements outside the documented bound.
+    One int8 quantization.
     """
 
     name = "quantized_reduce_scatter"
     forms = (OUT_OF_PLACE,)
-    c10d_name = None
-    _DIVISOR: ClassVar[int] = 250
-
-    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
-        return self._refuses(dtype, redop) or super().refuses(dtype, redop, nranks)
+    divisor = 250
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.quantized_reduce_scatter(bufs.output, bufs.input, case.reduce_op)
-
-    def run_c10d(self, dist: Any, bufs: Buffers, case: Case) -> None:
-        raise NotImplementedError(f"{self.name} has no torch.distributed equivalent")
-
-    def count_wrong(self, bufs: Buffers, case: Case) -> int:
-        """Elements farther from the exact result than the documented error bound."""
-        offset = case.rank * (bufs.count // case.nranks)
-        # Each output chunk is padded to whole blocks, so blocks start at the chunk's start.
-        return self._count_outside(
-            bufs.output, case, self._DIVISOR, case.nranks,
-            lambda index, rank_case: self.input_values(index + offset, bufs.count, rank_case))
 
 
 #: Benchmarkable operations by name; ``DEFAULT_OPS`` run when ``--ops`` is not given.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import PairOp
-from .data import Buffers, Case, fill, values
+from .data import Buffers, Case
 
 
 class WindowPutSignal(PairOp):
@@ -23,13 +23,6 @@ class WindowPutSignal(PairOp):
         # The window of each output buffer, made by the first (collective) run on it; the
         # previous size's window is released first, on every rank in the same order.
         self._windows: dict[int, tuple[Any, Any]] = {}
-
-    def fill(self, bufs: Buffers, case: Case) -> None:
-        fill(bufs.input, lambda index: values(case.rank, 0, index, case, reduced=False))
-        bufs.output.zero_()
-
-    def expected_values(self, index: Any, count: int, case: Case) -> Any:
-        return values(0, 0, index, case, reduced=False)
 
     def _window(self, comm: Any, bufs: Buffers) -> Any:
         found = self._windows.get(id(bufs.output))
