@@ -56,8 +56,10 @@ def _rank_body(iters: int) -> dict[str, tuple[float, float]]:
                     t0 = time.perf_counter()
                     fn(comm, t)
                     times[key].append(time.perf_counter() - t0)
-            results[f"{op} {label}"] = (statistics.median(times["plain"]),
-                                        statistics.median(times["checked"]))
+            results[f"{op} {label}"] = (
+                statistics.median(times["plain"]),
+                statistics.median(times["checked"]),
+            )
     plain.finalize()
     checked.finalize()
     del size
@@ -74,12 +76,13 @@ def main() -> None:
     with RankPool(args.nproc, comm_timeout_s=120) as pool:
         per_rank = pool.run(_rank_body, args.iters, timeout=600)
     rank0 = per_rank[0]
-    print(f"TORCHCOMM_CHECK_COLLECTIVES cost, gloo, {args.nproc} ranks, median of "
-          f"{args.iters} interleaved calls (rank 0)")
+    print(
+        f"TORCHCOMM_CHECK_COLLECTIVES cost, gloo, {args.nproc} ranks, median of "
+        f"{args.iters} interleaved calls (rank 0)"
+    )
     print(f"{'call':<24}{'unchecked (us)':>16}{'checked (us)':>16}{'ratio':>8}")
     for key, (plain_s, checked_s) in rank0.items():
-        print(f"{key:<24}{plain_s * 1e6:>16.1f}{checked_s * 1e6:>16.1f}"
-              f"{checked_s / plain_s:>8.2f}")
+        print(f"{key:<24}{plain_s * 1e6:>16.1f}{checked_s * 1e6:>16.1f}{checked_s / plain_s:>8.2f}")
 
 
 if __name__ == "__main__":

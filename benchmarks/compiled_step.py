@@ -76,8 +76,9 @@ def _rank_body(steps: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=2, help="local gloo ranks (2)")
     parser.add_argument("--steps", type=int, default=20, help="steps per round (20)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (5)")
@@ -89,14 +90,18 @@ def main() -> None:
     from torchcomms_core.testing import RankPool
 
     cache = tempfile.mkdtemp(prefix="torchcomms-inductor-")
-    env = {"TORCHCOMMS_PATCH_FOR_COMPILE": "1", "TORCHINDUCTOR_CACHE_DIR": cache,
-           "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env = {
+        "TORCHCOMMS_PATCH_FOR_COMPILE": "1",
+        "TORCHINDUCTOR_CACHE_DIR": cache,
+        "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    }
     with RankPool(args.nproc, env=env, comm_timeout_s=600) as pool:
         results = pool.run(_rank_body, args.steps, args.rounds, timeout=1800)
     # A step ends when the slowest rank's does: take the per-step maximum over ranks.
     eager = [max(r["eager_s"][i] for r in results) for i in range(len(results[0]["eager_s"]))]
-    compiled = [max(r["compiled_s"][i] for r in results)
-                for i in range(len(results[0]["compiled_s"]))]
+    compiled = [
+        max(r["compiled_s"][i] for r in results) for i in range(len(results[0]["compiled_s"]))
+    ]
     e_med, c_med = statistics.median(eager), statistics.median(compiled)
     first = max(r["first_call_s"] for r in results)
     figures = {
@@ -107,12 +112,18 @@ def main() -> None:
         "compiled_over_eager": c_med / e_med,
         "compile_s": first - c_med,
     }
-    print(f"{'ranks':>5} {'steps':>6} {'eager ms':>9} {'compiled ms':>12} {'ratio':>6} "
-          f"{'compile s':>10}")
-    print(f"{args.nproc:>5} {len(eager):>6} {e_med * 1e3:>9.2f} {c_med * 1e3:>12.2f} "
-          f"{c_med / e_med:>6.2f} {first - c_med:>10.1f}")
-    print("(median step time, slowest rank per step; ratio = compiled / eager; compile = "
-          "first compiled call with an empty inductor cache, less one step)")
+    print(
+        f"{'ranks':>5} {'steps':>6} {'eager ms':>9} {'compiled ms':>12} {'ratio':>6} "
+        f"{'compile s':>10}"
+    )
+    print(
+        f"{args.nproc:>5} {len(eager):>6} {e_med * 1e3:>9.2f} {c_med * 1e3:>12.2f} "
+        f"{c_med / e_med:>6.2f} {first - c_med:>10.1f}"
+    )
+    print(
+        "(median step time, slowest rank per step; ratio = compiled / eager; compile = "
+        "first compiled call with an empty inductor cache, less one step)"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=2)

@@ -62,6 +62,7 @@ def main() -> None:
             req = start()
             while not test(req):
                 pass
+
         return call
 
     cases: dict[str, dict[str, Callable[[], object]]] = {
@@ -106,8 +107,10 @@ def main() -> None:
         worst = {name: max(raw.allgather(m)) for name, m in medians.items()}
         if raw.Get_rank() == 0:
             base = worst["raw blocking"]
-            print(f"# {op}, {raw.Get_size()} ranks, {args.elements} element(s), "
-                  f"{args.calls} calls each, interleaved; median us (ratio to raw blocking)")
+            print(
+                f"# {op}, {raw.Get_size()} ranks, {args.elements} element(s), "
+                f"{args.calls} calls each, interleaved; median us (ratio to raw blocking)"
+            )
             for name, us in worst.items():
                 print(f"{name:>16}: {us:8.2f} us  ({us / base:.2f})")
             print(f"{'gloo / mpi':>16}: {worst['TorchComm gloo'] / worst['TorchComm']:.1f}x")

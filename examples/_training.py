@@ -15,14 +15,17 @@ LR = 0.05
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                         nn.Linear(64, 8))
+    return nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)
+    )
 
 
 def batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 32, generator=gen),
-             torch.randn(GLOBAL_BATCH, 8, generator=gen)) for _ in range(steps)]
+    return [
+        (torch.randn(GLOBAL_BATCH, 32, generator=gen), torch.randn(GLOBAL_BATCH, 8, generator=gen))
+        for _ in range(steps)
+    ]
 
 
 def reference(steps: int) -> list[float]:

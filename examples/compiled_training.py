@@ -35,12 +35,10 @@ from torchcomms import ReduceOp  # noqa: E402
 def make_step(comm: Any, model: nn.Module) -> Callable[..., torch.Tensor]:
     """One SGD step on this rank's slice; returns the loss averaged over ranks."""
 
-    def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-                ) -> torch.Tensor:
+    def loss_fn(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nn.functional.mse_loss(functional_call(model, params, (x,)), y)
 
-    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
-             ) -> torch.Tensor:
+    def step(params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         grads, loss = grad_and_value(loss_fn)(params, x, y)
         for g in grads.values():
             comm.all_reduce(g, ReduceOp.AVG, False)
@@ -64,7 +62,7 @@ def train(comm: Any, steps: int, compiled: bool) -> tuple[list[float], float, fl
     per = GLOBAL_BATCH // size
     losses, times = [], []
     for x, y in batches(steps):
-        xs, ys = x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+        xs, ys = x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
         comm.barrier(False)
         start = time.perf_counter()
         loss = step(params, xs, ys)
@@ -79,8 +77,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     if not torchcomms.is_torch_compile_supported_and_enabled():
-        raise SystemExit("this example needs TORCHCOMMS_PATCH_FOR_COMPILE=1 and PyTorch >= "
-                         "2.12")
+        raise SystemExit("this example needs TORCHCOMMS_PATCH_FOR_COMPILE=1 and PyTorch >= 2.12")
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="compiled_training")
     rank = comm.get_rank()
     eager, _, eager_step = train(comm, args.steps, compiled=False)
@@ -92,8 +89,10 @@ def main() -> None:
         for i, (e, c) in enumerate(zip(eager, compiled, strict=True)):
             print(f"step {i} eager {e:.8f} compiled {c:.8f} reference {ref[i]:.8f}", flush=True)
         print(f"compiled vs eager worst rel.diff {worst:.2e}; vs one process {worst_ref:.2e}")
-        print(f"first compiled step (compile + run) {first:.1f} s; step time eager "
-              f"{eager_step * 1e3:.2f} ms, compiled {compiled_step * 1e3:.2f} ms")
+        print(
+            f"first compiled step (compile + run) {first:.1f} s; step time eager "
+            f"{eager_step * 1e3:.2f} ms, compiled {compiled_step * 1e3:.2f} ms"
+        )
     comm.finalize()
     ok = worst <= 1e-6 and worst_ref <= 1e-5
     if rank == 0:

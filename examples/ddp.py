@@ -31,8 +31,9 @@ def main() -> None:
     rank, size = comm.get_rank(), comm.get_size()
     # A process group over the comm (it spans the job, so it is also the default group).
     pg = as_process_group(comm)
-    model = DistributedDataParallel(make_model(), process_group=pg,
-                                    bucket_cap_mb=args.bucket_cap_mb)
+    model = DistributedDataParallel(
+        make_model(), process_group=pg, bucket_cap_mb=args.bucket_cap_mb
+    )
     model.register_comm_hook(pg, default_hooks.allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
 
@@ -40,8 +41,9 @@ def main() -> None:
     per = GLOBAL_BATCH // size
     worst = 0.0
     for i, (x, y) in enumerate(batches(args.steps)):
-        loss = nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]),
-                                      y[rank * per:(rank + 1) * per])
+        loss = nn.functional.mse_loss(
+            model(x[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
+        )
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -50,12 +52,16 @@ def main() -> None:
         rel = abs(total.item() - ref[i]) / max(abs(ref[i]), 1e-12)
         worst = max(worst, rel)
         if rank == 0:
-            print(f"step {i} loss {total.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
-                  flush=True)
+            print(
+                f"step {i} loss {total.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
+                flush=True,
+            )
     ok = worst <= 1e-5
     if rank == 0:
-        print(f"ddp over torchcomms matches the reference: {ok} (worst rel.diff {worst:.2e})",
-              flush=True)
+        print(
+            f"ddp over torchcomms matches the reference: {ok} (worst rel.diff {worst:.2e})",
+            flush=True,
+        )
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(f"losses differ from the reference by up to {worst:.2e}")

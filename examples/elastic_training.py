@@ -158,11 +158,20 @@ class Worker:
 
         self.tc = torchcomms
         self.args = args
-        self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              is_master=False, timeout=timedelta(seconds=60))
+        self.store = TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=60),
+        )
         self.comm = torchcomms.new_comm(
-            "gloo", torch.device("cpu"), name="elastic", enable_reconfigure=True,
-            timeout=timedelta(seconds=args.timeout), store=self.store)
+            "gloo",
+            torch.device("cpu"),
+            name="elastic",
+            enable_reconfigure=True,
+            timeout=timedelta(seconds=args.timeout),
+            store=self.store,
+        )
         self.handle = self.comm.get_init_handle()
         self.store.set(f"pid/{os.getpid()}", self.handle)
         self.quorum = Quorum(self.store, self.handle, stale_s=args.stale)
@@ -190,8 +199,10 @@ class Worker:
             try:
                 t_reconfigure = time.time()
                 self.comm.reconfigure(f"round-{n}", members, timedelta(seconds=30))
-                self._timings = {"quorum_s": t_reconfigure - t_quorum,
-                                 "reconfigure_s": time.time() - t_reconfigure}
+                self._timings = {
+                    "quorum_s": t_reconfigure - t_quorum,
+                    "reconfigure_s": time.time() - t_reconfigure,
+                }
                 self._sync_state(reason)
                 if self.comm.get_rank() == 0:
                     self.store.set("quorum/latest", str(n))
@@ -219,13 +230,24 @@ class Worker:
         check = torch.stack([total, -total])
         comm.all_reduce(check, self.tc.ReduceOp.MAX, False)
         identical = bool(check[0] == -check[1])
-        self.recoveries.append({"round": self.round, "reason": reason, "size": size,
-                                "step": best, "source": src, "checksum": float(total),
-                                "identical": identical, **self._timings})
+        self.recoveries.append(
+            {
+                "round": self.round,
+                "reason": reason,
+                "size": size,
+                "step": best,
+                "source": src,
+                "checksum": float(total),
+                "identical": identical,
+                **self._timings,
+            }
+        )
         if rank == 0:
-            print(f"round {self.round} ({reason}): {size} members, resume at step {best} "
-                  f"from rank {src}, checksum {float(total):.6f} identical={identical}",
-                  flush=True)
+            print(
+                f"round {self.round} ({reason}): {size} members, resume at step {best} "
+                f"from rank {src}, checksum {float(total):.6f} identical={identical}",
+                flush=True,
+            )
 
     def train(self) -> None:
         args = self.args
@@ -237,8 +259,9 @@ class Worker:
             if size == args.nproc and full_since is None and self.recoveries[-1]["round"] > 0:
                 full_since = self.step
             done = self.step >= args.steps and (
-                args.rejoin_at < 0 or (full_since is not None
-                                       and self.step >= full_since + args.after_rejoin))
+                args.rejoin_at < 0
+                or (full_since is not None and self.step >= full_since + args.after_rejoin)
+            )
             wants_join = rank == 0 and self.quorum.join_requested(self.round + 1)
             x, y = batch(self.step)
             xs, ys = x.tensor_split(size)[rank], y.tensor_split(size)[rank]
@@ -246,15 +269,18 @@ class Worker:
             grads = torch.autograd.grad(loss, list(self.model.parameters()))
             n = float(xs.shape[0])
             flags = [1.0 if (rank == 0 and done) else 0.0, 1.0 if wants_join else 0.0]
-            buf = torch.cat([*(g.reshape(-1) * n for g in grads),
-                             torch.tensor([loss.item() * n, *flags])])
+            buf = torch.cat(
+                [*(g.reshape(-1) * n for g in grads), torch.tensor([loss.item() * n, *flags])]
+            )
             time.sleep(args.step_time)  # stands for the forward/backward of a real model
             try:
                 comm.all_reduce(buf, self.tc.ReduceOp.SUM, False)
             except self.tc.TorchCommError as exc:
                 self.store.set(f"detected/{self.handle}", repr(time.time()))
-                print(f"[{self.handle[-12:]}] step {self.step}: {type(exc).__name__}; "
-                      f"recovering", flush=True)
+                print(
+                    f"[{self.handle[-12:]}] step {self.step}: {type(exc).__name__}; recovering",
+                    flush=True,
+                )
                 comm.abort()  # closes our connections: peers stuck on us fail now
                 self.recover("failure")
                 continue
@@ -288,10 +314,13 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
 
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
     trace_dir = tempfile.mkdtemp(prefix="elastic-")
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-           "OMP_NUM_THREADS": "1"}
-    worker_args = [sys.executable, os.path.abspath(__file__), "--worker",
-                   "--trace-dir", trace_dir]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "OMP_NUM_THREADS": "1",
+    }
+    worker_args = [sys.executable, os.path.abspath(__file__), "--worker", "--trace-dir", trace_dir]
     for k in ("nproc", "steps", "timeout", "stale", "step_time", "rejoin_at", "after_rejoin"):
         worker_args += [f"--{k.replace('_', '-')}", str(getattr(args, k))]
     procs = [subprocess.Popen(worker_args, env=env) for _ in range(args.nproc)]
@@ -308,8 +337,13 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                 killed_at = time.time()
                 os.kill(victim.pid, signal.SIGKILL)
                 kill_step = progress
-            if (killed_at is not None and joiner is None and args.rejoin_at >= 0
-                    and progress >= args.rejoin_at and store.check(["recovered/1"])):
+            if (
+                killed_at is not None
+                and joiner is None
+                and args.rejoin_at >= 0
+                and progress >= args.rejoin_at
+                and store.check(["recovered/1"])
+            ):
                 joiner = subprocess.Popen([*worker_args, "--joiner"], env=env)
                 procs.append(joiner)
             time.sleep(0.005)
@@ -322,13 +356,20 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     for name in sorted(os.listdir(trace_dir)):
         with open(os.path.join(trace_dir, name)) as f:
             reports.append(json.load(f))
-    return summarize(args, store, reports, codes, killed_at, kill_step if killed_at else None,
-                     victim.returncode)
+    return summarize(
+        args, store, reports, codes, killed_at, kill_step if killed_at else None, victim.returncode
+    )
 
 
-def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]],
-              codes: list[int | None], killed_at: float | None, kill_step: int | None,
-              victim_code: int | None) -> dict[str, Any]:
+def summarize(
+    args: argparse.Namespace,
+    store: Any,
+    reports: list[dict[str, Any]],
+    codes: list[int | None],
+    killed_at: float | None,
+    kill_step: int | None,
+    victim_code: int | None,
+) -> dict[str, Any]:
     steps: dict[int, tuple[int, float]] = {}
     disagreements = 0
     for rep in reports:
@@ -338,13 +379,23 @@ def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]
             steps.setdefault(step, (size, loss))
     last = max(steps) + 1 if steps else 0
     ref = reference_losses(last)
-    trace = [{"step": s, "size": steps[s][0], "loss": steps[s][1], "reference": ref[s]}
-             for s in sorted(steps)]
-    recoveries = sorted({(r["round"], r["reason"], r["size"], r["step"], r["identical"])
-                         for rep in reports for r in rep["recoveries"]})
+    trace = [
+        {"step": s, "size": steps[s][0], "loss": steps[s][1], "reference": ref[s]}
+        for s in sorted(steps)
+    ]
+    recoveries = sorted(
+        {
+            (r["round"], r["reason"], r["size"], r["step"], r["identical"])
+            for rep in reports
+            for r in rep["recoveries"]
+        }
+    )
     recovered = float(store.get("recovered/1")) if store.check(["recovered/1"]) else None
-    detected = [float(store.get(f"detected/{rep['handle']}")) for rep in reports
-                if store.check([f"detected/{rep['handle']}"])]
+    detected = [
+        float(store.get(f"detected/{rep['handle']}"))
+        for rep in reports
+        if store.check([f"detected/{rep['handle']}"])
+    ]
     phases = [r for rep in reports for r in rep["recoveries"] if r["reason"] == "failure"]
     result = {
         "exit_codes": codes,
@@ -355,8 +406,10 @@ def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]
         "loss_disagreements": disagreements,
         "max_loss_error": max((abs(t["loss"] - t["reference"]) for t in trace), default=None),
         "trace": trace,
-        "recoveries": [dict(zip(("round", "reason", "size", "step", "identical"), r, strict=True))
-                       for r in recoveries],
+        "recoveries": [
+            dict(zip(("round", "reason", "size", "step", "identical"), r, strict=True))
+            for r in recoveries
+        ],
         "detect_s": (max(detected) - killed_at) if detected and killed_at else None,
         "recover_s": (recovered - killed_at) if recovered and killed_at else None,
         # slowest survivor: waiting for the membership, then comm.reconfigure itself
@@ -367,12 +420,16 @@ def summarize(args: argparse.Namespace, store: Any, reports: list[dict[str, Any]
 
 
 def print_summary(res: dict[str, Any]) -> None:
-    print(f"exit codes {res['exit_codes']} (victim {res['victim_exit']}), killed at step "
-          f"{res['kill_step']}; {len(res['steps'])} steps, missing {res['missing_steps']}, "
-          f"max |loss - single-process loss| = {res['max_loss_error']:.2e}")
+    print(
+        f"exit codes {res['exit_codes']} (victim {res['victim_exit']}), killed at step "
+        f"{res['kill_step']}; {len(res['steps'])} steps, missing {res['missing_steps']}, "
+        f"max |loss - single-process loss| = {res['max_loss_error']:.2e}"
+    )
     for r in res["recoveries"]:
-        print(f"  round {r['round']}: {r['reason']}, {r['size']} members, resumed at step "
-              f"{r['step']}, replicas identical: {r['identical']}")
+        print(
+            f"  round {r['round']}: {r['reason']}, {r['size']} members, resumed at step "
+            f"{r['step']}, replicas identical: {r['identical']}"
+        )
     sizes = [t["size"] for t in res["trace"]]
     marks = {i for i in range(1, len(sizes)) if sizes[i] != sizes[i - 1]}
     shown = sorted({j for i in marks for j in range(i - 2, i + 3) if 0 <= j < len(sizes)})
@@ -381,22 +438,33 @@ def print_summary(res: dict[str, Any]) -> None:
         t = res["trace"][i]
         print(f"  {t['step']:4d} {t['size']:4d} {t['loss']:.6f}  {t['reference']:.6f}")
     if res["recover_s"] is not None:
-        print(f"kill -> failure seen by the last survivor: {res['detect_s']:.3f} s; kill -> first "
-              f"collective on the new membership: {res['recover_s']:.3f} s (membership "
-              f"agreement {res['quorum_s']:.3f} s, reconfigure {res['reconfigure_s']:.3f} s)")
+        print(
+            f"kill -> failure seen by the last survivor: {res['detect_s']:.3f} s; kill -> first "
+            f"collective on the new membership: {res['recover_s']:.3f} s (membership "
+            f"agreement {res['quorum_s']:.3f} s, reconfigure {res['reconfigure_s']:.3f} s)"
+        )
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--steps", type=int, default=30, help="train at least this many steps")
     p.add_argument("--kill-at", type=int, default=8, help="SIGKILL a worker at this step")
     p.add_argument("--victim", type=int, default=3, help="which of the workers to kill")
-    p.add_argument("--rejoin-at", type=int, default=12,
-                   help="start a replacement from this step on (-1: never)")
-    p.add_argument("--after-rejoin", type=int, default=5,
-                   help="steps to train with the full membership again before stopping")
+    p.add_argument(
+        "--rejoin-at",
+        type=int,
+        default=12,
+        help="start a replacement from this step on (-1: never)",
+    )
+    p.add_argument(
+        "--after-rejoin",
+        type=int,
+        default=5,
+        help="steps to train with the full membership again before stopping",
+    )
     p.add_argument("--timeout", type=float, default=2.0, help="communicator timeout, s")
     p.add_argument("--stale", type=float, default=1.0, help="heartbeat age that means dead, s")
     p.add_argument("--step-time", type=float, default=0.02, help="simulated compute, s")
@@ -414,10 +482,14 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)
-    ok = (not res["missing_steps"] and res["loss_disagreements"] == 0
-          and res["max_loss_error"] is not None and res["max_loss_error"] < 1e-4
-          and all(r["identical"] for r in res["recoveries"])
-          and all(c == 0 for i, c in enumerate(res["exit_codes"]) if i != args.victim))
+    ok = (
+        not res["missing_steps"]
+        and res["loss_disagreements"] == 0
+        and res["max_loss_error"] is not None
+        and res["max_loss_error"] < 1e-4
+        and all(r["identical"] for r in res["recoveries"])
+        and all(c == 0 for i, c in enumerate(res["exit_codes"]) if i != args.victim)
+    )
     sys.exit(0 if ok else 1)
 
 

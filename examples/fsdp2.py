@@ -31,11 +31,18 @@ def sharded(mesh: DeviceMesh) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=LR)
 
 
-def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-         rank: int, size: int) -> torch.Tensor:
+def step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    rank: int,
+    size: int,
+) -> torch.Tensor:
     per = GLOBAL_BATCH // size
-    loss = nn.functional.mse_loss(model(x[rank * per:(rank + 1) * per]),
-                                  y[rank * per:(rank + 1) * per])
+    loss = nn.functional.mse_loss(
+        model(x[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
+    )
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -63,16 +70,21 @@ def main() -> None:
         rel = abs(loss.item() - ref[i]) / max(abs(ref[i]), 1e-12)
         worst = max(worst, rel)
         if rank == 0:
-            print(f"step {i} loss {loss.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
-                  flush=True)
+            print(
+                f"step {i} loss {loss.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
+                flush=True,
+            )
     ok = worst <= 1e-5
     if rank == 0:
-        print(f"fsdp2 over torchcomms matches the reference: {ok} (worst rel.diff {worst:.2e})",
-              flush=True)
+        print(
+            f"fsdp2 over torchcomms matches the reference: {ok} (worst rel.diff {worst:.2e})",
+            flush=True,
+        )
 
     if args.timing_steps > 0:
-        plain_mesh = DeviceMesh.from_group(dist.new_group(backend="gloo"), "cpu",
-                                           mesh_dim_names=("dp",))
+        plain_mesh = DeviceMesh.from_group(
+            dist.new_group(backend="gloo"), "cpu", mesh_dim_names=("dp",)
+        )
         ours, ours_opt = model, opt
         plain, plain_opt = sharded(plain_mesh)
         data = batches(args.timing_steps + 2)
@@ -92,8 +104,11 @@ def main() -> None:
         dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
         n = args.timing_steps
         if rank == 0:
-            print(f"per-step time: torchcomms {1e3 * times[0] / n:.2f} ms, plain gloo "
-                  f"{1e3 * times[1] / n:.2f} ms, ratio {times[0] / times[1]:.2f}", flush=True)
+            print(
+                f"per-step time: torchcomms {1e3 * times[0] / n:.2f} ms, plain gloo "
+                f"{1e3 * times[1] / n:.2f} ms, ratio {times[0] / times[1]:.2f}",
+                flush=True,
+            )
 
     dist.destroy_process_group()
     if not ok:

@@ -56,8 +56,9 @@ def main() -> None:
     worst = 0.0
     for i, (x, y) in enumerate(batches(args.steps)):
         # Ranks of one "tp" group see the same data; "dp" groups split the batch.
-        loss = nn.functional.mse_loss(model(x[dp_rank * per:(dp_rank + 1) * per]),
-                                      y[dp_rank * per:(dp_rank + 1) * per])
+        loss = nn.functional.mse_loss(
+            model(x[dp_rank * per : (dp_rank + 1) * per]), y[dp_rank * per : (dp_rank + 1) * per]
+        )
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -66,12 +67,17 @@ def main() -> None:
         rel = abs(total.item() - ref[i]) / max(abs(ref[i]), 1e-12)
         worst = max(worst, rel)
         if rank == 0:
-            print(f"step {i} loss {total.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
-                  flush=True)
+            print(
+                f"step {i} loss {total.item():.8f} reference {ref[i]:.8f} rel.diff {rel:.2e}",
+                flush=True,
+            )
     ok = worst <= 1e-5
     if rank == 0:
-        print(f"mesh {mesh.mesh.tolist()} over torchcomms matches the reference: {ok} "
-              f"(worst rel.diff {worst:.2e})", flush=True)
+        print(
+            f"mesh {mesh.mesh.tolist()} over torchcomms matches the reference: {ok} "
+            f"(worst rel.diff {worst:.2e})",
+            flush=True,
+        )
     dist.destroy_process_group()
     if not ok:
         raise SystemExit(f"losses differ from the reference by up to {worst:.2e}")

@@ -16,5 +16,7 @@ comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=False)
 work = comm.all_reduce(t, torchcomms.ReduceOp.SUM, async_op=True)
 work.wait()
 n = comm.get_size()
-print(f"rank {comm.get_rank()}: after two all_reduce(SUM) every element is {t[0, 0].item():g} "
-      f"(expected {n * n * (n - 1) / 2:g})")
+print(
+    f"rank {comm.get_rank()}: after two all_reduce(SUM) every element is {t[0, 0].item():g} "
+    f"(expected {n * n * (n - 1) / 2:g})"
+)

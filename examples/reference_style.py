@@ -32,11 +32,16 @@ def check(step: str, condition: bool) -> None:
 # new_comm in the binding's positional order: backend, device, name,
 # abort_process_on_timeout_or_error, timeout, is_high_priority_stream, store,
 # enable_reconfigure, hints.
-comm = torchcomms.new_comm("gloo", torch.device("cpu"), "ref_main", False, TIMEOUT, None, None,
-                           False, {})
+comm = torchcomms.new_comm(
+    "gloo", torch.device("cpu"), "ref_main", False, TIMEOUT, None, None, False, {}
+)
 rank, size = comm.get_rank(), comm.get_size()
-check("identity", comm.get_backend() == "gloo" and comm.get_name() == "ref_main"
-      and isinstance(comm.get_backend_version(), str))
+check(
+    "identity",
+    comm.get_backend() == "gloo"
+    and comm.get_name() == "ref_main"
+    and isinstance(comm.get_backend_version(), str),
+)
 check("copies are the same communicator", copy.copy(comm) is comm and copy.deepcopy(comm) is comm)
 check("CommOptions defaults", torchcomms.CommOptions().timeout == timedelta(seconds=600))
 
@@ -63,8 +68,10 @@ rs = torch.empty(2)
 comm.reduce_scatter_single(rs, torch.ones(size * 2), torchcomms.ReduceOp.SUM, False)
 check("reduce_scatter_single", torch.equal(rs, torch.full((2,), float(size))))
 comm.barrier(False, None, TIMEOUT)
-check("hooks saw the operations", [n for n, _ in seen][:2] == ["all_reduce", "all_reduce"]
-      and post_ids == [i for _, i in seen])
+check(
+    "hooks saw the operations",
+    [n for n, _ in seen][:2] == ["all_reduce", "all_reduce"] and post_ids == [i for _, i in seen],
+)
 pre.remove()
 post.remove()
 
@@ -73,8 +80,10 @@ batch = comm.batch_op_create()
 got = torch.zeros(2)
 batch.send(torch.full((2,), float(rank)), (rank + 1) % size)
 batch.recv(got, (rank - 1) % size)
-check("batch ops", [op.type for op in batch.ops]
-      == [torchcomms.P2POpType.SEND, torchcomms.P2POpType.RECV])
+check(
+    "batch ops",
+    [op.type for op in batch.ops] == [torchcomms.P2POpType.SEND, torchcomms.P2POpType.RECV],
+)
 batch.issue(False, torchcomms.BatchP2POptions()).wait()
 check("batch ring", torch.equal(got, torch.full((2,), float((rank - 1) % size))))
 
@@ -141,8 +150,12 @@ x = torch.ones(5)
 custom.all_reduce(x, torchcomms.ReduceOp.SUM, False)
 y = torch.full((2,), float(rank))
 custom.broadcast(y, 0, False)  # not written by the backend: derived from its send/recv
-check("reference-style backend", torch.equal(x, torch.full((5,), float(size)))
-      and Delegating.calls == 1 and torch.equal(y, torch.zeros(2)))
+check(
+    "reference-style backend",
+    torch.equal(x, torch.full((5,), float(size)))
+    and Delegating.calls == 1
+    and torch.equal(y, torch.zeros(2)),
+)
 custom.finalize()
 
 comm.finalize()

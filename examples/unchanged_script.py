@@ -47,10 +47,12 @@ def main() -> None:
     show(rank, "all_gather_object", objs)
 
     got = torch.empty(3)
-    reqs = dist.batch_isend_irecv([
-        dist.P2POp(dist.isend, torch.full((3,), float(rank)), (rank + 1) % size),
-        dist.P2POp(dist.irecv, got, (rank - 1) % size),
-    ])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.full((3,), float(rank)), (rank + 1) % size),
+            dist.P2POp(dist.irecv, got, (rank - 1) % size),
+        ]
+    )
     for req in reqs:
         req.wait()
     show(rank, "batch_isend_irecv", got)
@@ -63,8 +65,9 @@ def main() -> None:
     show(rank, "new_group all_reduce", s)
 
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(),
-                                                  nn.Linear(16, 2)), bucket_cap_mb=0.001)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), bucket_cap_mb=0.001
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
     for step in range(3):

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 if [[ -z "${VIRTUAL_ENV:-}" && -x .venv/bin/python ]]; then
     export PATH="$PWD/.venv/bin:$PATH"
 fi
-for tool in pre-commit ruff mypy; do
+for tool in pre-commit ruff mypy lint-imports; do
     if ! command -v "$tool" >/dev/null; then
         echo "lint.sh: '$tool' is not installed in this environment;" \
              "install the test extra: pip install -e '.[test]'" >&2

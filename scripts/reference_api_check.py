@@ -21,36 +21,57 @@ A = ["async_op", "hints", "timeout"]
 # (where, name, parameters or None). "where" is a module or "TorchComm" etc.
 SHEET: list[tuple[str, str, list[str] | None]] = [
     # 1. top level
-    ("torchcomms", "new_comm", ["backend", "device", "name",
-                                "abort_process_on_timeout_or_error", "timeout",
-                                "is_high_priority_stream", "store", "enable_reconfigure",
-                                "hints"]),
-    ("torchcomms", "TorchComm", None), ("torchcomms", "ReduceOp", None),
-    ("torchcomms", "TorchWork", None), ("torchcomms", "Timeout", None),
-    ("torchcomms", "BatchP2POptions", None), ("torchcomms", "BatchSendRecv", None),
-    ("torchcomms", "P2POp", None), ("torchcomms", "CommOptions", None),
+    (
+        "torchcomms",
+        "new_comm",
+        [
+            "backend",
+            "device",
+            "name",
+            "abort_process_on_timeout_or_error",
+            "timeout",
+            "is_high_priority_stream",
+            "store",
+            "enable_reconfigure",
+            "hints",
+        ],
+    ),
+    ("torchcomms", "TorchComm", None),
+    ("torchcomms", "ReduceOp", None),
+    ("torchcomms", "TorchWork", None),
+    ("torchcomms", "Timeout", None),
+    ("torchcomms", "BatchP2POptions", None),
+    ("torchcomms", "BatchSendRecv", None),
+    ("torchcomms", "P2POp", None),
+    ("torchcomms", "CommOptions", None),
     ("torchcomms", "TorchCommWindow", None),
     ("torchcomms", "register_backend", ["name", "backend_class"]),
-    ("torchcomms", "TorchCommBackend", None), ("torchcomms", "RedOpType", None),
-    ("torchcomms", "OpName", None), ("torchcomms", "RemovableHandle", None),
-    ("torchcomms", "WorkStatus", None), ("torchcomms", "TorchCommWinAccessType", None),
-    ("torchcomms", "TorchCommWindowAttr", None), ("torchcomms", "P2POpType", None),
-    ("torchcomms", "ReconfigureOptions", None), ("torchcomms", "WorkWrapper", None),
+    ("torchcomms", "TorchCommBackend", None),
+    ("torchcomms", "RedOpType", None),
+    ("torchcomms", "OpName", None),
+    ("torchcomms", "RemovableHandle", None),
+    ("torchcomms", "WorkStatus", None),
+    ("torchcomms", "TorchCommWinAccessType", None),
+    ("torchcomms", "TorchCommWindowAttr", None),
+    ("torchcomms", "P2POpType", None),
+    ("torchcomms", "ReconfigureOptions", None),
+    ("torchcomms", "WorkWrapper", None),
     ("torchcomms", "get_mem_allocator", ["backend"]),
     ("torchcomms", "is_backend_built", ["backend"]),
     ("torchcomms", "built_backends", []),
     ("torchcomms", "_load_backend", ["backend"]),
     ("torchcomms", "is_torch_compile_supported", ["min_version", "_current_version"]),
-    ("torchcomms", "is_torch_compile_supported_and_enabled",
-     ["min_version", "_current_version"]),
+    ("torchcomms", "is_torch_compile_supported_and_enabled", ["min_version", "_current_version"]),
     ("torchcomms", "InitHandle", None),
     ("torchcomms._comms", "_is_backend_registered", ["name"]),
     ("torchcomms._comms", "_BackendWrapper", None),
     ("torchcomms._comms", "_BackendWrapperOptions", None),
     ("torchcomms._comms", "TorchCommBackend", None),
-    ("torchcomms", "hooks", None), ("torchcomms", "objcol", None),
+    ("torchcomms", "hooks", None),
+    ("torchcomms", "objcol", None),
     # 2. TorchComm methods
-    ("TorchComm", "send", ["tensor", "dst", *A]), ("TorchComm", "recv", ["tensor", "src", *A]),
+    ("TorchComm", "send", ["tensor", "dst", *A]),
+    ("TorchComm", "recv", ["tensor", "src", *A]),
     ("TorchComm", "broadcast", ["tensor", "root", *A]),
     ("TorchComm", "all_reduce", ["tensor", "op", *A]),
     ("TorchComm", "reduce", ["tensor", "root", "op", *A]),
@@ -61,8 +82,11 @@ SHEET: list[tuple[str, str, list[str] | None]] = [
     ("TorchComm", "reduce_scatter_v", ["output", "input_list", "op", *A]),
     ("TorchComm", "reduce_scatter_single", ["output", "input", "op", *A]),
     ("TorchComm", "all_to_all_single", ["output", "input", *A]),
-    ("TorchComm", "all_to_all_v_single", ["output", "input", "output_split_sizes",
-                                          "input_split_sizes", *A]),
+    (
+        "TorchComm",
+        "all_to_all_v_single",
+        ["output", "input", "output_split_sizes", "input_split_sizes", *A],
+    ),
     ("TorchComm", "all_to_all", ["output_tensor_list", "input_tensor_list", *A]),
     ("TorchComm", "barrier", A),
     ("TorchComm", "scatter", ["output_tensor", "input_tensor_list", "root", *A]),
@@ -72,90 +96,187 @@ SHEET: list[tuple[str, str, list[str] | None]] = [
     ("TorchComm", "all_gather_p_exec", ["handle", "input", *A]),
     ("TorchComm", "all_gather_p_free", ["handle"]),
     ("TorchComm", "split", ["ranks", "name", "hints", "timeout"]),
-    ("TorchComm", "batch_op_create", []), ("TorchComm", "new_window", ["tensor"]),
+    ("TorchComm", "batch_op_create", []),
+    ("TorchComm", "new_window", ["tensor"]),
     ("TorchComm", "get_init_handle", []),
     ("TorchComm", "reconfigure", ["uuid", "init_handles", "timeout", "hints"]),
-    ("TorchComm", "abort", []), ("TorchComm", "is_aborted", []),
-    ("TorchComm", "is_abort_supported", []), ("TorchComm", "finalize", []),
-    ("TorchComm", "set_timeout", ["timeout"]), ("TorchComm", "set_hints", ["hints"]),
-    ("TorchComm", "get_rank", []), ("TorchComm", "get_size", []),
-    ("TorchComm", "get_name", []), ("TorchComm", "get_options", []),
-    ("TorchComm", "get_device", []), ("TorchComm", "get_backend", []),
-    ("TorchComm", "get_backend_version", []), ("TorchComm", "get_backend_impl", []),
-    ("TorchComm", "unsafe_get_backend", []), ("TorchComm", "get_device_transport", []),
-    ("TorchComm", "get_mem_allocator", []), ("TorchComm", "mem_allocator", None),
-    ("TorchComm", "tensor_register", ["tensor"]), ("TorchComm", "tensor_deregister", ["tensor"]),
+    ("TorchComm", "abort", []),
+    ("TorchComm", "is_aborted", []),
+    ("TorchComm", "is_abort_supported", []),
+    ("TorchComm", "finalize", []),
+    ("TorchComm", "set_timeout", ["timeout"]),
+    ("TorchComm", "set_hints", ["hints"]),
+    ("TorchComm", "get_rank", []),
+    ("TorchComm", "get_size", []),
+    ("TorchComm", "get_name", []),
+    ("TorchComm", "get_options", []),
+    ("TorchComm", "get_device", []),
+    ("TorchComm", "get_backend", []),
+    ("TorchComm", "get_backend_version", []),
+    ("TorchComm", "get_backend_impl", []),
+    ("TorchComm", "unsafe_get_backend", []),
+    ("TorchComm", "get_device_transport", []),
+    ("TorchComm", "get_mem_allocator", []),
+    ("TorchComm", "mem_allocator", None),
+    ("TorchComm", "tensor_register", ["tensor"]),
+    ("TorchComm", "tensor_deregister", ["tensor"]),
     ("TorchComm", "register_pre_hook", ["callback"]),
     ("TorchComm", "register_post_hook", ["callback"]),
     ("TorchComm", "register_abort_hook", ["callback"]),
-    ("TorchComm", "__copy__", []), ("TorchComm", "__deepcopy__", ["memo"]),
+    ("TorchComm", "__copy__", []),
+    ("TorchComm", "__deepcopy__", ["memo"]),
     # 3. work, p2p, options
-    ("TorchWork", "is_completed", []), ("TorchWork", "wait", []),
-    ("TorchWork", "wait_blocking", []), ("TorchWork", "_set_status", ["status"]),
-    ("WorkStatus", "NOT_STARTED", None), ("WorkStatus", "INPROGRESS", None),
-    ("WorkStatus", "COMPLETED", None), ("WorkStatus", "TIMEDOUT", None),
+    ("TorchWork", "is_completed", []),
+    ("TorchWork", "wait", []),
+    ("TorchWork", "wait_blocking", []),
+    ("TorchWork", "_set_status", ["status"]),
+    ("WorkStatus", "NOT_STARTED", None),
+    ("WorkStatus", "INPROGRESS", None),
+    ("WorkStatus", "COMPLETED", None),
+    ("WorkStatus", "TIMEDOUT", None),
     ("WorkStatus", "ERROR", None),
-    ("P2POpType", "SEND", None), ("P2POpType", "RECV", None),
+    ("P2POpType", "SEND", None),
+    ("P2POpType", "RECV", None),
     ("P2POp", "__init__", ["type", "tensor", "peer"]),
-    ("BatchSendRecv", "send", ["tensor", "dst"]), ("BatchSendRecv", "recv", ["tensor", "src"]),
+    ("BatchSendRecv", "send", ["tensor", "dst"]),
+    ("BatchSendRecv", "recv", ["tensor", "src"]),
     ("BatchSendRecv", "issue", ["async_op", "options"]),
-    ("BatchP2POptions", "__init__", []), ("CommOptions", "__init__", None),
+    ("BatchP2POptions", "__init__", []),
+    ("CommOptions", "__init__", None),
     ("ReconfigureOptions", "__init__", ["uuid", "init_handles", "timeout", "hints"]),
-    *[("torchcomms", f"{x}Options", None) for x in (
-        "Send", "Recv", "Broadcast", "AllReduce", "Reduce", "AllGather", "AllGatherSingle",
-        "ReduceScatter", "ReduceScatterSingle", "AllToAll", "AllToAllSingle", "AllToAllvSingle",
-        "Barrier", "Scatter", "Gather", "AllGatherPInit", "AllGatherPExec")],
-    ("ReduceOp", "__init__", ["opType"]), ("ReduceOp", "PREMUL_SUM", ["factor"]),
+    *[
+        ("torchcomms", f"{x}Options", None)
+        for x in (
+            "Send",
+            "Recv",
+            "Broadcast",
+            "AllReduce",
+            "Reduce",
+            "AllGather",
+            "AllGatherSingle",
+            "ReduceScatter",
+            "ReduceScatterSingle",
+            "AllToAll",
+            "AllToAllSingle",
+            "AllToAllvSingle",
+            "Barrier",
+            "Scatter",
+            "Gather",
+            "AllGatherPInit",
+            "AllGatherPExec",
+        )
+    ],
+    ("ReduceOp", "__init__", ["opType"]),
+    ("ReduceOp", "PREMUL_SUM", ["factor"]),
     ("ReduceOp", "type", None),
     # 4. hook arguments
-    *[("torchcomms", f"{x}PreHookArgs", None) for x in (
-        "Send", "Recv", "Broadcast", "Reduce", "AllReduce", "AllGather", "AllGatherV",
-        "AllGatherSingle", "ReduceScatterSingle", "AllToAllSingle", "ReduceScatter",
-        "ReduceScatterV", "AllToAllVSingle", "AllToAll", "Barrier", "Scatter", "Gather",
-        "GatherSingle", "Split", "BatchOpIssue", "NewWindow", "Finalize")],
-    *[("torchcomms", f"{x}PostHookArgs", None) for x in (
-        "Split", "NewWindow", "BatchOpIssue", "Finalize", "Collective")],
+    *[
+        ("torchcomms", f"{x}PreHookArgs", None)
+        for x in (
+            "Send",
+            "Recv",
+            "Broadcast",
+            "Reduce",
+            "AllReduce",
+            "AllGather",
+            "AllGatherV",
+            "AllGatherSingle",
+            "ReduceScatterSingle",
+            "AllToAllSingle",
+            "ReduceScatter",
+            "ReduceScatterV",
+            "AllToAllVSingle",
+            "AllToAll",
+            "Barrier",
+            "Scatter",
+            "Gather",
+            "GatherSingle",
+            "Split",
+            "BatchOpIssue",
+            "NewWindow",
+            "Finalize",
+        )
+    ],
+    *[
+        ("torchcomms", f"{x}PostHookArgs", None)
+        for x in ("Split", "NewWindow", "BatchOpIssue", "Finalize", "Collective")
+    ],
     # 5. windows
     ("TorchCommWindow", "tensor_register", ["tensor", "owning"]),
-    ("TorchCommWindow", "tensor_deregister", []), ("TorchCommWindow", "get_size", []),
+    ("TorchCommWindow", "tensor_deregister", []),
+    ("TorchCommWindow", "get_size", []),
     ("TorchCommWindow", "get_tensor", []),
     ("TorchCommWindow", "put", ["tensor", "dst_rank", "target_offset_nelems", *A]),
     ("TorchCommWindow", "signal", ["peer_rank", *A]),
     ("TorchCommWindow", "wait_signal", ["peer_rank", *A]),
     ("TorchCommWindow", "get_attr", ["peer_rank"]),
     ("TorchCommWindow", "map_remote_tensor", ["rank"]),
-    ("TorchCommWindow", "get_device_window", ["signal_count", "counter_count",
-                                              "barrier_count"]),
+    ("TorchCommWindow", "get_device_window", ["signal_count", "counter_count", "barrier_count"]),
     ("TorchCommWindow", "register_local_buffer", ["tensor"]),
     ("TorchCommWindow", "deregister_local_buffer", ["handle"]),
     # 7. functional
-    ("torchcomms.functional", "is_torch_compile_supported_and_enabled",
-     ["min_version", "_current_version"]),
+    (
+        "torchcomms.functional",
+        "is_torch_compile_supported_and_enabled",
+        ["min_version", "_current_version"],
+    ),
     ("torchcomms.functional", "MIN_PYTORCH_VERSION_FOR_COMPILE", None),
     # 8. device mesh
-    ("torchcomms.device_mesh", "init_device_mesh", ["mesh_dim_comms", "mesh_dim_names",
-                                                    "_global_comm"]),
-    ("torchcomms.device_mesh", "_create_torchcomm_process_group",
-     ["comm", "group_name", "backend_str", "global_ranks_mapping"]),
-    ("torchcomms.device_mesh", "_flatten_with_comm",
-     ["mesh", "mesh_dim_name", "comm", "global_ranks", "layout"]),
+    (
+        "torchcomms.device_mesh",
+        "init_device_mesh",
+        ["mesh_dim_comms", "mesh_dim_names", "_global_comm"],
+    ),
+    (
+        "torchcomms.device_mesh",
+        "_create_torchcomm_process_group",
+        ["comm", "group_name", "backend_str", "global_ranks_mapping"],
+    ),
+    (
+        "torchcomms.device_mesh",
+        "_flatten_with_comm",
+        ["mesh", "mesh_dim_name", "comm", "global_ranks", "layout"],
+    ),
     # 9. objcol
-    ("torchcomms.objcol", "all_gather_object",
-     ["comm", "object_list", "obj", "timeout", "weights_only"]),
-    ("torchcomms.objcol", "gather_object",
-     ["comm", "obj", "root", "object_gather_list", "timeout", "weights_only"]),
+    (
+        "torchcomms.objcol",
+        "all_gather_object",
+        ["comm", "object_list", "obj", "timeout", "weights_only"],
+    ),
+    (
+        "torchcomms.objcol",
+        "gather_object",
+        ["comm", "obj", "root", "object_gather_list", "timeout", "weights_only"],
+    ),
     ("torchcomms.objcol", "send_object_list", ["comm", "object_list", "dst", "timeout"]),
-    ("torchcomms.objcol", "recv_object_list",
-     ["comm", "object_list", "src", "timeout", "weights_only"]),
-    ("torchcomms.objcol", "broadcast_object_list",
-     ["comm", "object_list", "root", "timeout", "weights_only"]),
-    ("torchcomms.objcol", "scatter_object_list",
-     ["comm", "root", "scatter_object_output_list", "scatter_object_input_list", "timeout",
-      "weights_only"]),
+    (
+        "torchcomms.objcol",
+        "recv_object_list",
+        ["comm", "object_list", "src", "timeout", "weights_only"],
+    ),
+    (
+        "torchcomms.objcol",
+        "broadcast_object_list",
+        ["comm", "object_list", "root", "timeout", "weights_only"],
+    ),
+    (
+        "torchcomms.objcol",
+        "scatter_object_list",
+        [
+            "comm",
+            "root",
+            "scatter_object_output_list",
+            "scatter_object_input_list",
+            "timeout",
+            "weights_only",
+        ],
+    ),
     # 10. hooks
-    ("torchcomms.hooks", "FlightRecorderHook", None), ("torchcomms.hooks", "NanCheckHook", None),
+    ("torchcomms.hooks", "FlightRecorderHook", None),
+    ("torchcomms.hooks", "NanCheckHook", None),
     ("torchcomms.hooks", "clog", None),
 ]
+
 
 def _resolve(where: str, name: str) -> Any:
     if where.startswith("torchcomms"):
@@ -176,9 +297,13 @@ def _params(obj: Any) -> list[str] | None:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return None
-    return [p for p in sig.parameters if p not in ("self", "cls")
-            and sig.parameters[p].kind not in (inspect.Parameter.VAR_POSITIONAL,
-                                               inspect.Parameter.VAR_KEYWORD)]
+    return [
+        p
+        for p in sig.parameters
+        if p not in ("self", "cls")
+        and sig.parameters[p].kind
+        not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
 
 
 def check() -> list[tuple[str, str, str]]:
@@ -197,11 +322,15 @@ def check() -> list[tuple[str, str, str]]:
         if got is None:
             rows.append((label, "same", "not introspectable"))
             continue
-        keyword_only = {p for p, v in inspect.signature(
-            obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
-        ).parameters.items() if v.kind is inspect.Parameter.KEYWORD_ONLY}
+        keyword_only = {
+            p
+            for p, v in inspect.signature(
+                obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+            ).parameters.items()
+            if v.kind is inspect.Parameter.KEYWORD_ONLY
+        }
         positional = [p for p in got if p not in keyword_only]
-        if positional[:len(expected)] == expected:
+        if positional[: len(expected)] == expected:
             rows.append((label, "same", ""))
         else:
             rows.append((label, "differs", f"takes ({', '.join(got)})"))
@@ -217,8 +346,10 @@ def main() -> None:
         for label, status, note in rows:
             print(f"{status:8} {label}  {note}")
     counts = {s: sum(1 for r in rows if r[1] == s) for s in ("same", "differs", "missing")}
-    print(f"{len(rows)} sheet names: {counts['same']} same, {counts['differs']} differ, "
-          f"{counts['missing']} missing")
+    print(
+        f"{len(rows)} sheet names: {counts['same']} same, {counts['differs']} differ, "
+        f"{counts['missing']} missing"
+    )
 
 
 if __name__ == "__main__":

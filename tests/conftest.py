@@ -28,4 +28,5 @@ def pytest_configure(config: pytest.Config) -> None:
             "torchcomms' pytest plugin is not loaded, so the rank-pool fixtures are missing: "
             "drop -p no:torchcomms, or with PYTEST_DISABLE_PLUGIN_AUTOLOAD set add "
             "-p torchcomms_core.testing.plugin (it loads through the pytest11 entry point of "
-            "the installed package: pip install -e .)")
+            "the installed package: pip install -e .)"
+        )

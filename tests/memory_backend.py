@@ -37,8 +37,9 @@ class _RecvWork:
             except queue.Empty:
                 raise TimeoutError(f"recv timed out after {self._timeout}") from None
             if payload.numel() != self._tensor.numel():
-                raise RuntimeError(f"message of {payload.numel()} elements for a buffer of "
-                                   f"{self._tensor.numel()}")
+                raise RuntimeError(
+                    f"message of {payload.numel()} elements for a buffer of {self._tensor.numel()}"
+                )
             self._tensor.view(-1).copy_(payload.view(-1))
             self._done = True
         return True
@@ -82,16 +83,31 @@ class MemoryBackend(TorchCommBackend):
     def get_comm_name(self) -> str:
         return self.comm_name
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         self.sent_bytes += tensor.numel() * tensor.element_size()
         self._fabric.links[(self._rank, dst)].put(tensor.detach().clone())
         return None
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        work = _RecvWork(self._fabric.links[(src, self._rank)], tensor,
-                         timeout or timedelta(seconds=10))
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        work = _RecvWork(
+            self._fabric.links[(src, self._rank)], tensor, timeout or timedelta(seconds=10)
+        )
         if async_op:
             return work
         work.wait()
@@ -111,9 +127,14 @@ def make_group(size: int, name: str = "mem", timeout_s: float = 10) -> list[Torc
     comms = []
     for rank in range(size):
         backend = MemoryBackend(fabric, rank)
-        opts = CommOptions(timeout=timedelta(seconds=timeout_s), store=store,
-                           abort_process_on_timeout_or_error=False,
-                           name=name, rank=rank, size=size)
+        opts = CommOptions(
+            timeout=timedelta(seconds=timeout_s),
+            store=store,
+            abort_process_on_timeout_or_error=False,
+            name=name,
+            rank=rank,
+            size=size,
+        )
         backend._bind(torch.device("cpu"), name, opts)
         backend.init(torch.device("cpu"), name, opts)
         comms.append(TorchComm(backend, torch.device("cpu"), name, opts, opts.store))

@@ -30,9 +30,16 @@ from torchcomms_core.cli import main
 # -- sizes -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("8", 8), ("64K", 64 << 10), ("1M", 1 << 20), ("2G", 2 << 30), ("64k", 64 << 10),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8", 8),
+        ("64K", 64 << 10),
+        ("1M", 1 << 20),
+        ("2G", 2 << 30),
+        ("64k", 64 << 10),
+    ],
+)
 def test_parse_size_reads_binary_suffixes(text: str, expected: int) -> None:
     assert parse_size(text) == expected
 
@@ -43,8 +50,9 @@ def test_parse_size_rejects_what_it_cannot_read(text: str) -> None:
         parse_size(text)
 
 
-def test_a_bad_size_is_an_argparse_error_naming_the_option(capsys: pytest.CaptureFixture[str]
-                                                           ) -> None:
+def test_a_bad_size_is_an_argparse_error_naming_the_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "-b", "12X"])
     assert exit_info.value.code == 2
@@ -61,21 +69,25 @@ def test_size_sweep_multiplies_up_to_maxbytes_inclusive() -> None:
 # -- option errors -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--ops", "all_reduce,all_reduse"], "unknown operation 'all_reduse'"),
-    (["--backend", "no_such_backend"], "no torchcomms backend named 'no_such_backend'"),
-    (["-d", "int32", "-o", "avg"], "--op avg needs a floating-point datatype"),
-    (["--nproc", "2", "-r", "2"], "root 2 is not a rank of a 2-rank run"),
-    (["--ops", "all,all_reduce"], "do not combine it with others"),
-    (["--ops", "send_recv", "--nproc", "1"], "send_recv needs at least 2 ranks, got 1"),
-    (["--ops", "quantized_all_reduce", "-d", "int32"], "needs a floating-point datatype"),
-    (["--inplace", "2"], "argument --inplace: invalid choice: '2'"),
-    (["--compare", "nccl"], "argument --compare: invalid choice: 'nccl'"),
-    (["--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: folder"),
-    (["--from-json", "run.json"], "--from-json plots saved runs: give --plot PNG too"),
-])
-def test_bad_options_fail_before_any_rank_starts(argv: list[str], message: str,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--ops", "all_reduce,all_reduse"], "unknown operation 'all_reduse'"),
+        (["--backend", "no_such_backend"], "no torchcomms backend named 'no_such_backend'"),
+        (["-d", "int32", "-o", "avg"], "--op avg needs a floating-point datatype"),
+        (["--nproc", "2", "-r", "2"], "root 2 is not a rank of a 2-rank run"),
+        (["--ops", "all,all_reduce"], "do not combine it with others"),
+        (["--ops", "send_recv", "--nproc", "1"], "send_recv needs at least 2 ranks, got 1"),
+        (["--ops", "quantized_all_reduce", "-d", "int32"], "needs a floating-point datatype"),
+        (["--inplace", "2"], "argument --inplace: invalid choice: '2'"),
+        (["--compare", "nccl"], "argument --compare: invalid choice: 'nccl'"),
+        (["--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: folder"),
+        (["--from-json", "run.json"], "--from-json plots saved runs: give --plot PNG too"),
+    ],
+)
+def test_bad_options_fail_before_any_rank_starts(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *argv])
     assert exit_info.value.code == 2
@@ -89,8 +101,9 @@ def _reduce(tensors: list[torch.Tensor], redop: str) -> torch.Tensor:
     stacked = torch.stack(tensors)
     if redop == "avg":
         return stacked.sum(0).div_(len(tensors))
-    return {"sum": stacked.sum, "prod": stacked.prod, "min": stacked.amin,
-            "max": stacked.amax}[redop](0).to(stacked.dtype)
+    return {"sum": stacked.sum, "prod": stacked.prod, "min": stacked.amin, "max": stacked.amax}[
+        redop
+    ](0).to(stacked.dtype)
 
 
 def _simulate(name: str, bufs: list[Buffers], case: Case) -> list[torch.Tensor | None]:
@@ -124,11 +137,26 @@ def _simulate(name: str, bufs: list[Buffers], case: Case) -> list[torch.Tensor |
     raise AssertionError(f"no simulation of {name}")
 
 
-def _run_simulated(name: str, nranks: int, dtype: torch.dtype, redop: str, form: str | None = None,
-                   nbytes: int = 1000) -> tuple[list[Case], list[Buffers]]:
+def _run_simulated(
+    name: str,
+    nranks: int,
+    dtype: torch.dtype,
+    redop: str,
+    form: str | None = None,
+    nbytes: int = 1000,
+) -> tuple[list[Case], list[Buffers]]:
     op = _AVAILABLE[name]
-    cases = [Case(rank=r, nranks=nranks, dtype=dtype, device=torch.device("cpu"), redop=redop,
-                  root=nranks - 1) for r in range(nranks)]
+    cases = [
+        Case(
+            rank=r,
+            nranks=nranks,
+            dtype=dtype,
+            device=torch.device("cpu"),
+            redop=redop,
+            root=nranks - 1,
+        )
+        for r in range(nranks)
+    ]
     count = op.count(nbytes, cases[0])
     bufs = [op.allocate(count, case, form) for case in cases]
     for case, buf in zip(cases, bufs, strict=True):
@@ -142,13 +170,17 @@ def _run_simulated(name: str, nranks: int, dtype: torch.dtype, redop: str, form:
 
 # Plugin operations too: the quantized ones are checked against their error bound.
 _AVAILABLE = available_ops()
-_DATA_OPS = [(name, form) for name, op in _AVAILABLE.items() if op.moves_data
-             for form in op.forms]
+_DATA_OPS = [(name, form) for name, op in _AVAILABLE.items() if op.moves_data for form in op.forms]
 
 
 _DTYPE_REDOPS = [
-    (torch.float32, "sum"), (torch.bfloat16, "sum"), (torch.float16, "avg"),
-    (torch.int8, "sum"), (torch.uint8, "max"), (torch.int32, "prod"), (torch.float64, "min"),
+    (torch.float32, "sum"),
+    (torch.bfloat16, "sum"),
+    (torch.float16, "avg"),
+    (torch.int8, "sum"),
+    (torch.uint8, "max"),
+    (torch.int32, "prod"),
+    (torch.float64, "min"),
 ]
 # Only the combinations an operation accepts; refused ones never start a rank (see
 # test_bad_options_fail_before_any_rank_starts).
@@ -162,8 +194,9 @@ _ACCEPTED = [
 
 
 @pytest.mark.parametrize(("name", "form", "nranks", "dtype", "redop"), _ACCEPTED)
-def test_a_correct_collective_has_no_wrong_elements(name: str, form: str, nranks: int,
-                                                    dtype: torch.dtype, redop: str) -> None:
+def test_a_correct_collective_has_no_wrong_elements(
+    name: str, form: str, nranks: int, dtype: torch.dtype, redop: str
+) -> None:
     op = _AVAILABLE[name]
     cases, bufs = _run_simulated(name, nranks, dtype, redop, form)
     for case, buf in zip(cases, bufs, strict=True):
@@ -173,20 +206,24 @@ def test_a_correct_collective_has_no_wrong_elements(name: str, form: str, nranks
 @pytest.mark.parametrize(("name", "form"), _DATA_OPS)
 def test_an_output_the_collective_never_wrote_is_wrong(name: str, form: str) -> None:
     op = _AVAILABLE[name]
-    cases = [Case(rank=r, nranks=3, dtype=torch.float32, device=torch.device("cpu"), root=2)
-             for r in range(3)]
+    cases = [
+        Case(rank=r, nranks=3, dtype=torch.float32, device=torch.device("cpu"), root=2)
+        for r in range(3)
+    ]
     count = op.count(1000, cases[0])
     # The broadcast root's input already is the result.
-    checked = [c for c in cases if op.holds_result(c) and not (
-        name == "broadcast" and c.rank == c.root)]
+    checked = [
+        c for c in cases if op.holds_result(c) and not (name == "broadcast" and c.rank == c.root)
+    ]
     for case in checked:
         bufs = op.allocate(count, case, form)
         op.fill(bufs, case)
         assert op.count_wrong(bufs, case) > 0, (name, form, case.rank)
 
 
-@pytest.mark.parametrize("name", ["all_gather_single", "all_to_all_single", "all_gather",
-                                  "all_to_all"])
+@pytest.mark.parametrize(
+    "name", ["all_gather_single", "all_to_all_single", "all_gather", "all_to_all"]
+)
 def test_swapped_chunks_are_wrong_at_every_element(name: str) -> None:
     cases, bufs = _run_simulated(name, 4, torch.float32, "sum")
     out = bufs[0].output
@@ -277,7 +314,10 @@ _HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "torchcomms_core.cli", "bench", "--nproc", "2", *argv],
-        capture_output=True, text=True, timeout=300, env=_launcher_free_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_launcher_free_environment(),
     )
     # Figures are shown, never asserted: pytest -s prints them.
     print(proc.stdout, proc.stderr, sep="\n")
@@ -312,13 +352,31 @@ def test_bench_runs_the_default_operations_without_wrong_results() -> None:
 
 
 @pytest.fixture(scope="module")
-def every_op_compared(tmp_path_factory: pytest.TempPathFactory
-                      ) -> tuple[subprocess.CompletedProcess[str], Path | None]:
+def every_op_compared(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path | None]:
     """One run of ``--ops all --compare c10d --json -`` (and ``--plot`` with matplotlib)."""
     png = tmp_path_factory.mktemp("plot") / "bench.png" if _HAS_MATPLOTLIB else None
     plot = ["--plot", str(png)] if png is not None else []
-    proc = _bench("--ops", "all", "--compare", "c10d", "--json", "-", "-b", "8", "-e", "4K",
-                  "-f", "8", "-n", "3", "-w", "1", *plot)
+    proc = _bench(
+        "--ops",
+        "all",
+        "--compare",
+        "c10d",
+        "--json",
+        "-",
+        "-b",
+        "8",
+        "-e",
+        "4K",
+        "-f",
+        "8",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        *plot,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc, png
 
@@ -326,8 +384,18 @@ def every_op_compared(tmp_path_factory: pytest.TempPathFactory
 def test_json_on_stdout_is_valid_and_has_every_field(every_op_compared) -> None:
     document = json.loads(every_op_compared[0].stdout)
     header = document["header"]
-    for key in ("backend", "device", "ranks", "dtype", "redop", "torch_version", "hostname",
-                "date", "compare", "c10d_functions"):
+    for key in (
+        "backend",
+        "device",
+        "ranks",
+        "dtype",
+        "redop",
+        "torch_version",
+        "hostname",
+        "date",
+        "compare",
+        "c10d_functions",
+    ):
         assert key in header, key
     assert (header["backend"], header["device"], header["ranks"]) == ("gloo", "cpu", 2)
     assert {row["op"] for row in document["rows"]} == set(header["ops"])
@@ -335,8 +403,19 @@ def test_json_on_stdout_is_valid_and_has_every_field(every_op_compared) -> None:
         for key in ("size", "count", "type", "redop", "root", "busbw_factor", "passes"):
             assert key in row, key
         for p in row["passes"]:
-            for key in ("form", "time_us", "min_us", "avg_us", "max_us", "algbw_gbps",
-                        "busbw_gbps", "wrong", "rank_times_us", "c10d", "ratio"):
+            for key in (
+                "form",
+                "time_us",
+                "min_us",
+                "avg_us",
+                "max_us",
+                "algbw_gbps",
+                "busbw_gbps",
+                "wrong",
+                "rank_times_us",
+                "c10d",
+                "ratio",
+            ):
                 assert key in p, key
             assert p["min_us"] <= p["avg_us"] <= p["max_us"] == p["time_us"]
 
@@ -382,8 +461,9 @@ def test_plot_writes_a_png(every_op_compared) -> None:
 
 
 @pytest.mark.skipif(not _HAS_MATPLOTLIB, reason="matplotlib is not installed")
-def test_saved_runs_plot_together(every_op_compared, tmp_path: Path,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_saved_runs_plot_together(
+    every_op_compared, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     saved = tmp_path / "run.json"
     saved.write_text(every_op_compared[0].stdout)
     png = tmp_path / "again.png"
@@ -391,10 +471,9 @@ def test_saved_runs_plot_together(every_op_compared, tmp_path: Path,
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plot_without_matplotlib_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]
-                                                      ) -> None:
+def test_plot_without_matplotlib_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes the import fail
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--plot", str(tmp_path / "x.png")])
@@ -407,7 +486,8 @@ def test_probe_prints_positive_figures(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     with capsys.disabled():
         print(out)
-    figures = re.findall(r"^(memcpy|loopback TCP \w+ ?\w*).*?:\s+([\d.]+) (GB/s|us)", out,
-                         re.MULTILINE)
+    figures = re.findall(
+        r"^(memcpy|loopback TCP \w+ ?\w*).*?:\s+([\d.]+) (GB/s|us)", out, re.MULTILINE
+    )
     assert [unit for _name, _value, unit in figures] == ["GB/s", "GB/s", "us"], out
     assert all(float(value) > 0 for _name, value, _unit in figures), out

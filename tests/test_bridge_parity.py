@@ -31,9 +31,12 @@ def _store() -> Any:
     """A fresh namespace on the pool's rendezvous store, the same on every rank."""
     global _client_store
     if _client_store is None:
-        _client_store = dist.TCPStore(os.environ["MASTER_ADDR"],
-                                      int(os.environ["MASTER_PORT"]), is_master=False,
-                                      timeout=timedelta(seconds=60))
+        _client_store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=60),
+        )
     return dist.PrefixStore(unique_name("parity"), _client_store)
 
 
@@ -74,8 +77,9 @@ def _switch(on: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _world(switched: bool, timeout: timedelta | None = None,
-           launcher_env: bool = True) -> Iterator[Any]:
+def _world(
+    switched: bool, timeout: timedelta | None = None, launcher_env: bool = True
+) -> Iterator[Any]:
     """A default gloo group, plain or made under the switch; destroyed on exit.
 
     With ``launcher_env=False`` the rank and size reach the communicator only through
@@ -108,8 +112,7 @@ class Raised:
         self.message = str(exc).split("\nException raised from")[0]
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Raised) and (other.type in self.types
-                                              or self.type in other.types)
+        return isinstance(other, Raised) and (other.type in self.types or self.type in other.types)
 
     def __repr__(self) -> str:
         return f"Raised({self.type}: {self.message[:300]!r})"
@@ -127,8 +130,14 @@ def _plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         if value.layout == torch.sparse_coo:
             c = value.coalesce()
-            return ["sparse", str(value.dtype), list(value.shape), value.is_coalesced(),
-                    c.indices().tolist(), c.values().tolist()]
+            return [
+                "sparse",
+                str(value.dtype),
+                list(value.shape),
+                value.is_coalesced(),
+                c.indices().tolist(),
+                c.values().tolist(),
+            ]
         return ["tensor", str(value.dtype), list(value.shape), value.tolist()]
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
@@ -178,8 +187,11 @@ def _both(check: Callable[[Any], Any], **world: Any) -> dict[str, Any]:
     return out
 
 
-def _same(results: list[dict[str, Any]], keywords: dict[str, tuple[str, ...]] | None = None,
-          differs: tuple[str, ...] = ()) -> list[Any]:
+def _same(
+    results: list[dict[str, Any]],
+    keywords: dict[str, tuple[str, ...]] | None = None,
+    differs: tuple[str, ...] = (),
+) -> list[Any]:
     """Assert plain and switched agree on every rank; return the plain results per rank.
 
     Errors agree when their types match and both messages hold the ``keywords`` given for
@@ -204,7 +216,8 @@ def _assert_same(a: Any, b: Any, where: str, keywords: tuple[str, ...]) -> None:
         assert a == b, f"{where}: plain {a!r} but switched {b!r}"
         for word in keywords:
             assert word in a.message and word in b.message, (
-                f"{where}: {word!r} missing: plain {a!r}, switched {b!r}")
+                f"{where}: {word!r} missing: plain {a!r}, switched {b!r}"
+            )
         return
     if isinstance(a, dict) and isinstance(b, dict):
         assert a.keys() == b.keys(), f"{where}: keys {sorted(a)} != {sorted(b)}"
@@ -240,13 +253,16 @@ def test_the_switch_is_available_whichever_package_is_imported_first(first: str)
     import subprocess
     import sys
 
-    code = (f"import {first}\n"
-            "import torch.distributed.distributed_c10d as c10d\n"
-            "import torchcomms_core.pytorch.backend_wrapper as bw\n"
-            "print(c10d._TORCHCOMM_AVAILABLE, c10d._BackendWrapper is bw._BackendWrapper)")
+    code = (
+        f"import {first}\n"
+        "import torch.distributed.distributed_c10d as c10d\n"
+        "import torchcomms_core.pytorch.backend_wrapper as bw\n"
+        "print(c10d._TORCHCOMM_AVAILABLE, c10d._BackendWrapper is bw._BackendWrapper)"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM")}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split() == ["True", "True"], res.stdout
 
@@ -274,8 +290,7 @@ def _collectives(pg: Any) -> dict:
     sizes_in = [k + 1 for k in range(n)]
     sizes_out = [r + 1] * n
     a2a = torch.empty(sum(sizes_out))
-    dist.all_to_all_single(a2a, torch.arange(float(sum(sizes_in))) + 100 * r, sizes_out,
-                           sizes_in)
+    dist.all_to_all_single(a2a, torch.arange(float(sum(sizes_in))) + 100 * r, sizes_out, sizes_in)
     res["all_to_all_single_uneven"] = a2a
     outs = [torch.empty(2) for _ in range(n)]
     dist.all_to_all(outs, [torch.full((2,), float(10 * r + k)) for k in range(n)])
@@ -321,9 +336,12 @@ def _all_gather_coalesced(pg: Any) -> dict:
     bad = [[torch.empty(3)] for _ in range(n)]  # one output per rank for two inputs
     res["wrong_layout"] = _catch(dist.all_gather_coalesced, bad, ins, group=pg)
     mixed = [torch.ones(2), torch.ones(2, dtype=torch.int64)]
-    res["mixed_dtypes"] = _catch(dist.all_gather_coalesced,
-                                 [[torch.empty_like(t) for t in mixed] for _ in range(n)],
-                                 mixed, group=pg)
+    res["mixed_dtypes"] = _catch(
+        dist.all_gather_coalesced,
+        [[torch.empty_like(t) for t in mixed] for _ in range(n)],
+        mixed,
+        group=pg,
+    )
     return res
 
 
@@ -332,9 +350,13 @@ def body_all_gather_coalesced() -> dict:
 
 
 def test_all_gather_coalesced_fills_rank_major_outputs(pool) -> None:
-    res = _same(pool.run(body_all_gather_coalesced, timeout=90),
-                keywords={"wrong_layout": ("allgather_coalesced", "invalid output size"),
-                          "mixed_dtypes": ("different dtypes",)})
+    res = _same(
+        pool.run(body_all_gather_coalesced, timeout=90),
+        keywords={
+            "wrong_layout": ("allgather_coalesced", "invalid output size"),
+            "mixed_dtypes": ("different dtypes",),
+        },
+    )
     n = pool.world_size
     got = res[n - 1]["outputs"]
     assert len(got) == n and all(len(per_rank) == 2 for per_rank in got)
@@ -351,10 +373,12 @@ def _all_reduce_coalesced(pg: Any) -> dict:
     m = [torch.ones(2), torch.ones(3)]
     dist.all_reduce_coalesced(m, op=dist.ReduceOp.MAX, group=pg)
     res["max"] = m
-    res["records"] = _records(lambda: dist.all_reduce_coalesced(
-        [torch.ones(3), torch.ones(2, 2)], group=pg))
-    res["mixed_dtypes"] = _catch(dist.all_reduce_coalesced,
-                                 [torch.ones(2), torch.ones(2, dtype=torch.int64)], group=pg)
+    res["records"] = _records(
+        lambda: dist.all_reduce_coalesced([torch.ones(3), torch.ones(2, 2)], group=pg)
+    )
+    res["mixed_dtypes"] = _catch(
+        dist.all_reduce_coalesced, [torch.ones(2), torch.ones(2, dtype=torch.int64)], group=pg
+    )
     return res
 
 
@@ -363,8 +387,10 @@ def body_all_reduce_coalesced() -> dict:
 
 
 def test_all_reduce_coalesced_gives_per_tensor_results_and_records(pool) -> None:
-    res = _same(pool.run(body_all_reduce_coalesced, timeout=90),
-                keywords={"mixed_dtypes": ("different dtypes",)})
+    res = _same(
+        pool.run(body_all_reduce_coalesced, timeout=90),
+        keywords={"mixed_dtypes": ("different dtypes",)},
+    )
     n = pool.world_size
     first, second = res[0]["tensors"]
     assert first[3] == [float(sum(range(n)))] * 3
@@ -426,8 +452,9 @@ def test_coalescing_manager_paths_match(pool) -> None:
     res = _same(results, differs=("p2p",))
     n = pool.world_size
     s = float(sum(range(n)))
-    assert res[0]["all_reduce"] == [["tensor", "torch.float32", [k + 1], [s + n * k] * (k + 1)]
-                                    for k in range(3)]
+    assert res[0]["all_reduce"] == [
+        ["tensor", "torch.float32", [k + 1], [s + n * k] * (k + 1)] for k in range(3)
+    ]
     # Documented difference: gloo cannot coalesce point to point (no startCoalescing);
     # the bridge issues the block as one batch.
     for r, out in enumerate(results):
@@ -443,14 +470,19 @@ def _tensor_coalesced_methods(pg: Any) -> dict:
     r, n = pg.rank(), pg.size()
     ins = [torch.full((2,), float(r)), torch.full((1, 3), float(r + 5))]
     outs = [torch.empty(2 * n), torch.empty(n, 3)]
-    res = {"allgather_into_tensor_coalesced": _catch(
-        lambda: pg.allgather_into_tensor_coalesced(outs, ins, c10d.AllgatherOptions()).wait()),
-        "gathered": outs}
+    res = {
+        "allgather_into_tensor_coalesced": _catch(
+            lambda: pg.allgather_into_tensor_coalesced(outs, ins, c10d.AllgatherOptions()).wait()
+        ),
+        "gathered": outs,
+    }
     rs_in = [torch.arange(2.0 * n) * (r + 1), torch.ones(n, 2) * (r + 1)]
     rs_out = [torch.empty(2), torch.empty(1, 2)]
     res["reduce_scatter_tensor_coalesced"] = _catch(
-        lambda: pg.reduce_scatter_tensor_coalesced(rs_out, rs_in,
-                                                   c10d.ReduceScatterOptions()).wait())
+        lambda: pg.reduce_scatter_tensor_coalesced(
+            rs_out, rs_in, c10d.ReduceScatterOptions()
+        ).wait()
+    )
     res["scattered"] = rs_out
     return res
 
@@ -551,8 +583,12 @@ def _monitored(skip: tuple[int, ...], wait_all: bool, subgroup: bool) -> Callabl
                 return "not a member"
         if dist.get_rank(group) in skip:
             return "skipped"
-        return _catch(dist.monitored_barrier, group=group, timeout=timedelta(seconds=1),
-                      wait_all_ranks=wait_all)
+        return _catch(
+            dist.monitored_barrier,
+            group=group,
+            timeout=timedelta(seconds=1),
+            wait_all_ranks=wait_all,
+        )
 
     return check
 
@@ -583,7 +619,8 @@ def test_monitored_barrier_waiting_for_all_ranks_lists_every_missing_rank(pool4)
     _same(results)
     for world in ("plain", "switched"):
         assert "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 1000 ms" in (
-            results[0][world].message)
+            results[0][world].message
+        )
 
 
 def test_monitored_barrier_on_a_subgroup(pool4) -> None:
@@ -593,7 +630,8 @@ def test_monitored_barrier_on_a_subgroup(pool4) -> None:
     _same(results)
     for world in ("plain", "switched"):
         assert "[Rank 0]: Rank 2 failed to pass monitoredBarrier in 1000 ms" in (
-            results[1][world].message)
+            results[1][world].message
+        )
 
 
 # -- 4. sparse tensors ------------------------------------------------------------------------
@@ -608,11 +646,12 @@ def _sparse(pg: Any) -> dict:
     m = torch.sparse_coo_tensor([[0, 1], [r, 0]], [1.0, 2.0], (2, n))
     dist.all_reduce(m, group=pg)
     res["2d"] = m
-    res["max"] = _catch(dist.all_reduce,
-                        torch.sparse_coo_tensor([[0]], [1.0], (2,)), dist.ReduceOp.MAX,
-                        group=pg)
-    res["records"] = _records(lambda: dist.all_reduce(
-        torch.sparse_coo_tensor([[0]], [1.0], (2,)), group=pg))
+    res["max"] = _catch(
+        dist.all_reduce, torch.sparse_coo_tensor([[0]], [1.0], (2,)), dist.ReduceOp.MAX, group=pg
+    )
+    res["records"] = _records(
+        lambda: dist.all_reduce(torch.sparse_coo_tensor([[0]], [1.0], (2,)), group=pg)
+    )
     return res
 
 
@@ -621,8 +660,10 @@ def body_sparse() -> dict:
 
 
 def test_sparse_all_reduce_sums_like_gloo(pool) -> None:
-    res = _same(pool.run(body_sparse, timeout=90),
-                keywords={"max": ("allreduce", "unsupported reduction", "SUM")})
+    res = _same(
+        pool.run(body_sparse, timeout=90),
+        keywords={"max": ("allreduce", "unsupported reduction", "SUM")},
+    )
     n = pool.world_size
     kind, dtype, shape, _, indices, values = res[0]["sum"]
     assert kind == "sparse" and shape == [n + 1]
@@ -630,8 +671,7 @@ def test_sparse_all_reduce_sums_like_gloo(pool) -> None:
     for r in range(n):
         dense[r] += 1.0
         dense[r + 1] += float(r + 2)
-    assert dict(zip(indices[0], values, strict=True)) == {
-        i: v for i, v in enumerate(dense) if v}
+    assert dict(zip(indices[0], values, strict=True)) == {i: v for i, v in enumerate(dense) if v}
     assert isinstance(res[0]["max"], Raised)
     assert any(name == "gloo:sparse_all_reduce" for name, _ in res[0]["records"])
 
@@ -663,8 +703,16 @@ def _metadata(pg: Any) -> dict:
     }
     if sub is not dist.GroupMember.NON_GROUP_MEMBER:
         sopts = sub._get_backend(torch.device("cpu")).options
-        res["sub"] = [sub.name(), dist.get_backend(sub), sub.group_desc, sub.bound_device_id,
-                      sopts._timeout, list(sopts.global_ranks_in_group), sub.rank(), sub.size()]
+        res["sub"] = [
+            sub.name(),
+            dist.get_backend(sub),
+            sub.group_desc,
+            sub.bound_device_id,
+            sopts._timeout,
+            list(sopts.global_ranks_in_group),
+            sub.rank(),
+            sub.size(),
+        ]
     return res
 
 
@@ -681,7 +729,8 @@ def test_names_and_metadata_say_gloo(pool) -> None:
         assert out["plain"]["device_types"] == ["cuda", "cpu"]
         assert out["switched"]["device_types"] == ["cpu"]
         assert "No backend type associated with device type cuda" in (
-            out["switched"]["no_cuda_backend"].message)
+            out["switched"]["no_cuda_backend"].message
+        )
     for r, meta in enumerate(res):
         assert meta["name"] == meta["get_backend"] == meta["backend.name"] == "gloo"
         assert meta["options.timeout"] == 77.0 and meta["group_desc"] == "default_pg"
@@ -697,8 +746,10 @@ def _ddp(pg: Any) -> dict:
     data = torch.arange(8.0).view(2, 4) * (pg.rank() + 1)
     model(data).sum().backward()
     logged = model._get_ddp_logging_data()
-    return {"backend_name": logged.get("backend_name"),
-            "grads": [p.grad for p in model.parameters()]}
+    return {
+        "backend_name": logged.get("backend_name"),
+        "grads": [p.grad for p in model.parameters()],
+    }
 
 
 def body_ddp() -> dict:
@@ -720,27 +771,41 @@ def body_rank_size_without_launcher_env(how: str) -> dict:
     for switched in (False, True):
         key = "switched" if switched else "plain"
         port = _shared_port(f"port-{key}")
-        hidden = {"TORCHCOMM_RANK": None, "TORCHCOMM_SIZE": None, "RANK": None,
-                  "WORLD_SIZE": None, "TORCHELASTIC_USE_AGENT_STORE": None}
+        hidden = {
+            "TORCHCOMM_RANK": None,
+            "TORCHCOMM_SIZE": None,
+            "RANK": None,
+            "WORLD_SIZE": None,
+            "TORCHELASTIC_USE_AGENT_STORE": None,
+        }
         if how == "env":
             hidden.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             init_method = "env://"
         else:
             init_method = f"tcp://127.0.0.1:{port}"
         with _env(**hidden), _switch(switched):
-            dist.init_process_group("gloo", init_method=init_method, rank=rank,
-                                    world_size=size, timeout=timedelta(seconds=41))
+            dist.init_process_group(
+                "gloo",
+                init_method=init_method,
+                rank=rank,
+                world_size=size,
+                timeout=timedelta(seconds=41),
+            )
             try:
                 pg = dist.group.WORLD
                 assert (type(pg).__name__ == "_BackendWrapper") == switched, type(pg)
                 t = torch.tensor([float(rank)])
                 dist.all_reduce(t)
-                out[key] = _plain([pg.rank(), pg.size(), t,
-                                   pg._get_backend(torch.device("cpu")).options._timeout])
+                out[key] = _plain(
+                    [pg.rank(), pg.size(), t, pg._get_backend(torch.device("cpu")).options._timeout]
+                )
             finally:
                 dist.destroy_process_group()
-    return {"plain": out["plain"], "switched": out["switched"],
-            "env_left": os.environ.get("TORCHCOMM_RANK") is not None}
+    return {
+        "plain": out["plain"],
+        "switched": out["switched"],
+        "env_left": os.environ.get("TORCHCOMM_RANK") is not None,
+    }
 
 
 @pytest.mark.parametrize("how", ["tcp", "env"])
@@ -761,10 +826,15 @@ def _subgroups(pg: Any) -> dict:
     if sub is not dist.GroupMember.NON_GROUP_MEMBER:
         t = torch.tensor([float(r)])
         dist.all_reduce(t, group=sub)
-        res.update(rank=sub.rank(), size=sub.size(), get_rank=dist.get_rank(sub),
-                   ranks=dist.get_process_group_ranks(sub), sum=t,
-                   timeout=sub._get_backend(torch.device("cpu")).options._timeout,
-                   global_of_0=dist.get_global_rank(sub, 0))
+        res.update(
+            rank=sub.rank(),
+            size=sub.size(),
+            get_rank=dist.get_rank(sub),
+            ranks=dist.get_process_group_ranks(sub),
+            sum=t,
+            timeout=sub._get_backend(torch.device("cpu")).options._timeout,
+            global_of_0=dist.get_global_rank(sub, 0),
+        )
     # The same ranks again: another group (under the switch, another communicator).
     again = dist.new_group(members)
     if again is not dist.GroupMember.NON_GROUP_MEMBER:
@@ -801,8 +871,13 @@ def _mesh(pg: Any) -> dict:
         group = mesh.get_group(dim)
         t = torch.tensor([float(pg.rank())])
         dist.all_reduce(t, group=group)
-        res[dim] = [group.rank(), group.size(), mesh.get_local_rank(dim),
-                    dist.get_process_group_ranks(group), t]
+        res[dim] = [
+            group.rank(),
+            group.size(),
+            mesh.get_local_rank(dim),
+            dist.get_process_group_ranks(group),
+            t,
+        ]
     res["coordinate"] = mesh.get_coordinate()
     return res
 
@@ -832,8 +907,9 @@ def _profiled_calls(pg: Any) -> None:
     dist.reduce(t, 0)
     dist.all_gather([torch.empty(3, 2) for _ in range(n)], t)
     dist.all_gather_into_tensor(torch.empty(n * 3, 2), t)
-    dist.all_gather_coalesced([[torch.empty(2), torch.empty(1, 3)] for _ in range(n)],
-                              [torch.ones(2), torch.ones(1, 3)])
+    dist.all_gather_coalesced(
+        [[torch.empty(2), torch.empty(1, 3)] for _ in range(n)], [torch.ones(2), torch.ones(1, 3)]
+    )
     dist.all_reduce_coalesced([torch.ones(3), torch.ones(2, 2)])
     dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n))
     dist.reduce_scatter(torch.empty(2), [torch.ones(2) for _ in range(n)])
@@ -855,15 +931,21 @@ def _profiled_calls(pg: Any) -> None:
     with _coalescing_manager():
         dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n))
         dist.reduce_scatter_tensor(torch.empty(1, 2), torch.ones(n, 2))
-    reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), (r + 1) % n),
-                                   dist.P2POp(dist.irecv, torch.empty(2), (r - 1) % n)])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.isend, torch.ones(2), (r + 1) % n),
+            dist.P2POp(dist.irecv, torch.empty(2), (r - 1) % n),
+        ]
+    )
     for req in reqs:
         req.wait()
 
 
 def _profiles(pg: Any) -> dict:
-    return {"torch.profiler": _records(lambda: _profiled_calls(pg)),
-            "autograd.profiler": _autograd_records(lambda: _profiled_calls(pg))}
+    return {
+        "torch.profiler": _records(lambda: _profiled_calls(pg)),
+        "autograd.profiler": _autograd_records(lambda: _profiled_calls(pg)),
+    }
 
 
 def body_profiles() -> dict:

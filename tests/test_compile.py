@@ -167,8 +167,9 @@ def _same_on_every_rank(comm: Any, x: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def _rank_specific(comm: Any, x: torch.Tensor, dst: int, src: int, in_splits: list[int],
-                   out_splits: list[int]) -> dict[str, torch.Tensor]:
+def _rank_specific(
+    comm: Any, x: torch.Tensor, dst: int, src: int, in_splits: list[int], out_splits: list[int]
+) -> dict[str, torch.Tensor]:
     """Collectives whose arguments differ by rank: a send/recv ring and uneven all-to-all."""
     out: dict[str, torch.Tensor] = {}
     work = comm.send(x * 7, dst, True)
@@ -192,8 +193,7 @@ def _every_op_body() -> dict[str, Any]:
     compiled = _compiled_once(_same_on_every_rank, unique_name("every-op"))(comm, x.clone())
     first_call = time.perf_counter() - start
 
-    args = (x.clone(), (rank + 1) % n, (rank - 1) % n, [j + 1 for j in range(n)],
-            [rank + 1] * n)
+    args = (x.clone(), (rank + 1) % n, (rank - 1) % n, [j + 1 for j in range(n)], [rank + 1] * n)
     eager_r = _rank_specific(comm, *map(_clone, args))
     breaks_r, reasons_r, ops_r = _explain(_rank_specific, comm, *map(_clone, args))
     compiled_r = torch.compile(_rank_specific, fullgraph=True)(comm, *map(_clone, args))
@@ -203,13 +203,19 @@ def _every_op_body() -> dict[str, Any]:
     eager.update(eager_r)
     compiled.update(compiled_r)
     mismatched = sorted(
-        name for name in eager
+        name
+        for name in eager
         if (rank == 0 or "@0" not in name) and not torch.equal(eager[name], compiled[name])
     )
-    return {"breaks": breaks + breaks_r, "reasons": reasons + reasons_r,
-            "ops": sorted(set(ops + ops_r)), "compared": sorted(eager),
-            "mismatched": mismatched, "first_call_s": first_call,
-            "in_flight": pending.count()}
+    return {
+        "breaks": breaks + breaks_r,
+        "reasons": reasons + reasons_r,
+        "ops": sorted(set(ops + ops_r)),
+        "compared": sorted(eager),
+        "mismatched": mismatched,
+        "first_call_s": first_call,
+        "in_flight": pending.count(),
+    }
 
 
 def test_every_op_compiles_fullgraph_and_matches_eager(cpool: RankPool) -> None:
@@ -218,13 +224,26 @@ def test_every_op_compiles_fullgraph_and_matches_eager(cpool: RankPool) -> None:
         assert res["breaks"] == 0, (rank, res["reasons"])
         assert res["mismatched"] == [], (rank, res["mismatched"])
         assert res["in_flight"] == 0
-    methods = {op.split(".")[-2].removeprefix("torchcomm_").rstrip("_")
-               for op in results[0]["ops"]}
+    methods = {op.split(".")[-2].removeprefix("torchcomm_").rstrip("_") for op in results[0]["ops"]}
     assert methods == {
-        "send", "recv", "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_v",
-        "all_gather_single", "reduce_scatter", "reduce_scatter_v", "reduce_scatter_single",
-        "all_to_all", "all_to_all_single", "all_to_all_v_single", "barrier", "scatter",
-        "gather", "wait_tensors",
+        "send",
+        "recv",
+        "broadcast",
+        "all_reduce",
+        "reduce",
+        "all_gather",
+        "all_gather_v",
+        "all_gather_single",
+        "reduce_scatter",
+        "reduce_scatter_v",
+        "reduce_scatter_single",
+        "all_to_all",
+        "all_to_all_single",
+        "all_to_all_v_single",
+        "barrier",
+        "scatter",
+        "gather",
+        "wait_tensors",
     }
     # Every op but barrier leaves a result to compare; send and recv leave one together.
     assert len(results[0]["compared"]) == 15
@@ -244,8 +263,9 @@ def _inplace_and_trailing(comm: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...
     b = x + 1.0
     comm.all_reduce(b, ReduceOp.MAX, False, {"purpose": "test"}, _MINUTE)
     c = x + 2.0
-    comm.all_reduce(c, ReduceOp.PREMUL_SUM(0.5), async_op=False, hints={"purpose": "test"},
-                    timeout=_MINUTE)
+    comm.all_reduce(
+        c, ReduceOp.PREMUL_SUM(0.5), async_op=False, hints={"purpose": "test"}, timeout=_MINUTE
+    )
     return a, g, b, c
 
 
@@ -256,8 +276,11 @@ def _inplace_body() -> dict[str, Any]:
     breaks, reasons, _ = _explain(_inplace_and_trailing, comm, x.clone())
     compiled = torch.compile(_inplace_and_trailing, fullgraph=True)(comm, x.clone())
     comm.finalize()
-    return {"breaks": breaks, "reasons": reasons,
-            "equal": [torch.equal(e, c) for e, c in zip(eager, compiled, strict=True)]}
+    return {
+        "breaks": breaks,
+        "reasons": reasons,
+        "equal": [torch.equal(e, c) for e, c in zip(eager, compiled, strict=True)],
+    }
 
 
 def test_inplace_ops_and_trailing_arguments_compile(cpools: dict[int, RankPool]) -> None:
@@ -292,8 +315,9 @@ def _async_body() -> dict[str, Any]:
     m = torch.linspace(0, 1, 4096)
     eager = _overlapped(comm, x.clone(), m)
     breaks, reasons, _ = _explain(_overlapped, comm, x.clone(), m)
-    compiled, code = run_and_get_code(torch.compile(_overlapped, fullgraph=True), comm,
-                                      x.clone(), m)
+    compiled, code = run_and_get_code(
+        torch.compile(_overlapped, fullgraph=True), comm, x.clone(), m
+    )
     comm.finalize()
     # The body of the compiled graph, in execution order.
     lines = code[0].split("def call(", 1)[1].splitlines()
@@ -301,11 +325,15 @@ def _async_body() -> dict[str, Any]:
     def first_line(text: str) -> int:
         return next(i for i, line in enumerate(lines) if text in line)
 
-    return {"breaks": breaks, "reasons": reasons, "equal": torch.allclose(eager, compiled),
-            "issue": first_line("torchcomm_all_reduce.default("),
-            "busy": first_line("cpp_fused_mul_sin"),
-            "issue2": first_line("torchcomm_all_gather_single.default("),
-            "wait": first_line("torchcomm_wait_tensors.default(")}
+    return {
+        "breaks": breaks,
+        "reasons": reasons,
+        "equal": torch.allclose(eager, compiled),
+        "issue": first_line("torchcomm_all_reduce.default("),
+        "busy": first_line("cpp_fused_mul_sin"),
+        "issue2": first_line("torchcomm_all_gather_single.default("),
+        "wait": first_line("torchcomm_wait_tensors.default("),
+    }
 
 
 def test_async_issue_and_wait_are_where_the_code_puts_them(cpool: RankPool) -> None:
@@ -369,14 +397,19 @@ def _autograd_body(use_async: bool) -> dict[str, float]:
     x = torch.ones(n * k, requires_grad=True)
     y = run(comm.all_to_all_single(torch.empty_like(x), x, use_async))
     (y * torch.arange(1.0, n * k + 1) * (r + 1)).sum().backward()
-    check(name, x.grad, (r * k + torch.arange(1.0, k + 1)).repeat(n)
-          * torch.arange(1.0, n + 1).repeat_interleave(k))
+    check(
+        name,
+        x.grad,
+        (r * k + torch.arange(1.0, k + 1)).repeat(n)
+        * torch.arange(1.0, n + 1).repeat_interleave(k),
+    )
 
     name = "all_to_all_v_single"
     in_splits = [j + 1 for j in range(n)]  # j + 1 rows to rank j
     x = torch.ones(sum(in_splits), requires_grad=True)
-    y = run(comm.all_to_all_v_single(x.new_empty(n * (r + 1)), x, [r + 1] * n, in_splits,
-                                     use_async))
+    y = run(
+        comm.all_to_all_v_single(x.new_empty(n * (r + 1)), x, [r + 1] * n, in_splits, use_async)
+    )
     (y * (r + 1)).sum().backward()
     check(name, x.grad, torch.cat([torch.full((j + 1,), j + 1.0) for j in range(n)]))
 
@@ -388,15 +421,21 @@ def _autograd_body(use_async: bool) -> dict[str, float]:
 
     name = "reduce_scatter"
     x = torch.ones(k, requires_grad=True)
-    y = run(comm.reduce_scatter(torch.empty_like(x), [x * (j + 1) for j in range(n)],
-                                ReduceOp.SUM, use_async))
+    y = run(
+        comm.reduce_scatter(
+            torch.empty_like(x), [x * (j + 1) for j in range(n)], ReduceOp.SUM, use_async
+        )
+    )
     (y * (r + 1)).sum().backward()
     check(name, x.grad, torch.full((k,), sum((j + 1) ** 2 for j in range(n)) * 1.0))
 
     name = "all_to_all"
     x = torch.ones(k, requires_grad=True)
-    ys = run(comm.all_to_all([torch.empty_like(x) for _ in range(n)],
-                             [x * (j + 1) for j in range(n)], use_async))
+    ys = run(
+        comm.all_to_all(
+            [torch.empty_like(x) for _ in range(n)], [x * (j + 1) for j in range(n)], use_async
+        )
+    )
     sum((t * (j + 1)).sum() for j, t in enumerate(ys)).mul(r + 1).backward()
     check(name, x.grad, torch.full((k,), (r + 1) * sum((j + 1) ** 2 for j in range(n)) * 1.0))
 
@@ -433,8 +472,9 @@ def _compiled_autograd_body() -> dict[str, Any]:
         return out.detach(), x.grad
 
     eager_out, eager_grad = grads(forward)
-    breaks, reasons, _ = _explain(forward, torch.ones(k, requires_grad=True),
-                                  torch.ones(k, requires_grad=True))
+    breaks, reasons, _ = _explain(
+        forward, torch.ones(k, requires_grad=True), torch.ones(k, requires_grad=True)
+    )
     out, grad = grads(torch.compile(forward, fullgraph=True))
     comm.finalize()
     # Closed form: y = tri * x (the same on every rank); g repeats y n times; the output
@@ -444,12 +484,14 @@ def _compiled_autograd_body() -> dict[str, Any]:
     expected_out = n * (tri * x) ** 2
     # d/dx_i of sum_r (r+1) * n * (sum_q (q+1) x_i)**2 = 2 * n * tri * x_i * tri * (my w)
     expected_grad = 2 * n * tri * tri * x * (r + 1)
-    return {"breaks": breaks, "reasons": reasons,
-            "out": float((out - expected_out).abs().max()),
-            "eager_out": float((eager_out - expected_out).abs().max()),
-            "grad": float((grad - expected_grad).abs().max() / expected_grad.abs().max()),
-            "eager_grad": float((eager_grad - expected_grad).abs().max()
-                                / expected_grad.abs().max())}
+    return {
+        "breaks": breaks,
+        "reasons": reasons,
+        "out": float((out - expected_out).abs().max()),
+        "eager_out": float((eager_out - expected_out).abs().max()),
+        "grad": float((grad - expected_grad).abs().max() / expected_grad.abs().max()),
+        "eager_grad": float((eager_grad - expected_grad).abs().max() / expected_grad.abs().max()),
+    }
 
 
 def test_compiled_backward_matches_closed_form(cpools: dict[int, RankPool]) -> None:
@@ -483,8 +525,12 @@ def _plugin_body() -> dict[str, Any]:
     except Exception as exc:  # the documented outcome: an error that explains the break
         fullgraph_error = str(exc)
     comm.finalize()
-    return {"breaks": breaks, "reasons": reasons, "equal": torch.equal(eager, compiled),
-            "fullgraph_error": fullgraph_error}
+    return {
+        "breaks": breaks,
+        "reasons": reasons,
+        "equal": torch.equal(eager, compiled),
+        "fullgraph_error": fullgraph_error,
+    }
 
 
 def test_plugin_collective_is_an_explained_graph_break(cpools: dict[int, RankPool]) -> None:
@@ -528,8 +574,9 @@ def test_compiled_training_example_matches_eager(cpools: dict[int, RankPool]) ->
 # -- the switch --------------------------------------------------------------------------
 
 
-def test_version_check_follows_the_minimum_and_the_override(monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
+def test_version_check_follows_the_minimum_and_the_override(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from torchcomms.functional import (
         MIN_PYTORCH_VERSION_FOR_COMPILE,
         is_torch_compile_supported,
@@ -567,6 +614,12 @@ def test_import_registers_the_ops_only_when_switched_on(switch: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMMS_")}
     if switch:
         env["TORCHCOMMS_PATCH_FOR_COMPILE"] = switch
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                         text=True, timeout=120, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout.split()
     assert out == [str(bool(switch))] * 4

@@ -10,13 +10,32 @@ import pytest
 
 
 def _conformance(backend: str, world_size: int) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
+    }
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
-         "torchcomms_core.testing", "--torchcomms-backend", backend,
-         "--torchcomms-world-size", str(world_size)],
-        capture_output=True, text=True, timeout=600, env=env, cwd="/")
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "torchcomms_core.testing",
+            "--torchcomms-backend",
+            backend,
+            "--torchcomms-world-size",
+            str(world_size),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd="/",
+    )
 
 
 @pytest.mark.slow
@@ -31,8 +50,22 @@ def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
 
 def test_conformance_suite_is_inert_without_a_backend() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM_")}
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                          "--pyargs", "torchcomms_core.testing"],
-                         capture_output=True, text=True, timeout=300, env=env, cwd="/")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "torchcomms_core.testing",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd="/",
+    )
     assert res.returncode == 0, res.stdout[-3000:]
     assert "skipped" in res.stdout and "passed" not in res.stdout

@@ -128,12 +128,16 @@ def test_plugin_that_fails_to_import_names_its_distribution(tmp_path, monkeypatc
     dist = tmp_path / "torchcomms_brokenvendor-1.2.3.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: torchcomms-brokenvendor\nVersion: 1.2.3\n")
+        "Metadata-Version: 2.1\nName: torchcomms-brokenvendor\nVersion: 1.2.3\n"
+    )
     (dist / "entry_points.txt").write_text(
-        "[torchcomms.backends]\nbrokenvendor = torchcomms_brokenvendor:Backend\n")
-    (tmp_path / "torchcomms_brokenvendor.py").write_text(textwrap.dedent("""
+        "[torchcomms.backends]\nbrokenvendor = torchcomms_brokenvendor:Backend\n"
+    )
+    (tmp_path / "torchcomms_brokenvendor.py").write_text(
+        textwrap.dedent("""
         raise ImportError("libvendor.so: cannot open shared object file")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "brokenvendor" in torchcomms.available_backends()
     with pytest.raises(BackendLoadError) as info:
@@ -149,11 +153,14 @@ def test_resolving_a_backend_imports_only_that_plugin(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys, torchcomms; assert 'torchcomms_gloo' not in sys.modules; "
-            "torchcomms.get_backend_class('gloo'); "
-            "print(sorted(m for m in sys.modules if m.startswith('torchcomms_')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys, torchcomms; assert 'torchcomms_gloo' not in sys.modules; "
+        "torchcomms.get_backend_class('gloo'); "
+        "print(sorted(m for m in sys.modules if m.startswith('torchcomms_')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert "torchcomms_gloo" in out and "torchcomms_ncclx" not in out
 
 
@@ -210,8 +217,9 @@ def test_derived_collectives_compute_exact_results(size: int) -> None:
         comm.all_gather_v(lst, torch.full((r + 1,), float(r)))
         out["all_gather_v"] = torch.cat(lst)
         o = torch.empty(2)
-        comm.reduce_scatter_single(o, torch.arange(2 * n, dtype=torch.float32) * (r + 1),
-                                   ReduceOp.SUM)
+        comm.reduce_scatter_single(
+            o, torch.arange(2 * n, dtype=torch.float32) * (r + 1), ReduceOp.SUM
+        )
         out["reduce_scatter_single"] = o
         o = torch.empty(r + 1)
         comm.reduce_scatter_v(o, [torch.ones(i + 1) * (r + 1) for i in range(n)], ReduceOp.MAX)
@@ -234,13 +242,14 @@ def test_derived_collectives_compute_exact_results(size: int) -> None:
         assert torch.equal(out["all_reduce"], torch.arange(5.0) * n + sum(range(n)))
         assert torch.equal(out["product"], torch.full((3,), float(torch.arange(2, n + 2).prod())))
         assert torch.equal(out["broadcast"], torch.full((4,), float(n - 1)))
-        assert torch.equal(out["all_gather_single"],
-                           torch.arange(n).repeat_interleave(2).float())
-        assert torch.equal(out["all_gather_v"],
-                           torch.cat([torch.full((i + 1,), float(i)) for i in range(n)]))
+        assert torch.equal(out["all_gather_single"], torch.arange(n).repeat_interleave(2).float())
+        assert torch.equal(
+            out["all_gather_v"], torch.cat([torch.full((i + 1,), float(i)) for i in range(n)])
+        )
         total = sum(range(1, n + 1))
-        assert torch.equal(out["reduce_scatter_single"],
-                           torch.tensor([2.0 * r, 2.0 * r + 1]) * total)
+        assert torch.equal(
+            out["reduce_scatter_single"], torch.tensor([2.0 * r, 2.0 * r + 1]) * total
+        )
         assert torch.equal(out["reduce_scatter_v"], torch.full((r + 1,), float(n)))
         assert torch.equal(out["all_to_all_single"], torch.tensor([r + 10.0 * i for i in range(n)]))
         assert torch.equal(out["scatter"], torch.full((2,), float(r)))
@@ -284,10 +293,16 @@ def test_hooks_run_in_order_and_can_be_removed() -> None:
     events: list[list[tuple]] = [[], []]
     handles = []
     for i, comm in enumerate(comms):
-        handles.append(comm.register_pre_hook(
-            lambda name, op_id, args, i=i: events[i].append(("pre", name, op_id))))
-        handles.append(comm.register_post_hook(
-            lambda op_id, args, i=i: events[i].append(("post", op_id, args.work.status))))
+        handles.append(
+            comm.register_pre_hook(
+                lambda name, op_id, args, i=i: events[i].append(("pre", name, op_id))
+            )
+        )
+        handles.append(
+            comm.register_post_hook(
+                lambda op_id, args, i=i: events[i].append(("post", op_id, args.work.status))
+            )
+        )
 
     def body(comm):
         comm.all_reduce(torch.ones(2), ReduceOp.SUM)
@@ -365,8 +380,10 @@ def test_dropped_communicator_warns_and_releases() -> None:
         warnings.simplefilter("always")
         del comm
         gc.collect()
-    assert any(issubclass(w.category, ResourceWarning) and "without finalize()" in str(w.message)
-               for w in caught)
+    assert any(
+        issubclass(w.category, ResourceWarning) and "without finalize()" in str(w.message)
+        for w in caught
+    )
     assert backend._fabric is None  # released
 
 
@@ -399,36 +416,78 @@ def comm2():
 BAD_INPUTS = [
     (lambda c: c.all_reduce([1.0], ReduceOp.SUM), CommTypeError, "tensor must be a torch.Tensor"),
     (lambda c: c.all_reduce(torch.ones(2), "sum"), CommTypeError, "must be a torchcomms.ReduceOp"),
-    (lambda c: c.all_reduce(torch.ones(2), ReduceOp.BAND), CommInputError,
-     "BAND is bitwise and needs an integer"),
-    (lambda c: c.all_reduce(torch.ones(2, dtype=torch.int32), ReduceOp.AVG), CommInputError,
-     "AVG needs a floating-point tensor"),
-    (lambda c: c.all_reduce(torch.ones(2, dtype=torch.complex64), ReduceOp.SUM), CommInputError,
-     "dtype complex64, which this backend does not support"),
-    (lambda c: c.broadcast(torch.ones(2), 2), CommInputError,
-     "root=2 is out of range for communicator 'valid' of size 2; valid ranks are 0..1"),
+    (
+        lambda c: c.all_reduce(torch.ones(2), ReduceOp.BAND),
+        CommInputError,
+        "BAND is bitwise and needs an integer",
+    ),
+    (
+        lambda c: c.all_reduce(torch.ones(2, dtype=torch.int32), ReduceOp.AVG),
+        CommInputError,
+        "AVG needs a floating-point tensor",
+    ),
+    (
+        lambda c: c.all_reduce(torch.ones(2, dtype=torch.complex64), ReduceOp.SUM),
+        CommInputError,
+        "dtype complex64, which this backend does not support",
+    ),
+    (
+        lambda c: c.broadcast(torch.ones(2), 2),
+        CommInputError,
+        "root=2 is out of range for communicator 'valid' of size 2; valid ranks are 0..1",
+    ),
     (lambda c: c.send(torch.ones(2), -1), CommInputError, "dst=-1 is out of range"),
     (lambda c: c.send(torch.ones(2), 0), CommInputError, "dst=0 is this rank itself"),
-    (lambda c: c.all_gather([torch.empty(2)], torch.ones(2)), CommInputError,
-     "tensor_list has 1 tensors but must have one per rank (communicator size 2)"),
-    (lambda c: c.all_gather([torch.empty(2), torch.empty(3)], torch.ones(2)), CommInputError,
-     "tensor_list[1] has 3 elements"),
-    (lambda c: c.all_gather_single(torch.empty(3), torch.ones(2)), CommInputError,
-     "output has 3 elements (shape (3,)) but must have 4"),
-    (lambda c: c.all_gather_single(torch.empty(4, dtype=torch.int64), torch.ones(2)),
-     CommInputError, "output has dtype int64 but input has dtype float32"),
-    (lambda c: c.reduce_scatter_single(torch.empty(2), torch.ones(5), ReduceOp.SUM),
-     CommInputError, "input has 5 elements"),
-    (lambda c: c.all_to_all_single(torch.empty(3), torch.ones(3)), CommInputError,
-     "must be divisible by the communicator size 2"),
-    (lambda c: c.all_to_all_v_single(torch.empty(3), torch.ones(3), [1, 2], [2, 2]),
-     CommInputError, "input_split_sizes sums to 4 but the tensor has 3 rows"),
-    (lambda c: c.all_to_all_v_single(torch.empty(3), torch.ones(3), [2, 1], [1, 2]),
-     CommInputError, "output_split_sizes[0]=2 must equal input_split_sizes[0]=1"),
-    (lambda c: c.scatter(torch.empty(2), [torch.ones(2)], 0), CommInputError,
-     "input_tensor_list has 1 tensors"),
-    (lambda c: c.gather([torch.empty(2), torch.empty(2)], torch.ones(3), 0), CommInputError,
-     "output_tensor_list[0] has 2 elements"),
+    (
+        lambda c: c.all_gather([torch.empty(2)], torch.ones(2)),
+        CommInputError,
+        "tensor_list has 1 tensors but must have one per rank (communicator size 2)",
+    ),
+    (
+        lambda c: c.all_gather([torch.empty(2), torch.empty(3)], torch.ones(2)),
+        CommInputError,
+        "tensor_list[1] has 3 elements",
+    ),
+    (
+        lambda c: c.all_gather_single(torch.empty(3), torch.ones(2)),
+        CommInputError,
+        "output has 3 elements (shape (3,)) but must have 4",
+    ),
+    (
+        lambda c: c.all_gather_single(torch.empty(4, dtype=torch.int64), torch.ones(2)),
+        CommInputError,
+        "output has dtype int64 but input has dtype float32",
+    ),
+    (
+        lambda c: c.reduce_scatter_single(torch.empty(2), torch.ones(5), ReduceOp.SUM),
+        CommInputError,
+        "input has 5 elements",
+    ),
+    (
+        lambda c: c.all_to_all_single(torch.empty(3), torch.ones(3)),
+        CommInputError,
+        "must be divisible by the communicator size 2",
+    ),
+    (
+        lambda c: c.all_to_all_v_single(torch.empty(3), torch.ones(3), [1, 2], [2, 2]),
+        CommInputError,
+        "input_split_sizes sums to 4 but the tensor has 3 rows",
+    ),
+    (
+        lambda c: c.all_to_all_v_single(torch.empty(3), torch.ones(3), [2, 1], [1, 2]),
+        CommInputError,
+        "output_split_sizes[0]=2 must equal input_split_sizes[0]=1",
+    ),
+    (
+        lambda c: c.scatter(torch.empty(2), [torch.ones(2)], 0),
+        CommInputError,
+        "input_tensor_list has 1 tensors",
+    ),
+    (
+        lambda c: c.gather([torch.empty(2), torch.empty(2)], torch.ones(3), 0),
+        CommInputError,
+        "output_tensor_list[0] has 2 elements",
+    ),
     (lambda c: c.split([0, 0, 1], "x"), CommInputError, "contain duplicates [0]"),
     (lambda c: c.split([1], "x"), CommInputError, "do not include this rank (0)"),
     (lambda c: c.split([0, 5], "x"), CommInputError, "ranks[1]=5 is out of range"),
@@ -438,8 +497,11 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("call,exc,message", BAD_INPUTS,
-                         ids=[m.split(" ")[0] + str(i) for i, (_, _, m) in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    "call,exc,message",
+    BAD_INPUTS,
+    ids=[m.split(" ")[0] + str(i) for i, (_, _, m) in enumerate(BAD_INPUTS)],
+)
 def test_bad_input_is_refused_with_a_clear_message(comm2, call, exc, message) -> None:
     with pytest.raises(exc) as info:
         call(comm2)
@@ -448,8 +510,10 @@ def test_bad_input_is_refused_with_a_clear_message(comm2, call, exc, message) ->
 
 def test_tensor_on_a_foreign_device_is_refused(comm2) -> None:
     t = torch.ones(2, device="meta")
-    with pytest.raises(CommInputError, match="is on device meta, but communicator 'valid' owns "
-                                             "device cpu; move it with .to"):
+    with pytest.raises(
+        CommInputError,
+        match="is on device meta, but communicator 'valid' owns device cpu; move it with .to",
+    ):
         comm2.all_reduce(t, ReduceOp.SUM)
 
 

@@ -30,13 +30,23 @@ TIMEOUT_S = 5.0
 def _store():
     from torch.distributed import TCPStore
 
-    return TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                    timeout=timedelta(seconds=30))
+    return TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=30),
+    )
 
 
 def _comm(name: str, store=None):
-    return torchcomms.new_comm("gloo", torch.device("cpu"), name=name, enable_reconfigure=True,
-                               timeout=timedelta(seconds=TIMEOUT_S), store=store)
+    return torchcomms.new_comm(
+        "gloo",
+        torch.device("cpu"),
+        name=name,
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=TIMEOUT_S),
+        store=store,
+    )
 
 
 def _exchange(store, tag: str, handle: str, rank: int, ranks: list[int]) -> list[str]:
@@ -111,8 +121,10 @@ def body_mismatch() -> dict:
     mine = list(handles)
     if r == 0:
         mine[1], mine[2] = mine[2], mine[1]
-    for what, uuid, lst in (("lists", "m1", mine),
-                            ("uuids", "m2-x" if r == 0 else "m2-y", handles)):
+    for what, uuid, lst in (
+        ("lists", "m1", mine),
+        ("uuids", "m2-x" if r == 0 else "m2-y", handles),
+    ):
         start = time.monotonic()
         try:
             comm.reconfigure(uuid, lst)
@@ -177,13 +189,13 @@ def body_unsupported() -> dict:
     torchcomms.register_backend("gloo_noreconf", NoReconfigureGloo)
     out = {}
     try:
-        torchcomms.new_comm("gloo_noreconf", "cpu", name=unique_name("ft"),
-                            enable_reconfigure=True)
+        torchcomms.new_comm("gloo_noreconf", "cpu", name=unique_name("ft"), enable_reconfigure=True)
         out["new_comm"] = None
     except RuntimeError as exc:
         out["new_comm"] = str(exc)
-    comm = torchcomms.new_comm("gloo_noreconf", "cpu", name=unique_name("ft"),
-                               timeout=timedelta(seconds=TIMEOUT_S))
+    comm = torchcomms.new_comm(
+        "gloo_noreconf", "cpu", name=unique_name("ft"), timeout=timedelta(seconds=TIMEOUT_S)
+    )
     out["support"] = comm.method_support()["reconfigure_engine"]
     try:
         comm.reconfigure(1, [comm.get_init_handle()])
@@ -191,8 +203,9 @@ def body_unsupported() -> dict:
     except RuntimeError as exc:
         out["reconfigure"] = str(exc)
     comm.finalize()
-    plain = torchcomms.new_comm("gloo", "cpu", name=unique_name("ft"),
-                                timeout=timedelta(seconds=TIMEOUT_S))
+    plain = torchcomms.new_comm(
+        "gloo", "cpu", name=unique_name("ft"), timeout=timedelta(seconds=TIMEOUT_S)
+    )
     try:
         plain.reconfigure(1, [plain.get_init_handle()])
         out["plain"] = None
@@ -224,8 +237,11 @@ def _train_until_failure(comm, victim: int, kill_at: int) -> dict:
             t.fill_(1)
             last_ok = time.monotonic()
         except torchcomms.TorchCommError as exc:
-            return {"iteration": i, "detect_s": time.monotonic() - last_ok,
-                    "error": type(exc).__name__}
+            return {
+                "iteration": i,
+                "detect_s": time.monotonic() - last_ok,
+                "error": type(exc).__name__,
+            }
     return {"iteration": -1}
 
 
@@ -323,8 +339,7 @@ def body_shrink_then_grow(victim: int) -> dict:
     if r == 0:
         # A fresh process outside the launcher (no rank in its environment), started now
         # so that its imports overlap the training; it joins once the group has shrunk.
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE")}
+        env = {k: v for k, v in os.environ.items() if k not in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE")}
         proc = subprocess.Popen([sys.executable, "-c", _REPLACEMENT, name], env=env)
     comm.reconfigure("full", handles)
     out = _train_until_failure(comm, victim, kill_at=3)
@@ -374,9 +389,24 @@ def test_elastic_training_example_survives_sigkill_and_rejoin(tmp_path) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "elastic.json"
     proc = subprocess.run(
-        [sys.executable, os.path.join(root, "examples", "elastic_training.py"), "--steps", "16",
-         "--kill-at", "5", "--rejoin-at", "7", "--after-rejoin", "3", "--json", str(out)],
-        capture_output=True, text=True, timeout=150)
+        [
+            sys.executable,
+            os.path.join(root, "examples", "elastic_training.py"),
+            "--steps",
+            "16",
+            "--kill-at",
+            "5",
+            "--rejoin-at",
+            "7",
+            "--after-rejoin",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     import json
 
@@ -386,7 +416,7 @@ def test_elastic_training_example_survives_sigkill_and_rejoin(tmp_path) -> None:
     assert res["max_loss_error"] < 1e-4  # equals the single-process run: no step lost/doubled
     sizes = [t["size"] for t in res["trace"]]
     kill = sizes.index(3)
-    assert set(sizes[:kill]) == {4} and 3 not in sizes[sizes.index(4, kill):], sizes
+    assert set(sizes[:kill]) == {4} and 3 not in sizes[sizes.index(4, kill) :], sizes
     reasons = [(r["reason"], r["size"]) for r in res["recoveries"]]
     assert ("failure", 3) in reasons and ("grow", 4) in reasons, reasons
     assert all(r["identical"] for r in res["recoveries"])

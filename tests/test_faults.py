@@ -20,8 +20,13 @@ TIMEOUT_S = 4.0
 
 
 def _comm(**kwargs):
-    return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("fault"),
-                               timeout=timedelta(seconds=TIMEOUT_S), **kwargs)
+    return torchcomms.new_comm(
+        "gloo",
+        torch.device("cpu"),
+        name=unique_name("fault"),
+        timeout=timedelta(seconds=TIMEOUT_S),
+        **kwargs,
+    )
 
 
 def body_peer_killed_mid_loop(victim: int) -> dict:
@@ -37,9 +42,13 @@ def body_peer_killed_mid_loop(victim: int) -> dict:
             t.fill_(1)
             last_ok = time.monotonic()
         except torchcomms.TorchCommError as exc:
-            return {"iteration": i, "seconds": time.monotonic() - last_ok,
-                    "error": type(exc).__name__, "message": str(exc),
-                    "status": "failed-state" if _is_failed(comm) else "?"}
+            return {
+                "iteration": i,
+                "seconds": time.monotonic() - last_ok,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "status": "failed-state" if _is_failed(comm) else "?",
+            }
     return {"iteration": -1}
 
 
@@ -72,8 +81,11 @@ def body_peer_never_joins() -> dict:
     try:
         _comm()
     except Exception as exc:  # what type: see the assertion
-        return {"seconds": time.monotonic() - start, "error": type(exc).__name__,
-                "message": str(exc)}
+        return {
+            "seconds": time.monotonic() - start,
+            "error": type(exc).__name__,
+            "message": str(exc),
+        }
     return {"seconds": time.monotonic() - start, "error": None}
 
 
@@ -95,8 +107,11 @@ def body_mismatched_sizes() -> dict:
     try:
         comm.all_reduce(torch.ones(4 if r == 0 else 8), ReduceOp.SUM)
     except torchcomms.TorchCommError as exc:
-        return {"seconds": time.monotonic() - start, "error": type(exc).__name__,
-                "message": str(exc)}
+        return {
+            "seconds": time.monotonic() - start,
+            "error": type(exc).__name__,
+            "message": str(exc),
+        }
     return {"seconds": time.monotonic() - start, "error": None}
 
 
@@ -116,8 +131,10 @@ def test_mismatch_check_names_every_rank_call(monkeypatch) -> None:
     with RankPool(2, env={"TORCHCOMM_CHECK_COLLECTIVES": "1"}) as checked:
         for res in checked.run(body_mismatched_sizes, timeout=60):
             assert res["error"] == "CommInputError", res
-            assert ("rank 0: all_reduce float32 numel=4 RedOpType.SUM; "
-                    "rank 1: all_reduce float32 numel=8 RedOpType.SUM") in res["message"]
+            assert (
+                "rank 0: all_reduce float32 numel=4 RedOpType.SUM; "
+                "rank 1: all_reduce float32 numel=8 RedOpType.SUM"
+            ) in res["message"]
         assert checked.run(body_checked_ops_still_work) == [4.0, 4.0]
 
 
@@ -162,8 +179,11 @@ def body_per_call_timeout() -> dict:
     try:
         work.wait()
     except torchcomms.CommTimeoutError as exc:
-        return {"seconds": time.monotonic() - start, "status": work.status.name,
-                "message": str(exc)}
+        return {
+            "seconds": time.monotonic() - start,
+            "status": work.status.name,
+            "message": str(exc),
+        }
     return {"seconds": time.monotonic() - start, "status": work.status.name}
 
 

@@ -20,8 +20,11 @@ def _comm():
     return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("coll"))
 
 
-GLOO_DTYPES = [name for name, dt in DTYPES.items()
-               if dt in torchcomms.get_backend_class("gloo").supported_dtypes]
+GLOO_DTYPES = [
+    name
+    for name, dt in DTYPES.items()
+    if dt in torchcomms.get_backend_class("gloo").supported_dtypes
+]
 
 
 @pytest.mark.parametrize("dtype_name", GLOO_DTYPES)
@@ -66,8 +69,11 @@ def body_noncontiguous() -> None:
     assert not t.is_contiguous()
     out = torch.empty(6, 4 * n).t()  # strided output
     comm.all_gather_single(out, (torch.ones(4, 6) * r)[:, :].contiguous().t().contiguous().t())
-    check("all_gather_single strided out", out.contiguous().view(-1),
-          torch.cat([torch.ones(24) * k for k in range(n)]))
+    check(
+        "all_gather_single strided out",
+        out.contiguous().view(-1),
+        torch.cat([torch.ones(24) * k for k in range(n)]),
+    )
     src = torch.arange(2 * n * 3, dtype=torch.float32).view(3, 2 * n).t()  # strided input
     dst = torch.empty(2 * n, 3)
     comm.all_to_all_single(dst, src)

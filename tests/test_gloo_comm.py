@@ -116,10 +116,10 @@ def test_batch_ring_exchange_cannot_deadlock(pool) -> None:
 def body_hooks() -> list:
     comm = _comm()
     events = []
-    pre = comm.register_pre_hook(lambda name, op_id, args: events.append(("pre", str(name),
-                                                                          op_id)))
-    post = comm.register_post_hook(lambda op_id, args: events.append(("post", op_id,
-                                                                      args.work.status.name)))
+    pre = comm.register_pre_hook(lambda name, op_id, args: events.append(("pre", str(name), op_id)))
+    post = comm.register_post_hook(
+        lambda op_id, args: events.append(("post", op_id, args.work.status.name))
+    )
     comm.all_reduce(torch.ones(2), ReduceOp.SUM)
     w = comm.broadcast(torch.ones(2), 0, async_op=True)
     w.wait()
@@ -185,9 +185,15 @@ def body_identity() -> dict:
 def test_communicator_identity_and_options(pool2) -> None:
     info = pool2.run(body_identity)[0]
     assert info == {
-        "backend": "gloo", "device": "cpu", "timeout": 7.0, "hints": {"k": "v"},
-        "engine": "ProcessGroupGloo", "impl": "GlooBackend", "abort": True,
-        "native": "native", "timeout2": 9.0,
+        "backend": "gloo",
+        "device": "cpu",
+        "timeout": 7.0,
+        "hints": {"k": "v"},
+        "engine": "ProcessGroupGloo",
+        "impl": "GlooBackend",
+        "abort": True,
+        "native": "native",
+        "timeout2": 9.0,
     }
 
 

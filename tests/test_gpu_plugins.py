@@ -56,8 +56,9 @@ def world1(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- discovery and refusals -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,cls", [("ncclx", NCCLXBackend), ("nccl", NCCLXBackend),
-                                      ("rccl", RCCLBackend)])
+@pytest.mark.parametrize(
+    "name,cls", [("ncclx", NCCLXBackend), ("nccl", NCCLXBackend), ("rccl", RCCLBackend)]
+)
 def test_backends_resolve_by_entry_point(name: str, cls: type) -> None:
     from torchcomms_core import _registry as registry
 
@@ -102,8 +103,7 @@ def test_new_comm_rccl_refuses_non_rocm_torch(world1: None) -> None:
         torchcomms.new_comm("rccl", torch.device("cuda"))
 
 
-def test_new_comm_ncclx_refuses_cpu_device(world1: None, monkeypatch: pytest.MonkeyPatch
-                                          ) -> None:
+def test_new_comm_ncclx_refuses_cpu_device(world1: None, monkeypatch: pytest.MonkeyPatch) -> None:
     # As on a GPU machine: the backend could run, but the device type is wrong.
     monkeypatch.setattr(NCCLXBackend, "is_available", classmethod(lambda cls: (True, "ok")))
     with pytest.raises(CommInputError, match="cuda") as info:
@@ -159,12 +159,10 @@ def _clear_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_device_index_from_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     _clear_local_rank(monkeypatch)
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert resolve_device(torch.device("cuda"), rank=11, device_count=8) == torch.device(
-        "cuda", 3)
+    assert resolve_device(torch.device("cuda"), rank=11, device_count=8) == torch.device("cuda", 3)
 
 
-def test_device_index_without_launcher_uses_rank_modulo(monkeypatch: pytest.MonkeyPatch
-                                                        ) -> None:
+def test_device_index_without_launcher_uses_rank_modulo(monkeypatch: pytest.MonkeyPatch) -> None:
     _clear_local_rank(monkeypatch)
     assert resolve_device(torch.device("cuda"), rank=5, device_count=4) == torch.device("cuda", 1)
 
@@ -172,7 +170,8 @@ def test_device_index_without_launcher_uses_rank_modulo(monkeypatch: pytest.Monk
 def test_explicit_device_index_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert resolve_device(torch.device("cuda", 2), rank=0, device_count=4) == torch.device(
-        "cuda", 2)
+        "cuda", 2
+    )
 
 
 def test_device_errors_say_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,12 +252,14 @@ class FakeEngine:
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> FakeWork:
         return self._work("reduce", opts.reduceOp)
 
-    def reduce_scatter(self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]],
-                       opts: Any) -> FakeWork:
+    def reduce_scatter(
+        self, outs: list[torch.Tensor], ins: list[list[torch.Tensor]], opts: Any
+    ) -> FakeWork:
         return self._work("reduce_scatter", opts.reduceOp, ins[0])
 
-    def allgather(self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor],
-                  opts: Any) -> FakeWork:
+    def allgather(
+        self, outs: list[list[torch.Tensor]], ins: list[torch.Tensor], opts: Any
+    ) -> FakeWork:
         return self._work("allgather", [t.numel() for t in outs[0]])
 
     def _allgather_base(self, out: torch.Tensor, inp: torch.Tensor, opts: Any) -> FakeWork:
@@ -305,8 +306,9 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def _options(rank: int = 1, size: int = 2, **hints: str) -> CommOptions:
-    return CommOptions(timeout=TIMEOUT, store=object(), name="c", hints=dict(hints), rank=rank,
-                       size=size)
+    return CommOptions(
+        timeout=TIMEOUT, store=object(), name="c", hints=dict(hints), rank=rank, size=size
+    )
 
 
 def _backend(fake_gpu: list[Any], rank: int = 1, size: int = 2, **hints: str) -> NCCLXBackend:
@@ -380,8 +382,9 @@ def test_tensor_premul_factor_lives_until_wait(fake_gpu: list[Any]) -> None:
     b = _backend(fake_gpu)
     _on_cpu(b)
     factor = torch.tensor([2.0], dtype=torch.float64)
-    work = b.all_reduce(torch.ones(4, dtype=torch.bfloat16), ReduceOp.PREMUL_SUM(factor), True,
-                        timeout=TIMEOUT)
+    work = b.all_reduce(
+        torch.ones(4, dtype=torch.bfloat16), ReduceOp.PREMUL_SUM(factor), True, timeout=TIMEOUT
+    )
     kept = work._keep
     assert isinstance(kept, torch.Tensor) and kept.dtype == torch.bfloat16  # NCCL reads it so
     work.wait()
@@ -396,8 +399,13 @@ def test_integer_premul_sum_scales_then_sums(fake_gpu: list[Any]) -> None:
     assert t.tolist() == [3, 6, 9]
     assert engine.log[-2][1].op == _c10d_type("SUM")
     src = torch.tensor([1, 2], dtype=torch.int64)
-    b.reduce_scatter(torch.empty(2, dtype=torch.int64), [src, src], ReduceOp.PREMUL_SUM(2.0),
-                     False, timeout=TIMEOUT)
+    b.reduce_scatter(
+        torch.empty(2, dtype=torch.int64),
+        [src, src],
+        ReduceOp.PREMUL_SUM(2.0),
+        False,
+        timeout=TIMEOUT,
+    )
     assert src.tolist() == [1, 2]  # inputs belong to the caller: scaled out of place
     assert engine.log[-2][2][0].tolist() == [2, 4]
 
@@ -421,8 +429,9 @@ def test_uneven_gather_and_reduce_scatter_are_native(fake_gpu: list[Any]) -> Non
     engine = _on_cpu(b)
     b.all_gather_v([torch.empty(3), torch.empty(5)], torch.ones(5), False, timeout=TIMEOUT)
     assert engine.log[-2] == ("allgather", [3, 5])
-    b.reduce_scatter_v(torch.empty(5), [torch.ones(3), torch.ones(5)], ReduceOp.SUM, False,
-                       timeout=TIMEOUT)
+    b.reduce_scatter_v(
+        torch.empty(5), [torch.ones(3), torch.ones(5)], ReduceOp.SUM, False, timeout=TIMEOUT
+    )
     assert engine.log[-2][0] == "reduce_scatter"
 
 
@@ -464,8 +473,9 @@ def test_split_non_member_takes_part_without_color(fake_gpu: list[Any]) -> None:
     assert len(FakeEngine.created) == 1
 
 
-def test_split_falls_back_without_engine_support(fake_gpu: list[Any],
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_split_falls_back_without_engine_support(
+    fake_gpu: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(FakeEngine, "supports_splitting", False)
     parent = _backend(fake_gpu)
     assert parent.split([], "tp", _options(rank=-1, size=0)) is None
@@ -484,8 +494,7 @@ def test_abort_and_finalize_reach_the_engine(fake_gpu: list[Any]) -> None:
     assert engine.log[-1] == ("shutdown",)
 
 
-def test_rccl_shares_the_engine_code(fake_gpu: list[Any], monkeypatch: pytest.MonkeyPatch
-                                     ) -> None:
+def test_rccl_shares_the_engine_code(fake_gpu: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RCCLBackend, "engine_class", classmethod(lambda cls: FakeEngine))
     b = RCCLBackend()
     options = _options(**{"rccl.high_priority_stream": "yes"})
@@ -511,8 +520,13 @@ def store() -> Any:
 
 @pytest.fixture
 def comm(world1: None, store: Any) -> Any:
-    c = torchcomms.new_comm("ncclx", torch.device("cuda"), name=f"gpu_{uuid.uuid4().hex[:8]}",
-                            store=store, timeout=TIMEOUT)
+    c = torchcomms.new_comm(
+        "ncclx",
+        torch.device("cuda"),
+        name=f"gpu_{uuid.uuid4().hex[:8]}",
+        store=store,
+        timeout=TIMEOUT,
+    )
     yield c
     if not (c.is_finalized() or c.is_aborted()):
         c.finalize()
@@ -532,8 +546,11 @@ def _all(t: torch.Tensor, value: float) -> bool:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is "
-                                          "False); run scripts/gpu_checks.sh on a GPU machine")
+@pytest.mark.skipif(
+    not HAS_CUDA,
+    reason="needs a CUDA device (torch.cuda.is_available() is "
+    "False); run scripts/gpu_checks.sh on a GPU machine",
+)
 class TestOnGPU:
     """World size 1 on ``cuda:0``: NCCL runs its local path; semantics are what we check."""
 
@@ -639,8 +656,10 @@ class TestOnGPU:
         host_was_free = not after_sleep.query()
         y = x + 0  # queued on the current stream: must see the reduced values
         torch.cuda.synchronize()
-        assert host_was_free, (f"all_reduce(async_op=False) returned after the GPU caught up "
-                               f"({elapsed:.3f} s): it blocked the host")
+        assert host_was_free, (
+            f"all_reduce(async_op=False) returned after the GPU caught up "
+            f"({elapsed:.3f} s): it blocked the host"
+        )
         assert _all(y, 2.0), "the current stream did not wait for the collective"
         print(f"sync all_reduce returned in {elapsed * 1e3:.2f} ms while the GPU was busy")
 
@@ -729,9 +748,13 @@ class TestOnGPU:
 
     def test_hints(self, world1: None, store: Any) -> None:
         comm = torchcomms.new_comm(
-            "ncclx", torch.device("cuda"), name=f"hints_{uuid.uuid4().hex[:8]}", store=store,
+            "ncclx",
+            torch.device("cuda"),
+            name=f"hints_{uuid.uuid4().hex[:8]}",
+            store=store,
             timeout=TIMEOUT,
-            hints={"ncclx.high_priority_stream": "true", "ncclx.register_memory": "true"})
+            hints={"ncclx.high_priority_stream": "true", "ncclx.register_memory": "true"},
+        )
         try:
             backend = comm.get_backend_impl()
             assert backend.mem_pool is not None
@@ -768,9 +791,16 @@ class TestOnGPU:
                 assert _all(x, expected_x), f"{name} {mib} MiB: wrong input after timing"
                 assert _all(out, expected_out), f"{name} {mib} MiB: wrong output after timing"
                 largest = (n if name == "all_reduce" else n * size) * 4
-                row = Row(op=op, size=largest, count=largest // 4, dtype="float32",
-                          redop="sum", root=0, nranks=size,
-                          busbw_factor=OPS[op].busbw_factor(size))
+                row = Row(
+                    op=op,
+                    size=largest,
+                    count=largest // 4,
+                    dtype="float32",
+                    redop="sum",
+                    root=0,
+                    nranks=size,
+                    busbw_factor=OPS[op].busbw_factor(size),
+                )
                 timing = Timing([ms * 1e3])
                 algbw, busbw = row.algbw(timing), row.busbw(timing)
                 assert algbw is not None and math.isfinite(algbw) and algbw > 0, algbw
@@ -779,9 +809,11 @@ class TestOnGPU:
                 assert (busbw > 0) == (size > 1), (busbw, size)
                 record_property(f"{name}_{mib}MiB_algbw_gbps", round(algbw, 3))
                 record_property(f"{name}_{mib}MiB_busbw_gbps", round(busbw, 3))
-                print(f"\nbandwidth {name} {mib} MiB: {ms:.3f} ms/op, {algbw:.1f} GB/s algbw, "
-                      f"{busbw:.1f} GB/s busbw (world size {size}: NCCL's local path, no "
-                      f"interconnect)")
+                print(
+                    f"\nbandwidth {name} {mib} MiB: {ms:.3f} ms/op, {algbw:.1f} GB/s algbw, "
+                    f"{busbw:.1f} GB/s busbw (world size {size}: NCCL's local path, no "
+                    f"interconnect)"
+                )
 
 
 #: Untimed calls before the timed ones.

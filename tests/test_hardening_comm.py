@@ -118,7 +118,8 @@ def body_overlapping_result_tensor(abort_on_error: bool) -> tuple[list[str], boo
         "all_reduce": lambda: comm.all_reduce(torch.ones(1).expand(3), ReduceOp.SUM),
         "broadcast": lambda: comm.broadcast(torch.zeros(2, 1).expand(2, 4), 0),
         "all_gather_single": lambda: comm.all_gather_single(
-            torch.zeros(1).expand(2 * comm.get_size()), torch.ones(2)),
+            torch.zeros(1).expand(2 * comm.get_size()), torch.ones(2)
+        ),
     }
     messages = []
     for name, call in calls.items():
@@ -358,7 +359,8 @@ def body_p2p_check_passes_matching_calls() -> list[float]:
 def test_check_collectives_lets_matching_p2p_through(pool) -> None:
     n = pool.world_size
     assert pool.run(body_p2p_check_passes_matching_calls) == [
-        [float((r - 1) % n)] * 3 for r in range(n)]
+        [float((r - 1) % n)] * 3 for r in range(n)
+    ]
 
 
 # -- 7. abort means abort ---------------------------------------------------------------
@@ -457,13 +459,23 @@ def test_interpreter_exit_with_work_in_flight_is_bounded(tmp_path) -> None:
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
-    env_base = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-                "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHCOMM_SIZE": "2",
-                "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script)],
-                              env={**env_base, "TORCHCOMM_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-             for r in range(2)]
+    env_base = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHCOMM_SIZE": "2",
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**env_base, "TORCHCOMM_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(2)
+    ]
     t0 = time.monotonic()
     try:
         procs[0].wait(timeout=60)
@@ -495,6 +507,7 @@ def body_concurrent_finalize_and_abort(second: str) -> tuple[int, bool]:
                 calls["n"] += 1
             time.sleep(0.05)  # widen the window a second caller would slip through
             fn()
+
         return inner
 
     backend.finalize, backend.abort = counted(real_finalize), counted(real_abort)
@@ -504,8 +517,10 @@ def body_concurrent_finalize_and_abort(second: str) -> tuple[int, bool]:
         start.wait()
         getattr(comm, method)()
 
-    threads = [threading.Thread(target=run, args=("finalize",)),
-               threading.Thread(target=run, args=(second,))]
+    threads = [
+        threading.Thread(target=run, args=("finalize",)),
+        threading.Thread(target=run, args=(second,)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -61,14 +61,19 @@ def body_dump_next_to_planted_symlinks(shared: str, cache: str, victim: str) -> 
         recorder.unregister()
         comm.finalize()
         return {
-            "path": path, "final": final, "is_link": os.path.islink(final),
+            "path": path,
+            "final": final,
+            "is_link": os.path.islink(final),
             "mode": stat.S_IMODE(os.lstat(final).st_mode),
             "ops": [e["profiling_name"] for e in entries],
             "default": default,
             "default_mode": stat.S_IMODE(os.stat(default).st_mode),
             "default_dir_mode": stat.S_IMODE(os.stat(os.path.dirname(default)).st_mode),
-            "leftovers": sorted(n for n in os.listdir(shared)
-                                if ".tmp" in n and not os.path.islink(os.path.join(shared, n))),
+            "leftovers": sorted(
+                n
+                for n in os.listdir(shared)
+                if ".tmp" in n and not os.path.islink(os.path.join(shared, n))
+            ),
         }
     finally:
         for k, v in saved.items():
@@ -83,8 +88,11 @@ def test_dumps_are_private_and_never_follow_a_planted_symlink(pool2, tmp_path: P
     shared = tmp_path / "shared"
     shared.mkdir()
     cache = tmp_path / "cache"
-    for r, out in enumerate(pool2.run(body_dump_next_to_planted_symlinks, str(shared),
-                                      str(cache), str(victim), timeout=60)):
+    for r, out in enumerate(
+        pool2.run(
+            body_dump_next_to_planted_symlinks, str(shared), str(cache), str(victim), timeout=60
+        )
+    ):
         assert out["path"] == out["final"]
         assert not out["is_link"] and out["mode"] == 0o600
         assert out["ops"] == ["gloo:all_reduce"]
@@ -123,7 +131,7 @@ def _listening(port: int) -> list[str]:
                 continue
             raw = bytes.fromhex(addr)
             # The kernel prints each 32-bit word in host (little-endian) order.
-            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
             found.append(socket.inet_ntop(family, raw))
     return sorted(found)
 

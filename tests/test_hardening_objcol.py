@@ -20,8 +20,7 @@ TIB = 1 << 40
 
 
 def _comm():
-    return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("hobj"),
-                               timeout=LONG)
+    return torchcomms.new_comm("gloo", torch.device("cpu"), name=unique_name("hobj"), timeout=LONG)
 
 
 def _still_usable(comm) -> float:
@@ -140,10 +139,14 @@ def body_size_limit() -> dict:
 
         os.environ["TORCHCOMM_OBJCOL_MAX_BYTES"] = "4K"
     try:
-        out = {"broadcast": _caught(objcol.broadcast_object_list, comm,
-                                    [big] if r == 0 else [None], root=0),
-               "all_gather": _caught(objcol.all_gather_object, comm,
-                                     [None] * comm.get_size(), big if r == 0 else r)}
+        out = {
+            "broadcast": _caught(
+                objcol.broadcast_object_list, comm, [big] if r == 0 else [None], root=0
+            ),
+            "all_gather": _caught(
+                objcol.all_gather_object, comm, [None] * comm.get_size(), big if r == 0 else r
+            ),
+        }
         small = ["fits"] if r == 0 else [None]
         objcol.broadcast_object_list(comm, small, root=0)
         out["small"] = small[0]
@@ -170,11 +173,11 @@ def body_one_rank_refuses() -> dict:
     r, n = comm.get_rank(), comm.get_size()
     out = {
         # Rank 1 passes a list of the wrong length; the others must not wait for it.
-        "all_gather": _caught(objcol.all_gather_object, comm, [None] * (n + 1 if r == 1 else n),
-                              r),
+        "all_gather": _caught(objcol.all_gather_object, comm, [None] * (n + 1 if r == 1 else n), r),
         # The root cannot serialize its object.
-        "broadcast": _caught(objcol.broadcast_object_list, comm,
-                             [lambda: 0] if r == 0 else [None], root=0),
+        "broadcast": _caught(
+            objcol.broadcast_object_list, comm, [lambda: 0] if r == 0 else [None], root=0
+        ),
         # The root forgets its input list.
         "scatter": _caught(objcol.scatter_object_list, comm, n - 1, [None], None),
         # The root passes no list to gather into.

@@ -23,8 +23,9 @@ import torchcomms
 from torchcomms_core.testing import RankPool, unique_name
 
 
-def fake_dist(root: Path, dist: str, version: str, group: str, entry: str, module: str,
-              source: str) -> None:
+def fake_dist(
+    root: Path, dist: str, version: str, group: str, entry: str, module: str, source: str
+) -> None:
     """Write an installed-looking distribution with one entry point under ``root``."""
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
@@ -50,7 +51,7 @@ def _cli(*args: str) -> str:
 
 # -- a plugin whose registration hook raises (item: contained like a failed import) ------
 
-RAISING_PLUGIN = '''
+RAISING_PLUGIN = """
 import torchcomms
 from torchcomms import Collective, hookimpl
 
@@ -61,9 +62,9 @@ def _noop(backend, tensor, async_op, *, timeout=None, hints=None):
 def torchcomms_register_collectives():
     yield Collective(name="half_installed", impl=_noop, args=("tensor",))
     raise RuntimeError("cannot find libfancy.so")
-'''
+"""
 
-HEALTHY_PLUGIN = '''
+HEALTHY_PLUGIN = """
 import torchcomms
 from torchcomms import Collective, ReduceOp, hookimpl
 
@@ -74,7 +75,7 @@ def _doubled(backend, tensor, async_op, *, timeout=None, hints=None):
 @hookimpl
 def torchcomms_register_collectives():
     return [Collective(name="doubled_sum", impl=_doubled, args=("tensor",))]
-'''
+"""
 
 
 def body_raising_hook(root: str) -> dict:
@@ -105,10 +106,24 @@ def body_raising_hook(root: str) -> dict:
 
 
 def test_a_plugin_whose_registration_hook_raises_is_contained(tmp_path: Path) -> None:
-    fake_dist(tmp_path, "tc-fancy", "1.4.2", "torchcomms.plugins", "tc_fancy = tc_fancy",
-              "tc_fancy", RAISING_PLUGIN)
-    fake_dist(tmp_path, "tc-doubler", "0.9", "torchcomms.plugins", "tc_doubler = tc_doubler",
-              "tc_doubler", HEALTHY_PLUGIN)
+    fake_dist(
+        tmp_path,
+        "tc-fancy",
+        "1.4.2",
+        "torchcomms.plugins",
+        "tc_fancy = tc_fancy",
+        "tc_fancy",
+        RAISING_PLUGIN,
+    )
+    fake_dist(
+        tmp_path,
+        "tc-doubler",
+        "0.9",
+        "torchcomms.plugins",
+        "tc_doubler = tc_doubler",
+        "tc_doubler",
+        HEALTHY_PLUGIN,
+    )
     # Plugins load once per process: these ranks are fresh, unlike the shared pools.
     with RankPool(2, comm_timeout_s=30) as fresh:
         results = fresh.run(body_raising_hook, str(tmp_path), timeout=120)
@@ -186,12 +201,26 @@ def body_backend_conflict(root: str, env: dict[str, str], name: str) -> dict:
 
 @pytest.fixture
 def impostors(tmp_path: Path) -> Path:
-    fake_dist(tmp_path, "evil-gloo", "6.6.6", "torchcomms.backends",
-              "gloo = evil_gloo:ImpostorGloo", "evil_gloo", IMPOSTOR.format(cls="ImpostorGloo"))
+    fake_dist(
+        tmp_path,
+        "evil-gloo",
+        "6.6.6",
+        "torchcomms.backends",
+        "gloo = evil_gloo:ImpostorGloo",
+        "evil_gloo",
+        IMPOSTOR.format(cls="ImpostorGloo"),
+    )
     for dist, cls in (("tc-alpha", "AlphaBackend"), ("tc-beta", "BetaBackend")):
         module = dist.replace("-", "_")
-        fake_dist(tmp_path, dist, "1.0", "torchcomms.backends", f"tcdup = {module}:{cls}",
-                  module, IMPOSTOR.format(cls=cls))
+        fake_dist(
+            tmp_path,
+            dist,
+            "1.0",
+            "torchcomms.backends",
+            f"tcdup = {module}:{cls}",
+            module,
+            IMPOSTOR.format(cls=cls),
+        )
     return tmp_path
 
 
@@ -208,8 +237,9 @@ def test_a_package_registering_gloo_does_not_take_it_over(pool2, impostors: Path
         assert "conflict: also evil-gloo 6.6.6" in out["cli_text"]
 
 
-def test_the_override_variable_hands_a_builtin_name_to_another_package(pool2, impostors: Path
-                                                                       ) -> None:
+def test_the_override_variable_hands_a_builtin_name_to_another_package(
+    pool2, impostors: Path
+) -> None:
     env = {"TORCHCOMM_BACKEND_OVERRIDE": "gloo=evil-gloo"}
     for out in pool2.run(body_backend_conflict, str(impostors), env, "gloo", timeout=60):
         assert out["class"] == "ImpostorGloo" and out["sum"] == 2.0
@@ -219,8 +249,9 @@ def test_the_override_variable_hands_a_builtin_name_to_another_package(pool2, im
         assert "chosen by TORCHCOMM_BACKEND_OVERRIDE" in row["conflict"]
 
 
-def test_two_packages_sharing_a_new_name_are_refused_until_one_is_chosen(pool2, impostors: Path
-                                                                         ) -> None:
+def test_two_packages_sharing_a_new_name_are_refused_until_one_is_chosen(
+    pool2, impostors: Path
+) -> None:
     for out in pool2.run(body_backend_conflict, str(impostors), {}, "tcdup", timeout=60):
         kind, message = out["error"]
         assert kind == "BackendLoadError"
@@ -241,6 +272,7 @@ def test_a_malformed_override_is_explained(monkeypatch, capsys) -> None:
         main(["backends"])
     assert exit_info.value.code == 2
     assert "'gloo' is not name=distribution; write e.g. TORCHCOMM_BACKEND_OVERRIDE=gloo=" in (
-        capsys.readouterr().err)
+        capsys.readouterr().err
+    )
     with pytest.raises(torchcomms.BackendLoadError, match="is not name=distribution"):
         torchcomms.new_comm("no-such-backend", "cpu", name="never-created")

@@ -25,8 +25,7 @@ def _lint_imports() -> list[str]:
 
 
 def test_every_import_contract_is_kept() -> None:
-    res = subprocess.run(_lint_imports(), cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(_lint_imports(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 broken" in res.stdout
     assert "kept" in res.stdout
@@ -41,15 +40,24 @@ def test_a_cycle_into_a_lower_layer_is_caught(tmp_path: object) -> None:
         config = tomllib.load(f)["tool"]["importlinter"]
     layers = next(c for c in config["contracts"] if c["type"] == "layers")
     flipped = ["spec", *[x for x in layers["layers"] if x != "spec"]]
-    lines = ["[importlinter]",
-             "root_packages =", *[f"    {p}" for p in config["root_packages"]],
-             "exclude_type_checking_imports = True", "",
-             "[importlinter:contract:flipped]", "name = flipped", "type = layers",
-             "containers = torchcomms_core", "layers =", *[f"    {x}" for x in flipped]]
+    lines = [
+        "[importlinter]",
+        "root_packages =",
+        *[f"    {p}" for p in config["root_packages"]],
+        "exclude_type_checking_imports = True",
+        "",
+        "[importlinter:contract:flipped]",
+        "name = flipped",
+        "type = layers",
+        "containers = torchcomms_core",
+        "layers =",
+        *[f"    {x}" for x in flipped],
+    ]
     path = os.path.join(str(tmp_path), "flipped.ini")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
-    res = subprocess.run([*_lint_imports(), "--config", path], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    res = subprocess.run(
+        [*_lint_imports(), "--config", path], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert res.returncode != 0
     assert "BROKEN" in res.stdout and "torchcomms_core._comm" in res.stdout

@@ -18,12 +18,20 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 def _run(args: list[str], timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for var in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"):
+    for var in (
+        "TORCHCOMM_RANK",
+        "TORCHCOMM_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ):
         env.pop(var, None)
     env.update(kwargs.pop("env", {}))
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env,
-                          cwd=ROOT, **kwargs)
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT, **kwargs
+    )
 
 
 def test_import_torch_distributed_then_torchcomms_in_a_fresh_interpreter() -> None:
@@ -84,8 +92,9 @@ def test_torchrun_of_a_plain_torch_distributed_script_still_works(tmp_path) -> N
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_quickstart_under_torchrun(nproc: int) -> None:
-    res = _run([*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc),
-                "examples/quickstart.py"])
+    res = _run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "examples/quickstart.py"]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     expected = nproc * nproc * (nproc - 1) / 2
     for r in range(nproc):
@@ -99,15 +108,31 @@ def test_quickstart_under_mpi_style_environment() -> None:
     procs = []
     port = "29531"
     for r in range(2):
-        env = {"OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        env = {
+            "OMPI_COMM_WORLD_RANK": str(r),
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
         full = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-        for var in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE",
-                    "TORCHELASTIC_USE_AGENT_STORE"):
+        for var in (
+            "TORCHCOMM_RANK",
+            "TORCHCOMM_SIZE",
+            "RANK",
+            "WORLD_SIZE",
+            "TORCHELASTIC_USE_AGENT_STORE",
+        ):
             full.pop(var, None)
-        procs.append(subprocess.Popen([sys.executable, "examples/quickstart.py"], cwd=ROOT,
-                                      env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "examples/quickstart.py"],
+                cwd=ROOT,
+                env=full,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]

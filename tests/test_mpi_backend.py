@@ -27,9 +27,12 @@ pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"mpi backend: {_MI
 
 def _clean_env() -> dict[str, str]:
     """The environment without any launcher's rank variables or rendezvous address."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_", "PMI_"))
-            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_", "PMI_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    }
 
 
 # -- the conformance suite, run as a vendor runs it ------------------------------------------
@@ -38,10 +41,28 @@ def _clean_env() -> dict[str, str]:
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_mpi_passes_the_conformance_suite_under_mpiexec(world_size: int) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
-         "torchcomms_core.testing", "--torchcomms-backend", "mpi", "--torchcomms-world-size",
-         str(world_size), "--torchcomms-launcher", "mpiexec"],
-        capture_output=True, text=True, timeout=600, env=_clean_env(), cwd="/")
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "torchcomms_core.testing",
+            "--torchcomms-backend",
+            "mpi",
+            "--torchcomms-world-size",
+            str(world_size),
+            "--torchcomms-launcher",
+            "mpiexec",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_clean_env(),
+        cwd="/",
+    )
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout
     assert f"'mpi' at {world_size} ranks" in res.stdout
@@ -63,8 +84,13 @@ _SCRIPT = textwrap.dedent("""
 def test_mpiexec_launches_a_plain_script(tmp_path) -> None:
     script = tmp_path / "job.py"
     script.write_text(_SCRIPT)
-    res = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(script)],
-                         capture_output=True, text=True, timeout=120, env=_clean_env())
+    res = subprocess.run(
+        [find_mpiexec(), "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "rank 0 of 2: [0.5, 0.5, 0.5]" in res.stdout
     assert "rank 1 of 2: [0.5, 0.5, 0.5]" in res.stdout
@@ -75,12 +101,14 @@ def test_without_mpiexec_the_error_says_to_use_it(tmp_path) -> None:
     script.write_text(_SCRIPT)
     # A launcher that is not MPI says "rank 0 of 2", but MPI sees one process.
     env = {**_clean_env(), "TORCHCOMM_RANK": "0", "TORCHCOMM_SIZE": "2"}
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=env)
+    res = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
     assert res.returncode != 0
     assert "BootstrapError" in res.stderr and "mpiexec -n 2 python script.py" in res.stderr
-    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                         timeout=120, env=_clean_env())
+    res = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=_clean_env()
+    )
     assert res.returncode != 0 and "mpiexec -n 2 python script.py" in res.stderr
 
 
@@ -97,13 +125,14 @@ def body_half_precision_reductions() -> list[str]:
     r, n = comm.get_rank(), comm.get_size()
     checked = []
     for dtype in (torch.bfloat16, torch.float16):
-        inputs = [torch.tensor([1.5, -2.0, 0.25 * (k + 1), 3.0 + k], dtype=dtype)
-                  for k in range(n)]
-        for op, ref in ((ReduceOp.SUM, lambda xs: sum(xs[1:], xs[0].clone())),
-                        (ReduceOp.MAX, lambda xs: torch.stack(xs).amax(0)),
-                        (ReduceOp.MIN, lambda xs: torch.stack(xs).amin(0)),
-                        (ReduceOp.PRODUCT, lambda xs: torch.stack(xs).prod(0)),
-                        (ReduceOp.AVG, lambda xs: sum(xs[1:], xs[0].clone()) / n)):
+        inputs = [torch.tensor([1.5, -2.0, 0.25 * (k + 1), 3.0 + k], dtype=dtype) for k in range(n)]
+        for op, ref in (
+            (ReduceOp.SUM, lambda xs: sum(xs[1:], xs[0].clone())),
+            (ReduceOp.MAX, lambda xs: torch.stack(xs).amax(0)),
+            (ReduceOp.MIN, lambda xs: torch.stack(xs).amin(0)),
+            (ReduceOp.PRODUCT, lambda xs: torch.stack(xs).prod(0)),
+            (ReduceOp.AVG, lambda xs: sum(xs[1:], xs[0].clone()) / n),
+        ):
             for async_op in (False, True):
                 t = inputs[r].clone()
                 comm.all_reduce(t, op, async_op=async_op).wait()
@@ -147,7 +176,7 @@ def body_zero_copy_layouts() -> None:
     comm.all_gather(outs, torch.full((3,), float(r)))
     assert [o[0].item() for o in outs] == [float(k) for k in range(n)]
     whole = torch.zeros(n * 2)
-    mine = whole[2 * r: 2 * r + 2]
+    mine = whole[2 * r : 2 * r + 2]
     mine.fill_(r + 1.0)
     comm.all_gather_single(whole, mine)  # in place: the input sits in this rank's slot
     assert whole.tolist() == [float(k + 1) for k in range(n) for _ in range(2)]
@@ -223,7 +252,8 @@ def test_split_builds_disjoint_and_nested_groups(mpi_pool) -> None:
     results = mpi_pool.run(body_split_groups, timeout=60)
     n = mpi_pool.world_size
     assert sorted(tuple(x) for x in results) == sorted(
-        (k // 2, len(range(k % 2, n, 2))) for k in range(n))
+        (k // 2, len(range(k % 2, n, 2))) for k in range(n)
+    )
 
 
 def test_a_synchronous_call_times_out_instead_of_hanging(mpi_pool) -> None:
@@ -234,10 +264,35 @@ def test_a_synchronous_call_times_out_instead_of_hanging(mpi_pool) -> None:
 
 def test_bench_runs_under_mpiexec_and_compares_with_mpi4py() -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "torchcomms_core.cli", "bench", "--backend", "mpi", "--nproc",
-         "2", "--compare", "mpi4py", "--ops", "all_reduce,broadcast,all_to_all_single,window_put",
-         "-b", "8", "-e", "4K", "-f", "32", "-n", "3", "-w", "1"],
-        capture_output=True, text=True, timeout=300, env=_clean_env())
+        [
+            sys.executable,
+            "-m",
+            "torchcomms_core.cli",
+            "bench",
+            "--backend",
+            "mpi",
+            "--nproc",
+            "2",
+            "--compare",
+            "mpi4py",
+            "--ops",
+            "all_reduce,broadcast,all_to_all_single,window_put",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "32",
+            "-n",
+            "3",
+            "-w",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
     assert "ours/mpi4py" in out and "mpi4py MPI.Comm.Allreduce on its own communicator" in out

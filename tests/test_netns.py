@@ -34,10 +34,33 @@ def test_traffic_crosses_the_shaped_link_and_results_are_exact(tmp_path) -> None
     """8 MiB all_reduce between 2 namespaces at 100 Mbit/s: busbw cannot beat the link."""
     out = tmp_path / "run.json"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torchcomms_core.cli", "bench", "--netns", "2", "--link-rate",
-         "100mbit", "--ops", "all_reduce", "-b", "8M", "-e", "8M", "-n", "2", "-w", "1",
-         "--timeout", "60", "--json", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "torchcomms_core.cli",
+            "bench",
+            "--netns",
+            "2",
+            "--link-rate",
+            "100mbit",
+            "--ops",
+            "all_reduce",
+            "-b",
+            "8M",
+            "-e",
+            "8M",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--timeout",
+            "60",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         output, _ = proc.communicate(timeout=120)
@@ -65,9 +88,13 @@ def test_the_network_is_removed_when_the_body_fails() -> None:
     prefix = f"{netns.PREFIX}{os.getpid()}"
     with pytest.raises(KeyError), netns.shaped_network(2, "1gbit") as net:
         assert sorted(_leftovers(prefix)) == sorted(
-            [*net.namespaces, net.bridge, f"{prefix}h0", f"{prefix}h1"])
-        qdisc = subprocess.run(["tc", "-n", net.namespaces[1], "qdisc", "show", "dev",
-                                netns.INTERFACE], capture_output=True, text=True).stdout
+            [*net.namespaces, net.bridge, f"{prefix}h0", f"{prefix}h1"]
+        )
+        qdisc = subprocess.run(
+            ["tc", "-n", net.namespaces[1], "qdisc", "show", "dev", netns.INTERFACE],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert "tbf" in qdisc and "1Gbit" in qdisc, qdisc
         raise KeyError("a failing body")
     assert _leftovers(prefix) == []
@@ -94,7 +121,8 @@ def test_without_iproute2_the_harness_names_the_package(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/x")
     assert netns.unavailable_reason() == (
-        "tc not found: install iproute2 (e.g. apt-get install iproute2)")
+        "tc not found: install iproute2 (e.g. apt-get install iproute2)"
+    )
 
 
 def test_bench_netns_without_root_is_a_clear_usage_error(monkeypatch, capsys) -> None:

@@ -21,7 +21,7 @@ import torchcomms
 from torchcomms import Collective, PluginError, ReduceOp, hookimpl
 from torchcomms_core.testing import unique_name
 
-COLLECTIVE_PLUGIN = '''
+COLLECTIVE_PLUGIN = """
 import torch
 from torchcomms import Collective, hookimpl
 
@@ -33,11 +33,18 @@ def _double(backend, tensor, async_op, *, timeout=None, hints=None):
 @hookimpl
 def torchcomms_register_collectives():
     return [Collective(name="{coll}", impl=_double, args=("tensor",))]
-'''
+"""
 
 
-def fake_dist(root: Path, dist: str, version: str, module: str, source: str,
-              group: str = "torchcomms.plugins", ep_name: str | None = None) -> None:
+def fake_dist(
+    root: Path,
+    dist: str,
+    version: str,
+    module: str,
+    source: str,
+    group: str = "torchcomms.plugins",
+    ep_name: str | None = None,
+) -> None:
     """Write an installed-looking distribution (dist-info + module) under ``root``."""
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
@@ -47,13 +54,21 @@ def fake_dist(root: Path, dist: str, version: str, module: str, source: str,
 
 
 def run_python(code: str, root: Path, **env: str) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            **env}
+    full = {
+        **os.environ,
+        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        **env,
+    }
     for var in ("TORCHCOMM_PLUGINS", "TORCHCOMM_DISABLE_PLUGIN_AUTOLOAD"):
         if var not in env:
             full.pop(var, None)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full,
+        timeout=120,
+    )
 
 
 LIST = "import json, torchcomms; print(json.dumps(torchcomms.list_collectives()))"
@@ -61,8 +76,13 @@ LIST = "import json, torchcomms; print(json.dumps(torchcomms.list_collectives())
 
 @pytest.fixture
 def plugin_root(tmp_path: Path) -> Path:
-    fake_dist(tmp_path, "tc-doubler", "2.0.1", "tc_doubler",
-              COLLECTIVE_PLUGIN.format(coll="doubled_all_reduce"))
+    fake_dist(
+        tmp_path,
+        "tc-doubler",
+        "2.0.1",
+        "tc_doubler",
+        COLLECTIVE_PLUGIN.format(coll="doubled_all_reduce"),
+    )
     return tmp_path
 
 
@@ -84,22 +104,26 @@ def test_kill_switch_disables_entry_point_plugins(plugin_root: Path) -> None:
 
 def test_allow_list_loads_only_named_plugins(plugin_root: Path) -> None:
     assert "doubled_all_reduce" not in json.loads(
-        run_python(LIST, plugin_root, TORCHCOMM_PLUGINS="something_else").stdout)
+        run_python(LIST, plugin_root, TORCHCOMM_PLUGINS="something_else").stdout
+    )
     assert "doubled_all_reduce" in json.loads(
-        run_python(LIST, plugin_root, TORCHCOMM_PLUGINS="tc_doubler").stdout)
+        run_python(LIST, plugin_root, TORCHCOMM_PLUGINS="tc_doubler").stdout
+    )
 
 
 def test_plugin_that_fails_to_import_is_contained(tmp_path: Path) -> None:
-    fake_dist(tmp_path, "tc-broken", "0.3.0", "tc_broken",
-              "raise ImportError('needs libfoo.so')")
-    res = run_python("""
+    fake_dist(tmp_path, "tc-broken", "0.3.0", "tc_broken", "raise ImportError('needs libfoo.so')")
+    res = run_python(
+        """
         import warnings, json, torchcomms
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             listing = torchcomms.list_collectives()
         print(json.dumps([str(w.message) for w in caught]))
         print(torchcomms.get_backend_class("gloo").__name__)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     warned, backend = res.stdout.strip().splitlines()
     message = json.loads(warned)[0]
@@ -117,20 +141,27 @@ def test_two_plugins_with_one_collective_name_name_both_distributions(tmp_path: 
 
 
 def test_misspelled_hook_is_caught(tmp_path: Path) -> None:
-    fake_dist(tmp_path, "tc-typo", "1.0", "tc_typo", """
+    fake_dist(
+        tmp_path,
+        "tc-typo",
+        "1.0",
+        "tc_typo",
+        """
         from torchcomms import hookimpl
         @hookimpl
         def torchcomms_comm_craeted(comm):
             pass
-    """)
+    """,
+    )
     res = run_python(LIST, tmp_path)
     assert res.returncode != 0
     assert "torchcomms_comm_craeted" in res.stderr and "unknown hook" in res.stderr
 
 
 def test_cli_lists_backends_and_plugins(plugin_root: Path) -> None:
-    res = run_python("from torchcomms_core.cli import main; main(['backends', '--json'])",
-                     plugin_root)
+    res = run_python(
+        "from torchcomms_core.cli import main; main(['backends', '--json'])", plugin_root
+    )
     rows = {r["name"]: r for r in json.loads(res.stdout)}
     assert rows["gloo"]["distribution"] == "torchcomms-gloo" and rows["gloo"]["runnable"]
     assert rows["gloo"]["spec_version"] == torchcomms.SPEC_VERSION
@@ -174,10 +205,13 @@ class Scaler:
     def torchcomms_register_collectives(self):
         def scaled(backend, tensor, factor, async_op, *, timeout=None, hints=None):
             tensor.mul_(factor)
-            return backend.all_reduce(tensor, ReduceOp.SUM, async_op, timeout=timeout,
-                                      hints=hints)
-        return [Collective(name="scaled_sum", impl=scaled, args=("tensor", "factor"),
-                           defaults={"factor": 1.0})]
+            return backend.all_reduce(tensor, ReduceOp.SUM, async_op, timeout=timeout, hints=hints)
+
+        return [
+            Collective(
+                name="scaled_sum", impl=scaled, args=("tensor", "factor"), defaults={"factor": 1.0}
+            )
+        ]
 
 
 class NativeScaled(MemoryBackend):
@@ -216,8 +250,9 @@ def test_plugin_collective_is_a_method_with_hooks_and_native_override() -> None:
         t = torch.ones(2)
         native.scaled_sum(t, 5.0)
         assert NativeScaled.calls == 1 and t.tolist() == [-1.0, -1.0]
-        with pytest.raises(PluginError, match="registered twice: by tc-scaler 1.0 and by "
-                                              "tc-other 9"):
+        with pytest.raises(
+            PluginError, match="registered twice: by tc-scaler 1.0 and by tc-other 9"
+        ):
             torchcomms.register_plugin(Scaler(), name="scaler2", provider="tc-other 9")
     finally:
         torchcomms.unregister_plugin("scaler")
@@ -237,9 +272,14 @@ def _native_group():
     from torchcomms_core._comm import TorchComm
 
     backend = NativeScaled(_Fabric(1), 0)
-    opts = CommOptions(timeout=timedelta(seconds=5), store=HashStore(), name="native", rank=0,
-                       abort_process_on_timeout_or_error=False,
-                       size=1)
+    opts = CommOptions(
+        timeout=timedelta(seconds=5),
+        store=HashStore(),
+        name="native",
+        rank=0,
+        abort_process_on_timeout_or_error=False,
+        size=1,
+    )
     backend._bind(torch.device("cpu"), "native", opts)
     return [TorchComm(backend, torch.device("cpu"), "native", opts, opts.store)]
 

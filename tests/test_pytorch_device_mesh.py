@@ -36,8 +36,13 @@ def body_1d_mesh_and_dtensor() -> list:
         assert group.get_comm() is comm and dist.group.WORLD is group
         full = torch.arange(4.0 * comm.get_size()).view(-1, 2)
         dt = distribute_tensor(full, mesh, [Shard(0)])
-        return [mesh.mesh.tolist(), mesh.get_local_rank("dp"), dt.to_local().tolist(),
-                torch.equal(dt.full_tensor(), full), mesh.mesh_dim_names]
+        return [
+            mesh.mesh.tolist(),
+            mesh.get_local_rank("dp"),
+            dt.to_local().tolist(),
+            torch.equal(dt.full_tensor(), full),
+            mesh.mesh_dim_names,
+        ]
     finally:
         _cleanup()
 
@@ -61,8 +66,7 @@ def body_2d_mesh_slices() -> list:
         assert mesh.get_group("dp").get_comm() is dp
         t = torch.tensor([float(r)])
         dist.all_reduce(t, group=mesh.get_group("tp"))
-        return [mesh.mesh.tolist(), mesh["dp"].mesh.tolist(), list(mesh.get_coordinate()),
-                t.item()]
+        return [mesh.mesh.tolist(), mesh["dp"].mesh.tolist(), list(mesh.get_coordinate()), t.item()]
     finally:
         _cleanup()
 

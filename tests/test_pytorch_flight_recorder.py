@@ -74,13 +74,34 @@ def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, t
     assert first["version"] == "2.10"
     assert set(first) >= {"version", "pg_config", "pg_status", "entries"}
     names = [e["profiling_name"] for e in first["entries"]]
-    assert names == ["gloo:all_reduce", "gloo:all_gather_single", "gloo:reduce_scatter_single",
-                     "gloo:send 0->1", "gloo:all_reduce", "gloo:barrier"]
+    assert names == [
+        "gloo:all_reduce",
+        "gloo:all_gather_single",
+        "gloo:reduce_scatter_single",
+        "gloo:send 0->1",
+        "gloo:all_reduce",
+        "gloo:barrier",
+    ]
     entry = first["entries"][1]
-    for key in ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id",
-                "op_id", "time_created_ns", "input_sizes", "input_dtypes", "output_sizes",
-                "output_dtypes", "state", "time_discovered_started_ns",
-                "time_discovered_completed_ns", "frames", "timeout_ms", "is_p2p"):
+    for key in (
+        "record_id",
+        "pg_id",
+        "process_group",
+        "collective_seq_id",
+        "p2p_seq_id",
+        "op_id",
+        "time_created_ns",
+        "input_sizes",
+        "input_dtypes",
+        "output_sizes",
+        "output_dtypes",
+        "state",
+        "time_discovered_started_ns",
+        "time_discovered_completed_ns",
+        "frames",
+        "timeout_ms",
+        "is_p2p",
+    ):
         assert key in entry, key
     assert entry["input_sizes"] == [[2]] and entry["output_sizes"] == [[4]]
     assert entry["input_dtypes"] == ["Float"]
@@ -92,9 +113,13 @@ def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, t
 
     details = {}
     for rank, dump in enumerate(dumps):
-        details[f"fr_rank_{rank}"] = {"host_name": f"host_rank{rank}", "rank": rank,
-                                      "entries": dump["entries"], "version": dump["version"],
-                                      "pg_config": dump["pg_config"]}
+        details[f"fr_rank_{rank}"] = {
+            "host_name": f"host_rank{rank}",
+            "rank": rank,
+            "entries": dump["entries"],
+            "version": dump["version"],
+            "pg_config": dump["pg_config"],
+        }
     db = build_db(details, _analyzer_args(str(json_dir)), "2.10")
     assert len(db.collectives) == 6
     assert all(c.pass_check for c in db.collectives), db.collectives
@@ -150,8 +175,12 @@ def body_async_state_and_batches() -> list:
     work.wait()
     entries = recorder.dump_dict()["entries"]
     comm.finalize()
-    return [pending, [e["profiling_name"] for e in entries], [e["state"] for e in entries],
-            [e["p2p_seq_id"] for e in entries]]
+    return [
+        pending,
+        [e["profiling_name"] for e in entries],
+        [e["state"] for e in entries],
+        [e["p2p_seq_id"] for e in entries],
+    ]
 
 
 def test_batches_are_recorded_per_operation_with_their_state(pool2) -> None:
@@ -180,8 +209,11 @@ def body_splits_inherit_and_failures_dump(dump_dir: str) -> list:
         inherited = FlightRecorderHook.attached_to(sub.get_comm()) == [recorder]
         groups = sorted({e["pg_id"] for e in recorder.dump_dict()["entries"]})
         sub.get_comm().abort()  # a failure or abort writes the dump by itself
-        return [inherited, groups, os.path.exists(os.path.join(dump_dir,
-                                                                f"trace_{dist.get_rank()}"))]
+        return [
+            inherited,
+            groups,
+            os.path.exists(os.path.join(dump_dir, f"trace_{dist.get_rank()}")),
+        ]
     finally:
         os.environ.pop("TORCHCOMM_FR_DUMP_TEMP_FILE", None)
         if dist.is_initialized():
@@ -189,8 +221,9 @@ def body_splits_inherit_and_failures_dump(dump_dir: str) -> list:
 
 
 def test_split_groups_inherit_the_recorder_and_an_abort_dumps(pool2, tmp_path) -> None:
-    for inherited, groups, dumped in pool2.run(body_splits_inherit_and_failures_dump,
-                                               str(tmp_path)):
+    for inherited, groups, dumped in pool2.run(
+        body_splits_inherit_and_failures_dump, str(tmp_path)
+    ):
         assert inherited
         assert groups == [0, 1]
         assert dumped

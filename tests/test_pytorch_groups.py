@@ -59,15 +59,18 @@ def _collectives(pg) -> dict:
     dist.gather(torch.full((2,), float(r)), gathered, dst=0, group=pg)
     out["gather"] = torch.cat(gathered) if r == 0 else None
     sc = torch.empty(2)
-    dist.scatter(sc, [torch.full((2,), float(i * 7)) for i in range(n)] if r == 0 else None,
-                 src=0, group=pg)
+    dist.scatter(
+        sc, [torch.full((2,), float(i * 7)) for i in range(n)] if r == 0 else None, src=0, group=pg
+    )
     out["scatter"] = sc
     got = torch.empty(4)
     right, left = (r + 1) % n, (r - 1) % n
-    reqs = dist.batch_isend_irecv([
-        dist.P2POp(dist.irecv, got, left, group=pg),
-        dist.P2POp(dist.isend, torch.full((4,), float(r)), right, group=pg),
-    ])
+    reqs = dist.batch_isend_irecv(
+        [
+            dist.P2POp(dist.irecv, got, left, group=pg),
+            dist.P2POp(dist.isend, torch.full((4,), float(r)), right, group=pg),
+        ]
+    )
     for req in reqs:
         req.wait()
     out["batch_isend_irecv"] = got
@@ -110,8 +113,12 @@ def body_group_is_registered() -> tuple:
         assert c10d._resolve_process_group(ours.group_name) is ours
         assert as_process_group(comm) is ours
         assert dist.get_backend(ours) == "gloo"
-        return (ours.group_name, dist.get_process_group_ranks(ours), dist.get_rank(ours),
-                ours.size())
+        return (
+            ours.group_name,
+            dist.get_process_group_ranks(ours),
+            dist.get_rank(ours),
+            ours.size(),
+        )
     finally:
         _cleanup()
 
@@ -134,11 +141,18 @@ def body_functional_collectives() -> list:
         z = funcol.reduce_scatter_single(torch.ones(2 * n), "sum", 0, ours).wait()
         # Two tensors at once go through the flattened (coalesced) paths.
         ag = funcol.all_gather_single_coalesced(
-            [torch.full((2,), float(r)), torch.full((1, 3), float(r + 5))], ours)
+            [torch.full((2,), float(r)), torch.full((1, 3), float(r + 5))], ours
+        )
         rs = funcol.reduce_scatter_single_coalesced(
-            [torch.arange(2.0 * n), torch.ones(n, 2) * (r + 1)], "sum", [0, 0], ours)
-        return [x.tolist(), y.tolist(), z.tolist(), [t.wait().tolist() for t in ag],
-                [t.wait().tolist() for t in rs]]
+            [torch.arange(2.0 * n), torch.ones(n, 2) * (r + 1)], "sum", [0, 0], ours
+        )
+        return [
+            x.tolist(),
+            y.tolist(),
+            z.tolist(),
+            [t.wait().tolist() for t in ag],
+            [t.wait().tolist() for t in rs],
+        ]
     finally:
         _cleanup()
 
@@ -278,8 +292,7 @@ def body_lifecycle_reaches_the_comm() -> list:
 
 
 def test_timeout_shutdown_and_abort_reach_the_communicator(pool2) -> None:
-    assert pool2.run(body_lifecycle_reaches_the_comm)[0] == [123.0, True, True, True,
-                                                             "gloo"]
+    assert pool2.run(body_lifecycle_reaches_the_comm)[0] == [123.0, True, True, True, "gloo"]
 
 
 def body_method_overloads() -> list:
@@ -297,8 +310,7 @@ def body_method_overloads() -> list:
         d = [torch.empty(1) for _ in range(n)]
         ours.allgather(d, torch.full((1,), float(r))).wait()
         ours.barrier(timeout=timedelta(seconds=30)).wait()
-        return [a.tolist(), b.tolist(), c.item() if r == 0 else None,
-                [t.item() for t in d]]
+        return [a.tolist(), b.tolist(), c.item() if r == 0 else None, [t.item() for t in d]]
     finally:
         _cleanup()
 

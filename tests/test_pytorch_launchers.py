@@ -19,15 +19,23 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 SWITCH = "TORCH_DISTRIBUTED_USE_TORCHCOMMS"
 
 
-def _run(args: list[str], env: dict[str, str] | None = None,
-         timeout: float = 180) -> subprocess.CompletedProcess:
+def _run(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess:
     full = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for var in ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", SWITCH):
+    for var in (
+        "TORCHCOMM_RANK",
+        "TORCHCOMM_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        SWITCH,
+    ):
         full.pop(var, None)
     full.update(env or {})
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full,
-                          cwd=ROOT)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT)
 
 
 def test_torch_distributed_sees_torchcomms_in_a_fresh_interpreter() -> None:
@@ -50,18 +58,23 @@ def test_the_switch_makes_torch_use_torchcomms_in_a_fresh_interpreter() -> None:
 
 
 def _losses(stdout: str) -> list[tuple[float, float]]:
-    return [(float(a), float(b)) for a, b in
-            re.findall(r"loss (\S+) reference (\S+) rel\.diff", stdout)]
+    return [
+        (float(a), float(b)) for a, b in re.findall(r"loss (\S+) reference (\S+) rel\.diff", stdout)
+    ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script,nproc,extra", [
-    ("examples/fsdp2.py", 2, ["--timing-steps", "5"]),
-    ("examples/ddp.py", 2, []),
-    ("examples/mesh_2d.py", 4, []),
-])
-def test_example_matches_the_reference_under_torchrun(script: str, nproc: int,
-                                                      extra: list[str]) -> None:
+@pytest.mark.parametrize(
+    "script,nproc,extra",
+    [
+        ("examples/fsdp2.py", 2, ["--timing-steps", "5"]),
+        ("examples/ddp.py", 2, []),
+        ("examples/mesh_2d.py", 4, []),
+    ],
+)
+def test_example_matches_the_reference_under_torchrun(
+    script: str, nproc: int, extra: list[str]
+) -> None:
     res = _run([*TORCHRUN, "--nproc-per-node", str(nproc), script, *extra])
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     losses = _losses(res.stdout)

@@ -52,8 +52,9 @@ def body_every_collective() -> dict:
     objcol.broadcast_object_list(comm, lst, root=0)
     res["broadcast"] = [lst[0], lst[1], lst[2].tolist()]
     out = [None]
-    objcol.scatter_object_list(comm, n - 1, out, [f"for {k}" * (k + 1) for k in range(n)]
-                               if r == n - 1 else None)
+    objcol.scatter_object_list(
+        comm, n - 1, out, [f"for {k}" * (k + 1) for k in range(n)] if r == n - 1 else None
+    )
     res["scatter"] = out[0]
     if r == 0:
         objcol.send_object_list(comm, [{"k": 1}, [2, 3]], 1)
@@ -70,8 +71,7 @@ def test_object_collectives_deliver_every_object(pool) -> None:
     n = pool.world_size
     res = pool.run(body_every_collective)
     for r, out in enumerate(res):
-        assert out["all_gather"] == [(k, list(range(k + 1)), [k, ("x" * k, 1.5)])
-                                     for k in range(n)]
+        assert out["all_gather"] == [(k, list(range(k + 1)), [k, ("x" * k, 1.5)]) for k in range(n)]
         assert out["broadcast"] == [{"a": 1}, "text", [1.0, 1.0]]
         assert out["scatter"] == f"for {r}" * (r + 1)
     assert res[1]["gather"] == [{"r": k} for k in range(n)]
@@ -88,8 +88,9 @@ def body_malicious(marker_dir: str, opt_in: str) -> tuple:
         marker = os.path.join(marker_dir, "marker")
         lst = [Malicious(marker)] if r == 0 else [None]
         try:
-            objcol.broadcast_object_list(comm, lst, root=0,
-                                         weights_only=False if opt_in == "arg" else None)
+            objcol.broadcast_object_list(
+                comm, lst, root=0, weights_only=False if opt_in == "arg" else None
+            )
         except objcol.UnsafeObjectError as exc:
             outcome = f"refused: {exc}"
         else:

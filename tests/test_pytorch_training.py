@@ -24,14 +24,17 @@ LR = 0.1
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                         nn.Linear(16, 4))
+    return nn.Sequential(
+        nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
 
 
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 8, generator=gen),
-             torch.randn(GLOBAL_BATCH, 4, generator=gen)) for _ in range(STEPS)]
+    return [
+        (torch.randn(GLOBAL_BATCH, 8, generator=gen), torch.randn(GLOBAL_BATCH, 4, generator=gen))
+        for _ in range(STEPS)
+    ]
 
 
 def _reference() -> list[float]:
@@ -53,7 +56,7 @@ def _train(model: nn.Module, shard: int, shards: int, loss_group) -> list[float]
     per = GLOBAL_BATCH // shards
     losses = []
     for x, y in _batches():
-        xs, ys = x[shard * per:(shard + 1) * per], y[shard * per:(shard + 1) * per]
+        xs, ys = x[shard * per : (shard + 1) * per], y[shard * per : (shard + 1) * per]
         loss = nn.functional.mse_loss(model(xs), ys)
         loss.backward()
         opt.step()
@@ -66,7 +69,8 @@ def _train(model: nn.Module, shard: int, shards: int, loss_group) -> list[float]
 
 def _close(ours: list[float], ref: list[float]) -> bool:
     return len(ours) == len(ref) and all(
-        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(ours, ref, strict=True))
+        math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7) for a, b in zip(ours, ref, strict=True)
+    )
 
 
 def _cleanup(*comms) -> None:
@@ -91,8 +95,9 @@ def _cleanup(*comms) -> None:
 def _counted(comm) -> dict:
     """Count the operations that reach ``comm`` (proof they ran on our communicator)."""
     counts: dict = {}
-    comm.register_pre_hook(lambda name, op_id, args: counts.__setitem__(
-        str(name), counts.get(str(name), 0) + 1))
+    comm.register_pre_hook(
+        lambda name, op_id, args: counts.__setitem__(str(name), counts.get(str(name), 0) + 1)
+    )
     return counts
 
 
@@ -171,8 +176,7 @@ def body_mesh_2d() -> tuple:
         tp_counts, dp_counts = _counted(tp), _counted(dp)
         mesh = init_device_mesh((dp, tp), ("dp", "tp"), _global_comm=world)
         model = _model()
-        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(),
-                                               "2": RowwiseParallel()})
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, mesh=mesh["dp"])

@@ -40,8 +40,9 @@ from torchcomms_quantized.quantization import FLUSH_BELOW, Layout
 _group_ids = iter(range(1 << 30))
 
 
-def _group(size: int, backend_cls: type[MemoryBackend] = MemoryBackend,
-           device: torch.device | None = None) -> list[TorchComm]:
+def _group(
+    size: int, backend_cls: type[MemoryBackend] = MemoryBackend, device: torch.device | None = None
+) -> list[TorchComm]:
     """Like ``make_group``, with a chosen backend class and device."""
     from torch.distributed import HashStore
 
@@ -52,22 +53,27 @@ def _group(size: int, backend_cls: type[MemoryBackend] = MemoryBackend,
     comms = []
     for rank in range(size):
         backend = backend_cls(fabric, rank)
-        opts = CommOptions(timeout=timedelta(seconds=10), store=store, name=name, rank=rank,
-                           abort_process_on_timeout_or_error=False,
-                           size=size)
+        opts = CommOptions(
+            timeout=timedelta(seconds=10),
+            store=store,
+            name=name,
+            rank=rank,
+            abort_process_on_timeout_or_error=False,
+            size=size,
+        )
         backend._bind(device, name, opts)
         backend.init(device, name, opts)
         comms.append(TorchComm(backend, device, name, opts, store))
     return comms
 
 
-def _data(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32
-          ) -> torch.Tensor:
+def _data(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Normal values whose magnitude spans six decades across rows, with a zero stretch."""
     gen = torch.Generator().manual_seed(seed)
     rows = shape[0]
     x = torch.randn(shape, generator=gen) * torch.logspace(-3, 2.5, rows).view(
-        (rows,) + (1,) * (len(shape) - 1))
+        (rows,) + (1,) * (len(shape) - 1)
+    )
     x.view(-1)[1000:1700] = 0.0
     return x.to(dtype)
 
@@ -175,7 +181,9 @@ def test_quantized_all_reduce_runs_pre_and_post_hooks_under_its_own_name() -> No
     run_threads(comms, lambda c: c.quantized_all_reduce(torch.ones(1000), ReduceOp.AVG))
     assert sorted(events, key=str) == sorted(
         [("pre", "quantized_all_reduce", ReduceOp.AVG)] * 2
-        + [("post", "quantized_all_reduce", True)] * 2, key=str)
+        + [("post", "quantized_all_reduce", True)] * 2,
+        key=str,
+    )
 
 
 class _NativeQuantizedBackend(MemoryBackend):
@@ -185,8 +193,9 @@ class _NativeQuantizedBackend(MemoryBackend):
         super().__init__(fabric, rank)
         self.calls: list[tuple] = []
 
-    def quantized_all_reduce(self, tensor, op, async_op, *, timeout=None, hints=None,
-                             block_size, dtype):
+    def quantized_all_reduce(
+        self, tensor, op, async_op, *, timeout=None, hints=None, block_size, dtype
+    ):
         self.calls.append((op, async_op, block_size, dtype))
         tensor.fill_(42.0)
         return None
@@ -206,22 +215,23 @@ def test_a_backends_native_quantized_all_reduce_replaces_the_portable_one() -> N
 class _DuplicatePlugin:
     @hookimpl
     def torchcomms_register_collectives(self) -> list[Collective]:
-        return [Collective(name="quantized_all_reduce", impl=lambda *a, **k: None,
-                           args=("tensor",))]
+        return [
+            Collective(name="quantized_all_reduce", impl=lambda *a, **k: None, args=("tensor",))
+        ]
 
 
 def test_a_second_plugin_with_the_same_collective_name_is_refused_naming_both() -> None:
     try:
         with pytest.raises(PluginError) as info:
-            torchcomms.register_plugin(_DuplicatePlugin(), name="quantized-fork",
-                                       provider="quantized-fork 9.9")
+            torchcomms.register_plugin(
+                _DuplicatePlugin(), name="quantized-fork", provider="quantized-fork 9.9"
+            )
     finally:
         torchcomms.unregister_plugin("quantized-fork")
     message = str(info.value)
     assert "'quantized_all_reduce'" in message
     assert "torchcomms-quantized" in message and "quantized-fork 9.9" in message
-    assert torchcomms.list_collectives()["quantized_all_reduce"].startswith(
-        "torchcomms-quantized")
+    assert torchcomms.list_collectives()["quantized_all_reduce"].startswith("torchcomms-quantized")
 
 
 # -- validation --------------------------------------------------------------------------
@@ -230,29 +240,62 @@ def test_a_second_plugin_with_the_same_collective_name_is_refused_naming_both() 
 def _bad_calls() -> list:
     f = torch.ones(8)
     return [
-        (lambda c: c.quantized_all_reduce(torch.ones(8, dtype=torch.int32)), CommInputError,
-         "quantized_all_reduce: tensor has dtype int32, but only float32, bfloat16 and "
-         "float16 tensors can be quantized"),
-        (lambda c: c.quantized_all_reduce(f, ReduceOp.MAX), CommInputError,
-         "op must be ReduceOp.SUM or ReduceOp.AVG, got ReduceOp.MAX"),
-        (lambda c: c.quantized_all_reduce(f, ReduceOp.PREMUL_SUM(2.0)), CommInputError,
-         "got ReduceOp.PREMUL_SUM"),
-        (lambda c: c.quantized_all_reduce(f, block_size=0), CommInputError,
-         "block_size must be a positive int, got 0"),
-        (lambda c: c.quantized_all_reduce(f, block_size=2.5), CommTypeError,
-         "block_size must be a positive int, got 2.5 (float)"),
-        (lambda c: c.quantized_all_reduce(f, block_size=True), CommTypeError,
-         "block_size must be a positive int, got True"),
-        (lambda c: c.quantized_all_reduce(f, dtype=torch.uint8), CommInputError,
-         "dtype must be torch.int8, the only quantized type supported, got torch.uint8"),
-        (lambda c: c.quantized_all_reduce(f, blocksize=128), CommTypeError,
-         "unexpected keyword argument(s) 'blocksize'"),
-        (lambda c: c.quantized_all_reduce(torch.ones(8, device="meta")), CommInputError,
-         "tensor is on device meta"),
-        (lambda c: c.quantized_reduce_scatter(torch.ones(4), torch.ones(10)), CommInputError,
-         "input has 10 elements (shape (10,)) but must have 8 (output.numel() * size = 4 * 2)"),
-        (lambda c: c.quantized_reduce_scatter(torch.ones(4), torch.ones(8, dtype=torch.float16)),
-         CommInputError, "output has dtype float32 but input has dtype float16"),
+        (
+            lambda c: c.quantized_all_reduce(torch.ones(8, dtype=torch.int32)),
+            CommInputError,
+            "quantized_all_reduce: tensor has dtype int32, but only float32, bfloat16 and "
+            "float16 tensors can be quantized",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, ReduceOp.MAX),
+            CommInputError,
+            "op must be ReduceOp.SUM or ReduceOp.AVG, got ReduceOp.MAX",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, ReduceOp.PREMUL_SUM(2.0)),
+            CommInputError,
+            "got ReduceOp.PREMUL_SUM",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, block_size=0),
+            CommInputError,
+            "block_size must be a positive int, got 0",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, block_size=2.5),
+            CommTypeError,
+            "block_size must be a positive int, got 2.5 (float)",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, block_size=True),
+            CommTypeError,
+            "block_size must be a positive int, got True",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, dtype=torch.uint8),
+            CommInputError,
+            "dtype must be torch.int8, the only quantized type supported, got torch.uint8",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(f, blocksize=128),
+            CommTypeError,
+            "unexpected keyword argument(s) 'blocksize'",
+        ),
+        (
+            lambda c: c.quantized_all_reduce(torch.ones(8, device="meta")),
+            CommInputError,
+            "tensor is on device meta",
+        ),
+        (
+            lambda c: c.quantized_reduce_scatter(torch.ones(4), torch.ones(10)),
+            CommInputError,
+            "input has 10 elements (shape (10,)) but must have 8 (output.numel() * size = 4 * 2)",
+        ),
+        (
+            lambda c: c.quantized_reduce_scatter(torch.ones(4), torch.ones(8, dtype=torch.float16)),
+            CommInputError,
+            "output has dtype float32 but input has dtype float16",
+        ),
     ]
 
 
@@ -269,17 +312,25 @@ def test_bad_arguments_are_refused_before_any_communication(index: int) -> None:
 # -- results on the in-process backend ---------------------------------------------------------
 
 
-@pytest.mark.parametrize(("size", "shape", "block_size"), [
-    (1, (1000,), 256), (3, (37, 29), 256), (3, (5000,), 7), (4, (0,), 256),
-])
-def test_odd_sizes_and_world_sizes_stay_within_the_bound(size: int, shape: tuple[int, ...],
-                                                         block_size: int) -> None:
+@pytest.mark.parametrize(
+    ("size", "shape", "block_size"),
+    [
+        (1, (1000,), 256),
+        (3, (37, 29), 256),
+        (3, (5000,), 7),
+        (4, (0,), 256),
+    ],
+)
+def test_odd_sizes_and_world_sizes_stay_within_the_bound(
+    size: int, shape: tuple[int, ...], block_size: int
+) -> None:
     comms = _group(size)
     inputs = [_data(shape, seed=10 + r) if shape[0] else torch.ones(shape) for r in range(size)]
     # A transposed view: the collective must accept non-contiguous tensors.
     tensors = [x.t().clone().t() if x.dim() == 2 else x.clone() for x in inputs]
-    run_threads(comms, lambda c: c.quantized_all_reduce(tensors[c.get_rank()],
-                                                        block_size=block_size))
+    run_threads(
+        comms, lambda c: c.quantized_all_reduce(tensors[c.get_rank()], block_size=block_size)
+    )
     exact = sum(x.double() for x in inputs)
     absmax = sum(all_reduce_block_absmax(x, size, block_size) for x in inputs)
     bound = all_reduce_error_bound(absmax, exact, ReduceOp.SUM, size, torch.float32, block_size)
@@ -343,8 +394,10 @@ def test_the_bench_check_accepts_results_within_the_bound_and_flags_others() -> 
 
     op = available_ops()["quantized_all_reduce"]
     comms = _group(2)
-    cases = [Case(rank=r, nranks=2, dtype=torch.bfloat16, device=torch.device("cpu"),
-                  redop="avg") for r in range(2)]
+    cases = [
+        Case(rank=r, nranks=2, dtype=torch.bfloat16, device=torch.device("cpu"), redop="avg")
+        for r in range(2)
+    ]
     count = op.count(3000, cases[0])
     bufs = [op.allocate(count, case) for case in cases]
     for case, buf in zip(cases, bufs, strict=True):
@@ -386,20 +439,25 @@ def body_all_reduce_error(dtype_name: str) -> list[dict]:
             t = x.clone()
             comm.quantized_all_reduce(t, op, block_size=block_size)
             error = (t.to(torch.float64) - exact).abs()
-            report.append({
-                "op": repr(op), "block_size": block_size,
-                "within": bool((error <= bound).all()),
-                "worst_ratio": float((error / bound).max()),
-                "max_error": float(error.max()), "max_bound": float(bound.max()),
-                "identical": _same_bits_everywhere(comm, t),
-            })
+            report.append(
+                {
+                    "op": repr(op),
+                    "block_size": block_size,
+                    "within": bool((error <= bound).all()),
+                    "worst_ratio": float((error / bound).max()),
+                    "max_error": float(error.max()),
+                    "max_bound": float(bound.max()),
+                    "identical": _same_bits_everywhere(comm, t),
+                }
+            )
     comm.finalize()
     return report
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16", "float16"])
 def test_quantized_all_reduce_is_within_the_bound_and_bit_identical_on_every_rank(
-        pool, dtype_name: str) -> None:
+    pool, dtype_name: str
+) -> None:
     for rank, report in enumerate(pool.run(body_all_reduce_error, dtype_name)):
         for entry in report:
             assert entry["within"], (rank, entry)
@@ -445,8 +503,7 @@ def body_async_matches_sync() -> tuple[bool, bool, bool]:
     work = comm.quantized_all_reduce(later, ReduceOp.SUM, True)
     is_work = isinstance(work, TorchWork)
     work.wait()
-    rs_sync, rs_async = torch.empty(4096 // n, dtype=x.dtype), torch.empty(4096 // n,
-                                                                          dtype=x.dtype)
+    rs_sync, rs_async = torch.empty(4096 // n, dtype=x.dtype), torch.empty(4096 // n, dtype=x.dtype)
     comm.quantized_reduce_scatter(rs_sync, x)
     comm.quantized_reduce_scatter(rs_async, x, async_op=True).wait()
     comm.finalize()
@@ -487,18 +544,26 @@ def test_fused_kernels_give_the_same_bits_as_torch_ops_on_cuda() -> None:
         out_fused = dequantize_blocks(q_fused, s_fused, block_size, fused=True)
         out_torch = dequantize_blocks(q_torch, s_torch, block_size, fused=False)
         assert torch.equal(out_fused, out_torch)
-        dequantize_blocks(q_fused, s_fused, block_size, out=out_fused, accumulate=True,
-                          fused=True)
-        dequantize_blocks(q_torch, s_torch, block_size, out=out_torch, accumulate=True,
-                          fused=False)
+        dequantize_blocks(q_fused, s_fused, block_size, out=out_fused, accumulate=True, fused=True)
+        dequantize_blocks(q_torch, s_torch, block_size, out=out_torch, accumulate=True, fused=False)
         assert torch.equal(out_fused, out_torch)
     # Strided outputs: the packed wire layout.
     layout = Layout(rows=4, cols=768, block_size=256)
     fused_packed, torch_packed = layout.empty(x.device), layout.empty(x.device)
-    quantize_blocks(x[:4, :768], 256, q_out=layout.payload(fused_packed),
-                    scales_out=layout.scales(fused_packed), fused=True)
-    quantize_blocks(x[:4, :768], 256, q_out=layout.payload(torch_packed),
-                    scales_out=layout.scales(torch_packed), fused=False)
+    quantize_blocks(
+        x[:4, :768],
+        256,
+        q_out=layout.payload(fused_packed),
+        scales_out=layout.scales(fused_packed),
+        fused=True,
+    )
+    quantize_blocks(
+        x[:4, :768],
+        256,
+        q_out=layout.payload(torch_packed),
+        scales_out=layout.scales(torch_packed),
+        fused=False,
+    )
     assert torch.equal(fused_packed, torch_packed)
 
 
@@ -509,8 +574,9 @@ def test_cuda_quantization_gives_the_same_bits_as_cpu() -> None:
     q_cpu, s_cpu = quantize_blocks(x, 256)
     q_gpu, s_gpu = quantize_blocks(x.cuda(), 256)
     assert torch.equal(q_gpu.cpu(), q_cpu) and torch.equal(s_gpu.cpu(), s_cpu)
-    assert torch.equal(dequantize_blocks(q_gpu, s_gpu, 256).cpu(),
-                       dequantize_blocks(q_cpu, s_cpu, 256))
+    assert torch.equal(
+        dequantize_blocks(q_gpu, s_gpu, 256).cpu(), dequantize_blocks(q_cpu, s_cpu, 256)
+    )
 
 
 @pytest.mark.gpu

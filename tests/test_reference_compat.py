@@ -24,8 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))
-           and k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_"))
+        and k not in ("RANK", "WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE")
+    }
     env.update(OMP_NUM_THREADS="1", **extra)
     return env
 
@@ -36,8 +40,17 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def body_positional_signatures() -> list[float]:
     # new_comm(backend, device, name, abort_process_on_timeout_or_error, timeout,
     #          is_high_priority_stream, store, enable_reconfigure, hints)
-    comm = torchcomms.new_comm("gloo", torch.device("cpu"), unique_name("pos"), False,
-                               timedelta(seconds=30), None, None, False, {"k": "v"})
+    comm = torchcomms.new_comm(
+        "gloo",
+        torch.device("cpu"),
+        unique_name("pos"),
+        False,
+        timedelta(seconds=30),
+        None,
+        None,
+        False,
+        {"k": "v"},
+    )
     r, n = comm.get_rank(), comm.get_size()
     t = torch.full((2,), float(r))
     comm.all_reduce(t, ReduceOp.SUM, False, None, timedelta(seconds=30))
@@ -78,12 +91,21 @@ def test_types_and_defaults_follow_the_sheet() -> None:
     assert torchcomms.CommOptions() != torchcomms.CommOptions()  # identity, like the binding
     assert ReduceOp(opType=torchcomms.RedOpType.MAX).type is torchcomms.RedOpType.MAX
     assert [s.name for s in torchcomms.WorkStatus] == [
-        "NOT_STARTED", "INPROGRESS", "COMPLETED", "TIMEDOUT", "ERROR"]
+        "NOT_STARTED",
+        "INPROGRESS",
+        "COMPLETED",
+        "TIMEDOUT",
+        "ERROR",
+    ]
     assert torchcomms.InitHandle is str
     assert issubclass(torchcomms.Timeout, timedelta)
     r = torchcomms.ReconfigureOptions(7, {"a", "b"}, timedelta(seconds=3), {"x": "y"})
     assert (r.uuid, r.init_handles, r.timeout, r.hints) == (
-        7, {"a", "b"}, timedelta(seconds=3), {"x": "y"})
+        7,
+        {"a", "b"},
+        timedelta(seconds=3),
+        {"x": "y"},
+    )
 
 
 def test_abort_on_error_default_comes_from_the_environment(monkeypatch) -> None:
@@ -104,9 +126,10 @@ def body_work_and_batch_types() -> dict:
     batch = comm.batch_op_create()
     got = torch.zeros(3)
     # ops is read/write: build the list by hand, as reference code may.
-    batch.ops = [torchcomms.P2POp(torchcomms.P2POpType.SEND, torch.full((3,), float(r)),
-                                  (r + 1) % n),
-                 torchcomms.P2POp(torchcomms.P2POpType.RECV, got, (r - 1) % n)]
+    batch.ops = [
+        torchcomms.P2POp(torchcomms.P2POpType.SEND, torch.full((3,), float(r)), (r + 1) % n),
+        torchcomms.P2POp(torchcomms.P2POpType.RECV, got, (r - 1) % n),
+    ]
     work = batch.issue(True, torchcomms.BatchP2POptions(timedelta(seconds=20)))
     work.wait()
     manual = torchcomms.TorchWork()
@@ -243,8 +266,14 @@ def test_submodules_are_bound_at_import_and_torch_test_utilities_import() -> Non
         assert cd.TORCHCOMM_HAS_GLOO, "common_distributed did not see the gloo backend"
         print("ok")
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=_clean_env(), cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip().endswith("ok")
 
@@ -255,8 +284,14 @@ def test_torch_distributed_first_still_finds_the_bridge() -> None:
         assert c10d._TORCHCOMM_AVAILABLE, "torch could not import torchcomms' bridge"
         print("ok")
     """)
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, env=_clean_env(), cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
 
 
@@ -273,12 +308,21 @@ STORE_PATH_SCRIPT = textwrap.dedent("""
 
 
 def test_store_path_rendezvous(tmp_path) -> None:
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", STORE_PATH_SCRIPT], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=_clean_env(TORCHCOMM_RANK=str(r), TORCHCOMM_SIZE="2",
-                       TORCHCOMM_STORE_PATH=str(tmp_path / "store")))
-        for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", STORE_PATH_SCRIPT],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_clean_env(
+                TORCHCOMM_RANK=str(r),
+                TORCHCOMM_SIZE="2",
+                TORCHCOMM_STORE_PATH=str(tmp_path / "store"),
+            ),
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
@@ -346,9 +390,21 @@ def test_reference_style_backend_without_keywords(pool) -> None:
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_reference_style_example_runs_unchanged(nproc: int) -> None:
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), "examples/reference_style.py"],
-        capture_output=True, text=True, timeout=300, env=_clean_env(), cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "examples/reference_style.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_clean_env(),
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.count("reference-style script done") == nproc
     assert "FAILED" not in res.stdout
@@ -380,8 +436,9 @@ def test_gloo_binds_to_a_hinted_interface_or_hostname(pool2, how) -> None:
 
 def body_gloo_bad_interface_hint() -> str:
     try:
-        torchcomms.new_comm("gloo", torch.device("cpu"), unique_name("badif"),
-                            hints={"interface": "no_such_if0"})
+        torchcomms.new_comm(
+            "gloo", torch.device("cpu"), unique_name("badif"), hints={"interface": "no_such_if0"}
+        )
     except torchcomms.CommInputError as exc:
         return "refused" if "no_such_if0" in str(exc) else str(exc)
     return "no error"
@@ -424,16 +481,27 @@ MULTI_DEVICE_SCRIPT = textwrap.dedent("""
 
 
 def test_registering_a_wrapper_inside_a_group_names_the_supported_route() -> None:
-    res = subprocess.run([sys.executable, "-c", REGISTER_SCRIPT], capture_output=True,
-                         text=True, timeout=120, env=_clean_env(TORCHCOMM_RANK="0",
-                                                                TORCHCOMM_SIZE="1"), cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", REGISTER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(TORCHCOMM_RANK="0", TORCHCOMM_SIZE="1"),
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "refused clearly" in res.stdout
 
 
 def test_multi_device_backend_string_under_the_switch() -> None:
-    res = subprocess.run([sys.executable, "-c", MULTI_DEVICE_SCRIPT], capture_output=True,
-                         text=True, timeout=120, env=_clean_env(), cwd=ROOT)
+    res = subprocess.run(
+        [sys.executable, "-c", MULTI_DEVICE_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_clean_env(),
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     # On a machine without CUDA only the CPU part exists; the group runs on torchcomms.
     assert "group _BackendWrapper" in res.stdout and "[1.0, 1.0]" in res.stdout

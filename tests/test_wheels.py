@@ -17,14 +17,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROJECTS = ["", "plugins/torchcomms_gloo", "plugins/torchcomms_quantized",
-            "examples/vendor_plugin"]
+PROJECTS = ["", "plugins/torchcomms_gloo", "plugins/torchcomms_quantized", "examples/vendor_plugin"]
 
 
 def _run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-           and k not in ("RANK", "WORLD_SIZE", "PYTHONPATH")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
+        and k not in ("RANK", "WORLD_SIZE", "PYTHONPATH")
+    }
     env["OMP_NUM_THREADS"] = "1"
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, **kwargs)
 
@@ -36,16 +38,34 @@ def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     except metadata.PackageNotFoundError:
         pass
     else:
-        pytest.skip("torchcomms-examplevendor is installed in the test environment; the "
-                    "uninstall check needs it absent: pip uninstall torchcomms-examplevendor")
+        pytest.skip(
+            "torchcomms-examplevendor is installed in the test environment; the "
+            "uninstall check needs it absent: pip uninstall torchcomms-examplevendor"
+        )
     tmp = tmp_path_factory.mktemp("wheels")
     wheels = tmp / "dist"
-    res = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                "-q", "-w", str(wheels), *[str(ROOT / p) for p in PROJECTS]])
+    res = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            *[str(ROOT / p) for p in PROJECTS],
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     built = sorted(p.name for p in wheels.glob("*.whl"))
-    assert [b.split("-")[0] for b in built] == ["torchcomms_core", "torchcomms_examplevendor",
-                                                "torchcomms_gloo", "torchcomms_quantized"]
+    assert [b.split("-")[0] for b in built] == [
+        "torchcomms_core",
+        "torchcomms_examplevendor",
+        "torchcomms_gloo",
+        "torchcomms_quantized",
+    ]
     env_dir = tmp / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     child = env_dir / "bin" / "python"
@@ -54,17 +74,29 @@ def fresh_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # A plain path line (no .pth processing of the parent): torch and pytest become visible,
     # this checkout's editable installs do not.
     Path(child_site, "_parent_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    res = _run([str(child), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                *[str(w) for w in wheels.glob("*.whl")]])
+    res = _run(
+        [
+            str(child),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            *[str(w) for w in wheels.glob("*.whl")],
+        ]
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return env_dir
 
 
 @pytest.mark.slow
 def test_vendor_backend_resolves_by_entry_point_from_its_wheel(fresh_env: Path) -> None:
-    code = ("import torchcomms, torchcomms_core; "
-            "cls = torchcomms.get_backend_class('examplevendor'); "
-            "print(cls.__module__, torchcomms_core.__file__)")
+    code = (
+        "import torchcomms, torchcomms_core; "
+        "cls = torchcomms.get_backend_class('examplevendor'); "
+        "print(cls.__module__, torchcomms_core.__file__)"
+    )
     res = _run([str(fresh_env / "bin" / "python"), "-c", code], cwd="/")
     assert res.returncode == 0, res.stderr
     module, core_file = res.stdout.split()
@@ -84,10 +116,23 @@ def test_cli_of_the_wheel_lists_the_vendor_backend(fresh_env: Path) -> None:
 
 @pytest.mark.slow
 def test_conformance_suite_passes_on_the_installed_vendor_backend(fresh_env: Path) -> None:
-    res = _run([str(fresh_env / "bin" / "python"), "-m", "pytest", "-q", "-p",
-                "no:cacheprovider", "--pyargs", "torchcomms_core.testing",
-                "--torchcomms-backend", "examplevendor", "--torchcomms-world-size", "2"],
-               cwd="/")
+    res = _run(
+        [
+            str(fresh_env / "bin" / "python"),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "torchcomms_core.testing",
+            "--torchcomms-backend",
+            "examplevendor",
+            "--torchcomms-world-size",
+            "2",
+        ],
+        cwd="/",
+    )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "passed" in res.stdout and "failed" not in res.stdout
     assert "native vs derived" in res.stdout
@@ -98,11 +143,13 @@ def test_uninstalled_vendor_backend_gives_a_clear_error(fresh_env: Path) -> None
     python = str(fresh_env / "bin" / "python")
     res = _run([python, "-m", "pip", "uninstall", "-q", "-y", "torchcomms-examplevendor"])
     assert res.returncode == 0, res.stderr
-    code = ("import torchcomms\n"
-            "try:\n"
-            "    torchcomms.new_comm('examplevendor', 'cpu')\n"
-            "except torchcomms.BackendNotFoundError as exc:\n"
-            "    print(exc)\n")
+    code = (
+        "import torchcomms\n"
+        "try:\n"
+        "    torchcomms.new_comm('examplevendor', 'cpu')\n"
+        "except torchcomms.BackendNotFoundError as exc:\n"
+        "    print(exc)\n"
+    )
     res = _run([python, "-c", code], cwd="/")
     assert "no torchcomms backend named 'examplevendor' is installed" in res.stdout
     assert "pip install torchcomms-examplevendor" in res.stdout

@@ -18,8 +18,7 @@ from torchcomms_core.testing.pool import unique_name
 
 
 @pytest.fixture(params=["gloo-2", "gloo-4", "mpi-2", "mpi-4"])
-def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool
-          ) -> tuple[str, RankPool]:
+def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> tuple[str, RankPool]:
     """``(backend, pool)``: gloo on the spawned pools, mpi on ranks started by mpiexec."""
     backend, size = request.param.split("-")
     n = int(size)
@@ -92,8 +91,10 @@ def body_out_of_range_refused(backend: str) -> list[str]:
             messages.append(str(exc))
         else:
             raise AssertionError(f"put of {count} at offset {offset} into 8 was accepted")
-    for bad, exc_type in ((torch.ones(2, dtype=torch.float64), torchcomms.CommInputError),
-                          (torch.ones(2), torchcomms.CommInputError)):
+    for bad, exc_type in (
+        (torch.ones(2, dtype=torch.float64), torchcomms.CommInputError),
+        (torch.ones(2), torchcomms.CommInputError),
+    ):
         dst = right if bad.dtype != torch.float32 else n  # wrong dtype, then rank n
         try:
             win.put(bad, dst, 0, async_op=False)

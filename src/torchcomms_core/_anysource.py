@@ -21,9 +21,14 @@ if TYPE_CHECKING:
 ANY_SOURCE = -1
 
 
-def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None
-                   ) -> tuple[TorchWork, Callable[[], int]]:
+def recv_anysource(
+    comm: TorchComm,
+    tensor: torch.Tensor,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+) -> tuple[TorchWork, Callable[[], int]]:
     """Receive into ``tensor`` from whichever rank sends first.
 
     Returns the work and a function that gives the sender's rank once the work is done.
@@ -43,10 +48,14 @@ def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False
     issued: list[Any] = []
     sender: list[int] = []
 
-    def issue(buf: torch.Tensor, async_op: bool, *, timeout: timedelta | None,
-              hints: dict[str, str] | None) -> Any:
-        work = comm.get_backend_impl().recv_anysource(buf, async_op, timeout=timeout,
-                                                      hints=hints)
+    def issue(
+        buf: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None,
+        hints: dict[str, str] | None,
+    ) -> Any:
+        work = comm.get_backend_impl().recv_anysource(buf, async_op, timeout=timeout, hints=hints)
         issued.append(work)
         return work
 
@@ -56,8 +65,10 @@ def recv_anysource(comm: TorchComm, tensor: torch.Tensor, async_op: bool = False
 
     def source_rank() -> int:
         if not sender:
-            raise RuntimeError("recv from any source: the sender is known only once the "
-                               "receive completed; call wait() first")
+            raise RuntimeError(
+                "recv from any source: the sender is known only once the "
+                "receive completed; call wait() first"
+            )
         return sender[0]
 
     return work, source_rank

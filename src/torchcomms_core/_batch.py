@@ -65,21 +65,28 @@ class BatchSendRecv:
         """Queue sending ``tensor`` to ``dst`` (checked now, sent by ``issue``); chainable."""
         c = self._comm.checker
         c.tensor("batch send", "tensor", tensor)
-        self.ops.append(P2POp(P2POpType.SEND, tensor,
-                              c.peer("batch send", "dst", dst, allow_self=False)))
+        self.ops.append(
+            P2POp(P2POpType.SEND, tensor, c.peer("batch send", "dst", dst, allow_self=False))
+        )
         return self
 
     def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
         """Queue receiving into ``tensor`` from ``src`` (checked now, run by ``issue``)."""
         c = self._comm.checker
         c.tensor("batch recv", "tensor", tensor)
-        self.ops.append(P2POp(P2POpType.RECV, tensor,
-                              c.peer("batch recv", "src", src, allow_self=False)))
+        self.ops.append(
+            P2POp(P2POpType.RECV, tensor, c.peer("batch recv", "src", src, allow_self=False))
+        )
         return self
 
-    def issue(self, async_op: bool = False, options: CallOptions | None = None, *,
-              hints: dict[str, str] | None = None,
-              timeout: Any = None) -> TorchWork:
+    def issue(
+        self,
+        async_op: bool = False,
+        options: CallOptions | None = None,
+        *,
+        hints: dict[str, str] | None = None,
+        timeout: Any = None,
+    ) -> TorchWork:
         """Issue every queued operation before waiting on any.
 
         Args:
@@ -92,8 +99,9 @@ class BatchSendRecv:
         """
         if options is not None:
             if not isinstance(options, CallOptions):
-                raise CommTypeError(f"issue: options must be a BatchP2POptions, got "
-                                    f"{type(options).__name__}")
+                raise CommTypeError(
+                    f"issue: options must be a BatchP2POptions, got {type(options).__name__}"
+                )
             opt_timeout, opt_hints = options.resolved()
             timeout = timeout if timeout is not None else opt_timeout
             hints = hints if hints is not None else opt_hints

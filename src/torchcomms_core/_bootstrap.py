@@ -120,11 +120,26 @@ def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) 
 
     fd = _listen_fd(addr, port) if host else None
     if fd is None:
-        return TCPStore(addr, port, size, is_master=host, timeout=timeout,
-                        wait_for_workers=False, multi_tenant=True)
+        return TCPStore(
+            addr,
+            port,
+            size,
+            is_master=host,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
     try:
-        return TCPStore(addr, port, size, is_master=True, timeout=timeout,
-                        wait_for_workers=False, multi_tenant=True, master_listen_fd=fd)
+        return TCPStore(
+            addr,
+            port,
+            size,
+            is_master=True,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=fd,
+        )
     except Exception:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -146,12 +161,18 @@ def _listen_fd(addr: str, port: int) -> int | None:
         infos = socket.getaddrinfo(target, port, type=socket.SOCK_STREAM)
     except OSError as exc:
         if listen:
-            raise BootstrapError(f"{what} does not resolve ({exc}); set it to an address of "
-                                 f"this host, or '*' to listen on every interface") from None
+            raise BootstrapError(
+                f"{what} does not resolve ({exc}); set it to an address of "
+                f"this host, or '*' to listen on every interface"
+            ) from None
         return None  # TCPStore reports the unresolvable MASTER_ADDR itself
     ips = sorted({str(info[4][0]) for info in infos})  # an IP address (str) for inet families
-    if not listen and target != "localhost" and not _is_ip(target) and all(
-            ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in ips):
+    if (
+        not listen
+        and target != "localhost"
+        and not _is_ip(target)
+        and all(ipaddress.ip_address(ip.split("%")[0]).is_loopback for ip in ips)
+    ):
         # A host name that maps to 127.0.1.1 in /etc/hosts: binding there would lock out
         # the ranks on other hosts, which resolve the name to a routable address.
         warnings.warn(
@@ -159,7 +180,9 @@ def _listen_fd(addr: str, port: int) -> int | None:
             f"other hosts cannot reach, so the rendezvous store listens on every interface. "
             f"Set {_env.MASTER_ADDR} to this host's address on the cluster network (or "
             f"{_env.STORE_LISTEN_ADDR}) to listen on one interface only",
-            RuntimeWarning, stacklevel=4)
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return None
     failure: OSError | None = None
     for family, kind, proto, _, sockaddr in infos:
@@ -180,14 +203,18 @@ def _listen_fd(addr: str, port: int) -> int | None:
             continue
         return sock.detach()
     if listen:
-        raise BootstrapError(f"the rendezvous store cannot listen on {what} port {port} "
-                             f"({failure}); set it to an address of this host, or '*' to "
-                             f"listen on every interface")
+        raise BootstrapError(
+            f"the rendezvous store cannot listen on {what} port {port} "
+            f"({failure}); set it to an address of this host, or '*' to "
+            f"listen on every interface"
+        )
     warnings.warn(
         f"torchcomms: {what} ({', '.join(ips)}) is not an address of this host ({failure}), so "
         f"the rendezvous store listens on every interface. Set {_env.STORE_LISTEN_ADDR} to the "
         f"address of this host that the other ranks reach it through",
-        RuntimeWarning, stacklevel=4)
+        RuntimeWarning,
+        stacklevel=4,
+    )
     return None
 
 

@@ -16,9 +16,15 @@ from .hookspecs import hookimpl
 from .spec import TorchCommBackend, then, unflatten_into
 
 
-def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor], op: ReduceOp,
-                          async_op: bool, *, timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+def _all_reduce_coalesced(
+    backend: TorchCommBackend,
+    tensors: list[torch.Tensor],
+    op: ReduceOp,
+    async_op: bool,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+) -> Any:
     if not tensors:
         return None
     flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -26,15 +32,18 @@ def _all_reduce_coalesced(backend: TorchCommBackend, tensors: list[torch.Tensor]
     return then(work, unflatten_into(flat, tensors))
 
 
-def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _validate_coalesced(
+    comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     tensors, op = args
     checked = comm.checker.tensor_list("all_reduce_coalesced", "tensors", tensors)
     for i, t in enumerate(checked):
-        comm.checker.same_dtype("all_reduce_coalesced", f"tensors[{i}]", t, "tensors[0]",
-                               checked[0])
-    red = comm.checker.reduce_op("all_reduce_coalesced", op,
-                                checked[0].dtype if checked else torch.float32)
+        comm.checker.same_dtype(
+            "all_reduce_coalesced", f"tensors[{i}]", t, "tensors[0]", checked[0]
+        )
+    red = comm.checker.reduce_op(
+        "all_reduce_coalesced", op, checked[0].dtype if checked else torch.float32
+    )
     if checked and red.type not in comm.native_reduce_ops:
         raise comm_input_error(red)
     return (checked, red), kwargs
@@ -43,8 +52,10 @@ def _validate_coalesced(comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 def comm_input_error(red: ReduceOp) -> Exception:
     from ._errors import CommInputError
 
-    return CommInputError(f"all_reduce_coalesced: {red!r} is not native to this backend; "
-                          f"use all_reduce on each tensor")
+    return CommInputError(
+        f"all_reduce_coalesced: {red!r} is not native to this backend; "
+        f"use all_reduce on each tensor"
+    )
 
 
 @hookimpl
@@ -57,6 +68,6 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=_validate_coalesced,
             doc="all_reduce_coalesced(tensors, op=ReduceOp.SUM, async_op=False): reduce a "
-                "list of tensors of one dtype in a single engine call.",
+            "list of tensors of one dtype in a single engine call.",
         )
     ]

@@ -74,5 +74,6 @@ def _read(local: dict[str, Any]) -> GroupContext | None:
         timeout = None
     ranks = local.get("global_ranks_in_group") or ()
     desc = local.get("group_desc")
-    return GroupContext(rank, size, timeout, tuple(int(r) for r in ranks),
-                        desc if isinstance(desc, str) else None)
+    return GroupContext(
+        rank, size, timeout, tuple(int(r) for r in ranks), desc if isinstance(desc, str) else None
+    )

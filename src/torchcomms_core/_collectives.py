@@ -33,16 +33,22 @@ class Collective:
     impl: Callable[..., Any]
     args: tuple[str, ...]
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
-    validate: Callable[[TorchComm, tuple[Any, ...], dict[str, Any]],
-                       tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+    validate: (
+        Callable[
+            [TorchComm, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]
+        ]
+        | None
+    ) = None
     doc: str = ""
     #: Filled in by the plugin manager: who provides it.
     provider: str = ""
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name.startswith("_"):
-            raise CommTypeError(f"Collective name {self.name!r} must be a public Python "
-                                f"identifier (it becomes a method of TorchComm)")
+            raise CommTypeError(
+                f"Collective name {self.name!r} must be a public Python "
+                f"identifier (it becomes a method of TorchComm)"
+            )
         if not callable(self.impl):
             raise CommTypeError(f"Collective {self.name!r}: impl must be callable")
 
@@ -54,22 +60,29 @@ def make_method(coll: Collective) -> Callable[..., Any]:
     first_default = nargs - len(fill)
     args_class(name, coll.args)
 
-    def method(self: TorchComm, *args: Any, async_op: Any = None,
-               hints: dict[str, str] | None = None, timeout: Any = None,
-               **kwargs: Any) -> Any:
+    def method(
+        self: TorchComm,
+        *args: Any,
+        async_op: Any = None,
+        hints: dict[str, str] | None = None,
+        timeout: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         call = self._call(name, timeout, hints)
         given = len(args)
         if given > nargs:
             if given == nargs + 1 and async_op is None:
                 async_op, args = args[-1], args[:-1]
             else:
-                raise CommTypeError(f"{name}() takes {nargs} positional arguments "
-                                    f"({', '.join(coll.args)}) and async_op; got {given}")
+                raise CommTypeError(
+                    f"{name}() takes {nargs} positional arguments "
+                    f"({', '.join(coll.args)}) and async_op; got {given}"
+                )
         elif given < nargs:
             if given < first_default:
                 missing = ", ".join(coll.args[given:first_default])
                 raise CommTypeError(f"{name}() is missing required arguments: {missing}")
-            args = args + tuple(fill[given - first_default:])
+            args = args + tuple(fill[given - first_default :])
         if validate is not None:
             args, kwargs = validate(self, args, kwargs)
         native = getattr(self._backend, name, None)

@@ -42,22 +42,35 @@ class TorchComm(CommBase):
 
     # -- point to point --------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool = False,
-             hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Send ``tensor`` to rank ``dst``; the peer posts a matching :meth:`recv`."""
         call = self._call("send", timeout, hints)
         self._check.tensor("send", "tensor", tensor)
         dst = self._check.peer("send", "dst", dst, allow_self=False)
         return self._issue(call, self._backend.send, (_in(tensor), dst), async_op, (tensor, dst))
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool = False,
-             hints: dict[str, str] | None = None, timeout: timedelta | None = None) -> TorchWork:
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Receive into ``tensor`` from rank ``src`` (same element count and dtype as sent)."""
         call = self._call("recv", timeout, hints)
         self._check.tensor("recv", "tensor", tensor)
         src = self._check.peer("recv", "src", src, allow_self=False)
-        return self._issue(call, self._backend.recv, (call.out(tensor), src), async_op,
-                           (tensor, src))
+        return self._issue(
+            call, self._backend.recv, (call.out(tensor), src), async_op, (tensor, src)
+        )
 
     def batch_op_create(self) -> BatchSendRecv:
         """Start a batch of sends and receives, issued together by its ``issue()``."""
@@ -65,14 +78,20 @@ class TorchComm(CommBase):
             self._ensure_usable("batch_op_create")
         return BatchSendRecv(self)
 
-    def _batch_issue(self, ops: list[Any], async_op: bool, timeout: timedelta | None,
-                     hints: dict[str, str] | None) -> TorchWork:
+    def _batch_issue(
+        self,
+        ops: list[Any],
+        async_op: bool,
+        timeout: timedelta | None,
+        hints: dict[str, str] | None,
+    ) -> TorchWork:
         call = self._call("batch_op_issue", timeout, hints)
         prepared = []
         for i, op in enumerate(ops):  # ``batch.ops`` is writable: check what it holds now
             if not isinstance(op, P2POp):
-                raise CommTypeError(f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got "
-                                    f"{type(op).__name__}")
+                raise CommTypeError(
+                    f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got {type(op).__name__}"
+                )
             self._check.tensor("batch_op_issue", f"ops[{i}].tensor", op.tensor)
             self._check.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=False)
         for kind, tensor, peer in ops:
@@ -83,19 +102,34 @@ class TorchComm(CommBase):
 
     # -- collectives -----------------------------------------------------------------
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool = False,
-                  hints: dict[str, str] | None = None,
-                  timeout: timedelta | None = None) -> TorchWork:
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Copy rank ``root``'s ``tensor`` into ``tensor`` on every rank."""
         call = self._call("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
         root = self._check.peer("broadcast", "root", root)
-        return self._issue(call, self._backend.broadcast, (call.out(tensor, keep=True), root),
-                           async_op, (tensor, root))
+        return self._issue(
+            call,
+            self._backend.broadcast,
+            (call.out(tensor, keep=True), root),
+            async_op,
+            (tensor, root),
+        )
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool = False,
-                   hints: dict[str, str] | None = None,
-                   timeout: timedelta | None = None) -> TorchWork:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Reduce ``tensor`` over every rank with ``op``; each rank gets the result in place.
 
         ``op`` is a :class:`ReduceOp`; AVG and PREMUL_SUM need a floating-point tensor and
@@ -105,17 +139,24 @@ class TorchComm(CommBase):
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
         if red._type in self._native_ops and tensor.is_contiguous():  # the common case, lean
-            return self._issue(call, self._backend.all_reduce, (tensor, red), async_op,
-                               (tensor, red))
+            return self._issue(
+                call, self._backend.all_reduce, (tensor, red), async_op, (tensor, red)
+            )
         buf = call.out(tensor, keep=True)
         bop, factor = call.lower(red, self._native_ops, buf, self._size)
         if factor is not None:
             buf.mul_(factor)
         return self._issue(call, self._backend.all_reduce, (buf, bop), async_op, (tensor, red))
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool = False,
-               hints: dict[str, str] | None = None,
-               timeout: timedelta | None = None) -> TorchWork:
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Reduce ``tensor`` over every rank with ``op`` into ``tensor`` on rank ``root``.
 
         Other ranks' tensors are left unchanged. ``op`` as for :meth:`all_reduce`.
@@ -131,77 +172,163 @@ class TorchComm(CommBase):
                 buf.mul_(factor)
         else:
             bop, (buf,) = self._reduced(call, red, None, [_in(tensor)])
-        return self._issue(call, self._backend.reduce, (buf, root, bop), async_op,
-                           (tensor, root, red))
+        return self._issue(
+            call, self._backend.reduce, (buf, root, bop), async_op, (tensor, root, red)
+        )
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool = False, hints: dict[str, str] | None = None,
-                   timeout: timedelta | None = None) -> TorchWork:
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one same-sized entry per rank)."""
         call = self._call("all_gather", timeout, hints)
         self._check.tensor("all_gather", "tensor", tensor)
-        outs = self._check.blocks("all_gather", "tensor_list", tensor_list, "tensor", tensor,
-                                  "the same as the input tensor")
-        return self._issue(call, self._backend.all_gather, ([call.out(t) for t in outs],
-                           _in(tensor)), async_op, (tensor_list, tensor))
+        outs = self._check.blocks(
+            "all_gather",
+            "tensor_list",
+            tensor_list,
+            "tensor",
+            tensor,
+            "the same as the input tensor",
+        )
+        return self._issue(
+            call,
+            self._backend.all_gather,
+            ([call.out(t) for t in outs], _in(tensor)),
+            async_op,
+            (tensor_list, tensor),
+        )
 
-    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                     async_op: bool = False, hints: dict[str, str] | None = None,
-                     timeout: timedelta | None = None) -> TorchWork:
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """:meth:`all_gather` where ranks contribute tensors of different sizes.
 
         ``tensor_list[r]`` is sized for rank ``r``'s ``tensor``.
         """
         call = self._call("all_gather_v", timeout, hints)
         self._check.tensor("all_gather_v", "tensor", tensor)
-        outs = self._check.blocks("all_gather_v", "tensor_list", tensor_list, "tensor", tensor,
-                                  "this rank's own entry receives its input tensor", self._rank)
-        return self._issue(call, self._backend.all_gather_v, ([call.out(t) for t in outs],
-                           _in(tensor)), async_op, (tensor_list, tensor))
+        outs = self._check.blocks(
+            "all_gather_v",
+            "tensor_list",
+            tensor_list,
+            "tensor",
+            tensor,
+            "this rank's own entry receives its input tensor",
+            self._rank,
+        )
+        return self._issue(
+            call,
+            self._backend.all_gather_v,
+            ([call.out(t) for t in outs], _in(tensor)),
+            async_op,
+            (tensor_list, tensor),
+        )
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          async_op: bool = False, hints: dict[str, str] | None = None,
-                          timeout: timedelta | None = None) -> TorchWork:
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Gather every rank's ``input`` into ``output`` (size x input's elements, rank order)."""
         call = self._call("all_gather_single", timeout, hints)
         self._check.pair("all_gather_single", output, input)
         self._check.times_size("all_gather_single", "output", output, "input", input)
-        return self._issue(call, self._backend.all_gather_single, (call.out(output), _in(input)),
-                           async_op, (output, input))
+        return self._issue(
+            call,
+            self._backend.all_gather_single,
+            (call.out(output), _in(input)),
+            async_op,
+            (output, input),
+        )
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                       op: ReduceOp, async_op: bool = False,
-                       hints: dict[str, str] | None = None,
-                       timeout: timedelta | None = None) -> TorchWork:
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Reduce ``input_list[r]`` over every rank with ``op`` into rank ``r``'s ``output``."""
-        return self._reduce_scatter_lists("reduce_scatter", self._backend.reduce_scatter, output,
-                                          input_list, op, async_op, hints, timeout, None)
+        return self._reduce_scatter_lists(
+            "reduce_scatter",
+            self._backend.reduce_scatter,
+            output,
+            input_list,
+            op,
+            async_op,
+            hints,
+            timeout,
+            None,
+        )
 
-    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                         op: ReduceOp, async_op: bool = False,
-                         hints: dict[str, str] | None = None,
-                         timeout: timedelta | None = None) -> TorchWork:
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """:meth:`reduce_scatter` with per-rank block sizes (``input_list[r]`` fits rank r)."""
-        return self._reduce_scatter_lists("reduce_scatter_v", self._backend.reduce_scatter_v,
-                                          output, input_list, op, async_op, hints, timeout,
-                                          self._rank)
+        return self._reduce_scatter_lists(
+            "reduce_scatter_v",
+            self._backend.reduce_scatter_v,
+            output,
+            input_list,
+            op,
+            async_op,
+            hints,
+            timeout,
+            self._rank,
+        )
 
-    def _reduce_scatter_lists(self, name: str, method: Callable[..., Any], output: torch.Tensor,
-                              input_list: list[torch.Tensor], op: ReduceOp, async_op: bool,
-                              hints: dict[str, str] | None, timeout: timedelta | None,
-                              only: int | None) -> TorchWork:
+    def _reduce_scatter_lists(
+        self,
+        name: str,
+        method: Callable[..., Any],
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        hints: dict[str, str] | None,
+        timeout: timedelta | None,
+        only: int | None,
+    ) -> TorchWork:
         call = self._call(name, timeout, hints)
         self._check.tensor(name, "output", output)
-        ins = self._check.blocks(name, "input_list", input_list, "output", output,
-                                 "the same as the output tensor", only)
+        ins = self._check.blocks(
+            name, "input_list", input_list, "output", output, "the same as the output tensor", only
+        )
         red = self._check.reduce_op(name, op, output.dtype)
         out = call.out(output)
         bop, bins = self._reduced(call, red, out, [_in(t) for t in ins])
         return self._issue(call, method, (out, bins, bop), async_op, (output, input_list, red))
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool = False, hints: dict[str, str] | None = None,
-                              timeout: timedelta | None = None) -> TorchWork:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """:meth:`reduce_scatter` from one ``input`` of size x output's elements (rank order)."""
         call = self._call("reduce_scatter_single", timeout, hints)
         self._check.pair("reduce_scatter_single", output, input)
@@ -209,13 +336,22 @@ class TorchComm(CommBase):
         red = self._check.reduce_op("reduce_scatter_single", op, output.dtype)
         out = call.out(output)
         bop, (bin_,) = self._reduced(call, red, out, [_in(input)])
-        return self._issue(call, self._backend.reduce_scatter_single, (out, bin_, bop), async_op,
-                           (output, input, red))
+        return self._issue(
+            call,
+            self._backend.reduce_scatter_single,
+            (out, bin_, bop),
+            async_op,
+            (output, input, red),
+        )
 
-    def all_to_all(self, output_tensor_list: list[torch.Tensor],
-                   input_tensor_list: list[torch.Tensor], async_op: bool = False,
-                   hints: dict[str, str] | None = None,
-                   timeout: timedelta | None = None) -> TorchWork:
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Send ``input_tensor_list[r]`` to rank r; get its block in ``output_tensor_list[r]``.
 
         Blocks may differ in size between ranks; all share one dtype.
@@ -225,19 +361,35 @@ class TorchComm(CommBase):
         outs = c.tensor_list("all_to_all", "output_tensor_list", output_tensor_list, self._size)
         ins = c.tensor_list("all_to_all", "input_tensor_list", input_tensor_list, self._size)
         for i in range(self._size):
-            c.same_dtype("all_to_all", f"output_tensor_list[{i}]", outs[i],
-                         "input_tensor_list[0]", ins[0])
-            c.same_dtype("all_to_all", f"input_tensor_list[{i}]", ins[i],
-                         "input_tensor_list[0]", ins[0])
-        c.numel("all_to_all", f"output_tensor_list[{me}]", outs[me], ins[me].numel(),
-                f"this rank sends input_tensor_list[{me}] to itself")
-        return self._issue(call, self._backend.all_to_all, ([call.out(t) for t in outs],
-                           [_in(t) for t in ins]), async_op,
-                           (output_tensor_list, input_tensor_list))
+            c.same_dtype(
+                "all_to_all", f"output_tensor_list[{i}]", outs[i], "input_tensor_list[0]", ins[0]
+            )
+            c.same_dtype(
+                "all_to_all", f"input_tensor_list[{i}]", ins[i], "input_tensor_list[0]", ins[0]
+            )
+        c.numel(
+            "all_to_all",
+            f"output_tensor_list[{me}]",
+            outs[me],
+            ins[me].numel(),
+            f"this rank sends input_tensor_list[{me}] to itself",
+        )
+        return self._issue(
+            call,
+            self._backend.all_to_all,
+            ([call.out(t) for t in outs], [_in(t) for t in ins]),
+            async_op,
+            (output_tensor_list, input_tensor_list),
+        )
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          async_op: bool = False, hints: dict[str, str] | None = None,
-                          timeout: timedelta | None = None) -> TorchWork:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Split ``input`` along dim 0 into size equal blocks; block r goes to rank r.
 
         ``output`` receives rank r's block at position r. Raises :class:`CommInputError` when
@@ -245,20 +397,33 @@ class TorchComm(CommBase):
         """
         call = self._call("all_to_all_single", timeout, hints)
         self._check.pair("all_to_all_single", output, input)
-        self._check.numel("all_to_all_single", "output", output, input.numel(),
-                          "the same as the input")
+        self._check.numel(
+            "all_to_all_single", "output", output, input.numel(), "the same as the input"
+        )
         rows = input.shape[0] if input.dim() else 1
         if rows % self._size:
             raise CommInputError(
                 f"all_to_all_single: input dim 0 ({rows}) must be divisible by the communicator "
-                f"size {self._size}; use all_to_all_v_single for uneven splits")
-        return self._issue(call, self._backend.all_to_all_single, (call.out(output), _in(input)),
-                           async_op, (output, input))
+                f"size {self._size}; use all_to_all_v_single for uneven splits"
+            )
+        return self._issue(
+            call,
+            self._backend.all_to_all_single,
+            (call.out(output), _in(input)),
+            async_op,
+            (output, input),
+        )
 
-    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
-                            output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
-                            async_op: bool = False, hints: dict[str, str] | None = None,
-                            timeout: timedelta | None = None) -> TorchWork:
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int],
+        input_split_sizes: Sequence[int],
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """:meth:`all_to_all_single` with explicit block sizes (rows of dim 0 per rank).
 
         An empty list splits evenly; sizes must sum to the tensor's dim 0.
@@ -271,27 +436,43 @@ class TorchComm(CommBase):
         if output.shape[1:] != input.shape[1:]:
             raise CommInputError(
                 f"{op}: output rows have shape {tuple(output.shape[1:])} but input rows have "
-                f"{tuple(input.shape[1:])}; all dimensions but the first must match")
+                f"{tuple(input.shape[1:])}; all dimensions but the first must match"
+            )
         n, me = self._size, self._rank
         osz = split_sizes(op, "output_split_sizes", output_split_sizes, n, output.shape[0])
         isz = split_sizes(op, "input_split_sizes", input_split_sizes, n, input.shape[0])
         if osz[me] != isz[me]:
             raise CommInputError(
                 f"{op}: output_split_sizes[{me}]={osz[me]} must equal input_split_sizes[{me}]="
-                f"{isz[me]} (this rank's block to itself)")
-        return self._issue(call, self._backend.all_to_all_v_single,
-                           (call.out(output), _in(input), osz, isz), async_op,
-                           (output, input, list(osz), list(isz)))
+                f"{isz[me]} (this rank's block to itself)"
+            )
+        return self._issue(
+            call,
+            self._backend.all_to_all_v_single,
+            (call.out(output), _in(input), osz, isz),
+            async_op,
+            (output, input, list(osz), list(isz)),
+        )
 
-    def barrier(self, async_op: bool = False, hints: dict[str, str] | None = None,
-                timeout: timedelta | None = None) -> TorchWork:
+    def barrier(
+        self,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Complete once every rank has called ``barrier``."""
         call = self._call("barrier", timeout, hints)
         return self._issue(call, self._backend.barrier, (), async_op, ())
 
-    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
-                root: int, async_op: bool = False, hints: dict[str, str] | None = None,
-                timeout: timedelta | None = None) -> TorchWork:
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Send root's ``input_tensor_list[r]`` to rank r's ``output_tensor``.
 
         Only ``root`` reads ``input_tensor_list`` (others may pass ``[]``).
@@ -301,15 +482,34 @@ class TorchComm(CommBase):
         root = self._check.peer("scatter", "root", root)
         bins: list[torch.Tensor] = []
         if self._rank == root:
-            bins = [_in(t) for t in self._check.blocks(
-                "scatter", "input_tensor_list", input_tensor_list, "output_tensor",
-                output_tensor, "the same as output_tensor")]
-        return self._issue(call, self._backend.scatter, (call.out(output_tensor), bins, root),
-                           async_op, (output_tensor, input_tensor_list, root))
+            bins = [
+                _in(t)
+                for t in self._check.blocks(
+                    "scatter",
+                    "input_tensor_list",
+                    input_tensor_list,
+                    "output_tensor",
+                    output_tensor,
+                    "the same as output_tensor",
+                )
+            ]
+        return self._issue(
+            call,
+            self._backend.scatter,
+            (call.out(output_tensor), bins, root),
+            async_op,
+            (output_tensor, input_tensor_list, root),
+        )
 
-    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
-               root: int, async_op: bool = False, hints: dict[str, str] | None = None,
-               timeout: timedelta | None = None) -> TorchWork:
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Gather every rank's ``input_tensor`` into root's ``output_tensor_list``.
 
         Only ``root`` writes ``output_tensor_list`` (others may pass ``[]``).
@@ -319,15 +519,34 @@ class TorchComm(CommBase):
         root = self._check.peer("gather", "root", root)
         bouts: list[torch.Tensor] = []
         if self._rank == root:
-            bouts = [call.out(t) for t in self._check.blocks(
-                "gather", "output_tensor_list", output_tensor_list, "input_tensor",
-                input_tensor, "the same as input_tensor")]
-        return self._issue(call, self._backend.gather, (bouts, _in(input_tensor), root),
-                           async_op, (output_tensor_list, input_tensor, root))
+            bouts = [
+                call.out(t)
+                for t in self._check.blocks(
+                    "gather",
+                    "output_tensor_list",
+                    output_tensor_list,
+                    "input_tensor",
+                    input_tensor,
+                    "the same as input_tensor",
+                )
+            ]
+        return self._issue(
+            call,
+            self._backend.gather,
+            (bouts, _in(input_tensor), root),
+            async_op,
+            (output_tensor_list, input_tensor, root),
+        )
 
-    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
-                      async_op: bool = False, hints: dict[str, str] | None = None,
-                      timeout: timedelta | None = None) -> TorchWork:
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Gather every rank's ``input`` into root's ``output`` (size x input's elements)."""
         call = self._call("gather_single", timeout, hints)
         self._check.tensor("gather_single", "input", input)
@@ -337,8 +556,13 @@ class TorchComm(CommBase):
             self._check.pair("gather_single", output, input)
             self._check.times_size("gather_single", "output", output, "input", input)
             out = call.out(output)
-        return self._issue(call, self._backend.gather_single, (out, _in(input), root), async_op,
-                           (output, input, root))
+        return self._issue(
+            call,
+            self._backend.gather_single,
+            (out, _in(input), root),
+            async_op,
+            (output, input, root),
+        )
 
     # -- windows and persistent all-gather ---------------------------------------------
 
@@ -352,19 +576,30 @@ class TorchComm(CommBase):
             self._ensure_usable("new_window")
         return create_window(self, tensor)
 
-    def all_gather_p_init(self, output: torch.Tensor, hints: dict[str, str] | None = None,
-                          timeout: timedelta | None = None) -> PersistentAllGather:
+    def all_gather_p_init(
+        self,
+        output: torch.Tensor,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> PersistentAllGather:
         """Bind ``output`` for repeated all-gathers; returns the handle ``exec`` takes."""
         self._call("all_gather_p_init", timeout, hints)
         self._check.tensor("all_gather_p_init", "output", output)
         if output.numel() % self._size:
-            raise CommInputError(f"all_gather_p_init: output has {output.numel()} elements, not "
-                                 f"a multiple of the communicator size {self._size}")
+            raise CommInputError(
+                f"all_gather_p_init: output has {output.numel()} elements, not "
+                f"a multiple of the communicator size {self._size}"
+            )
         return PersistentAllGather(self, output)
 
-    def all_gather_p_exec(self, handle: PersistentAllGather, input: torch.Tensor,
-                          async_op: bool = False, hints: dict[str, str] | None = None,
-                          timeout: timedelta | None = None) -> TorchWork:
+    def all_gather_p_exec(
+        self,
+        handle: PersistentAllGather,
+        input: torch.Tensor,
+        async_op: bool = False,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Gather every rank's ``input`` into the output bound by ``all_gather_p_init``."""
         output = owned(handle, self, "all_gather_p_exec").output
         if output is None:
@@ -377,8 +612,13 @@ class TorchComm(CommBase):
 
     # -- sub-communicators -----------------------------------------------------------
 
-    def split(self, ranks: Sequence[int], name: str, hints: dict[str, str] | None = None,
-              timeout: timedelta | None = None) -> TorchComm | None:
+    def split(
+        self,
+        ranks: Sequence[int],
+        name: str,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchComm | None:
         """Create a sub-communicator of ``ranks`` (parent ranks); non-members pass ``[]``.
 
         Members get a ``TorchComm`` whose ranks follow the sorted order of ``ranks``;
@@ -396,8 +636,13 @@ class TorchComm(CommBase):
         key = "_".join(map(str, members)) if members else "none"
         store = PrefixStore(f"split/{name}/{key}", self._store)
         options = self._options.replace(
-            name=name, store=store, timeout=timeout, hints={**self._hints, **(hints or {})},
-            rank=members.index(self._rank) if members else -1, size=len(members))
+            name=name,
+            store=store,
+            timeout=timeout,
+            hints={**self._hints, **(hints or {})},
+            rank=members.index(self._rank) if members else -1,
+            size=len(members),
+        )
         if not members:
             # Backends with a collective native split need every parent rank to take part.
             if self._support["split"] == "native":
@@ -408,8 +653,10 @@ class TorchComm(CommBase):
         try:
             child = self._backend.split(members, name, options)
             if child is None:
-                raise TorchCommError(f"split: backend {self.get_backend()!r} returned no "
-                                     f"communicator for members {members}")
+                raise TorchCommError(
+                    f"split: backend {self.get_backend()!r} returned no "
+                    f"communicator for members {members}"
+                )
         except BaseException:
             release_name(self._store, f"split/{name}", self._rank)
             raise
@@ -424,8 +671,10 @@ class TorchComm(CommBase):
     def _add_collective(cls, coll: Collective) -> None:
         """Install a plugin collective as a method (the plugin host calls this)."""
         if coll.name in cls.__dict__ or hasattr(cls, coll.name):
-            raise PluginError(f"{coll.provider} registers collective {coll.name!r}, which is "
-                              f"already a built-in TorchComm method; pick another name")
+            raise PluginError(
+                f"{coll.provider} registers collective {coll.name!r}, which is "
+                f"already a built-in TorchComm method; pick another name"
+            )
         setattr(cls, coll.name, make_method(coll))
 
     @classmethod

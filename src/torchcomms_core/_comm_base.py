@@ -97,8 +97,9 @@ class _Call:
         self.then(lambda: t.copy_(tmp))
         return tmp
 
-    def lower(self, red: ReduceOp, native: frozenset[RedOpType], result: torch.Tensor | None,
-              size: int) -> tuple[ReduceOp, Any]:
+    def lower(
+        self, red: ReduceOp, native: frozenset[RedOpType], result: torch.Tensor | None, size: int
+    ) -> tuple[ReduceOp, Any]:
         """``(op for the backend, PREMUL factor or None)`` for AVG/PREMUL_SUM it lacks.
 
         AVG becomes SUM and ``result`` (when this rank gets one) is divided by ``size`` on
@@ -121,8 +122,15 @@ class CommBase:
     the state guard, per-call checks, staging and backend call shared by every operation.
     """
 
-    def __init__(self, backend: TorchCommBackend, device: torch.device, name: str,
-                 options: CommOptions, store: Any, backend_name: str | None = None) -> None:
+    def __init__(
+        self,
+        backend: TorchCommBackend,
+        device: torch.device,
+        name: str,
+        options: CommOptions,
+        store: Any,
+        backend_name: str | None = None,
+    ) -> None:
         adapt_backend(backend)  # reference-style methods without timeout=/hints=
         self._backend = backend
         self._backend_name = backend_name or backend.get_backend_name()
@@ -153,8 +161,14 @@ class CommBase:
     def _bind(self, rank: int, size: int) -> None:
         """Take ``rank`` and ``size`` (creation and reconfigure) and arm the GC release."""
         self._rank, self._size = rank, size
-        self._check = Checker(self._name, self._device, rank, size,
-                              type(self._backend).supported_dtypes, self._native_ops)
+        self._check = Checker(
+            self._name,
+            self._device,
+            rank,
+            size,
+            type(self._backend).supported_dtypes,
+            self._native_ops,
+        )
         self._failure = None
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is None or not finalizer.alive:  # abort() detaches it
@@ -190,8 +204,11 @@ class CommBase:
     @property
     def mem_allocator(self) -> Any:
         """Deprecated alias of :meth:`get_mem_allocator`."""
-        warnings.warn("TorchComm.mem_allocator is deprecated; call get_mem_allocator()",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "TorchComm.mem_allocator is deprecated; call get_mem_allocator()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.get_mem_allocator()
 
     def get_options(self) -> CommOptions:
@@ -203,8 +220,11 @@ class CommBase:
 
     def unsafe_get_backend(self) -> TorchCommBackend:
         """Deprecated alias of :meth:`get_backend_impl` (the engine is ``.engine`` on it)."""
-        warnings.warn("TorchComm.unsafe_get_backend() is deprecated; use get_backend_impl()",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "TorchComm.unsafe_get_backend() is deprecated; use get_backend_impl()",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self._backend
 
     def method_support(self) -> dict[str, str]:
@@ -242,7 +262,8 @@ class CommBase:
             raise CommStateError(
                 f"get_device_transport: backend {self._backend_name!r} has no device "
                 f"transport (it is a GPU-backend feature of the reference's ncclx); use the "
-                f"communicator's operations or windows instead")
+                f"communicator's operations or windows instead"
+            )
         return int(transport())
 
     def get_timeout(self) -> timedelta:
@@ -273,13 +294,18 @@ class CommBase:
         if item in type(self).__dict__:
             return getattr(self, item)
         failed = failed_plugins()
-        hint = ("; plugins that failed to load: " + "; ".join(r.error for r in failed)
-                if failed else "; torchcomms.list_collectives() lists what is available")
+        hint = (
+            "; plugins that failed to load: " + "; ".join(r.error for r in failed)
+            if failed
+            else "; torchcomms.list_collectives() lists what is available"
+        )
         raise AttributeError(f"TorchComm has no attribute {item!r}{hint}")
 
     def __repr__(self) -> str:
-        return (f"<TorchComm {self._name!r} backend={self.get_backend()} rank={self._rank}/"
-                f"{self._size} device={self._device} {self._state}>")
+        return (
+            f"<TorchComm {self._name!r} backend={self.get_backend()} rank={self._rank}/"
+            f"{self._size} device={self._device} {self._state}>"
+        )
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -316,8 +342,11 @@ class CommBase:
     def _end(self, state: str, only_from: tuple[str, ...] = ()) -> bool:
         """Move to a terminal ``state`` once (``only_from``: just from those states)."""
         with self._lock:
-            if self._state is FINALIZED or self._state is ABORTED or (
-                    only_from and self._state not in only_from):
+            if (
+                self._state is FINALIZED
+                or self._state is ABORTED
+                or (only_from and self._state not in only_from)
+            ):
                 return False
             self._state = state
         self._finalizer.detach()
@@ -325,8 +354,10 @@ class CommBase:
 
     def _release_quietly(self) -> None:
         """Release at interpreter exit: finalize, or abort when operations are in flight."""
-        if any(w._status is WorkStatus.INPROGRESS and not w._engine_done()
-               for w in list(self._inflight)):
+        if any(
+            w._status is WorkStatus.INPROGRESS and not w._engine_done()
+            for w in list(self._inflight)
+        ):
             self.abort()
         elif self._end(FINALIZED, only_from=(OK, FAILED)):
             self._backend.finalize()
@@ -346,9 +377,13 @@ class CommBase:
             return self._init_handle
         return f"{self.get_backend()}://{self._name}/{self._rank}"
 
-    def reconfigure(self, uuid: int | str, init_handles: list[str] | set[str],
-                    timeout: timedelta | None = None,
-                    hints: dict[str, str] | None = None) -> TorchWork:
+    def reconfigure(
+        self,
+        uuid: int | str,
+        init_handles: list[str] | set[str],
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> TorchWork:
         """Bind the communicator to exactly the members ``init_handles`` names (fault tolerance).
 
         Rank is the caller's position in the list (sorted order for a set), size its length;
@@ -366,10 +401,13 @@ class CommBase:
             raise CommStateError(
                 f"{op}: communicator {self._name!r} was created with enable_reconfigure=True "
                 f"and is not bound to a group yet (or its last reconfigure failed); call "
-                f"comm.reconfigure(uuid, init_handles) first")
+                f"comm.reconfigure(uuid, init_handles) first"
+            )
         if state is FINALIZED or state is ABORTED:
-            raise CommStateError(f"{op}: communicator {self._name!r} was {state}; create a new "
-                                 f"one with torchcomms.new_comm()")
+            raise CommStateError(
+                f"{op}: communicator {self._name!r} was {state}; create a new "
+                f"one with torchcomms.new_comm()"
+            )
         raise CommStateError(
             f"{op}: communicator {self._name!r} failed earlier ({self._failure}) and cannot run "
             f"more operations; finalize it and create a new communicator"
@@ -384,10 +422,11 @@ class CommBase:
         self._run_abort_hooks()
         call_lifecycle("torchcomms_comm_aborted", comm=self, reason=str(error))
         # With enable_reconfigure a failure revokes the communicator; recovery is reconfigure.
-        if (self._options.abort_process_on_timeout_or_error
-                and not self._options.enable_reconfigure):
-            sys.stderr.write(f"torchcomms: aborting the process: {error} "
-                             f"(abort_process_on_timeout_or_error=True)\n")
+        if self._options.abort_process_on_timeout_or_error and not self._options.enable_reconfigure:
+            sys.stderr.write(
+                f"torchcomms: aborting the process: {error} "
+                f"(abort_process_on_timeout_or_error=True)\n"
+            )
             sys.stderr.flush()
             os.abort()
 
@@ -396,13 +435,13 @@ class CommBase:
             try:
                 hook()
             except Exception as exc:  # an abort hook must not mask the original failure
-                warnings.warn(f"torchcomms abort hook {hook!r} raised {exc!r}", RuntimeWarning,
-                              stacklevel=2)
+                warnings.warn(
+                    f"torchcomms abort hook {hook!r} raised {exc!r}", RuntimeWarning, stacklevel=2
+                )
 
     # -- hooks -----------------------------------------------------------------------
 
-    def register_pre_hook(self, callback: Callable[[OpName, int, Any], None]
-                          ) -> RemovableHandle:
+    def register_pre_hook(self, callback: Callable[[OpName, int, Any], None]) -> RemovableHandle:
         """Call ``callback(name, op_id, args)`` before each operation is issued.
 
         ``args`` is the operation's ``<Op>PreHookArgs``; ``args.work`` is its ``TorchWork``
@@ -422,11 +461,18 @@ class CommBase:
         """Call ``callback()`` when the communicator aborts or an operation fails or times out."""
         return RemovableHandle(self._abort_hooks, callback, "register_abort_hook")
 
-    def _run_pre_hooks(self, name: str, values: tuple[Any, ...], async_op: bool = False,
-                       timeout: Any = None, hints: Any = None, op_id: int | None = None
-                       ) -> OpArgs:
-        args = args_class(name)(name, next_op_id() if op_id is None else op_id, values,
-                                async_op, timeout, hints)
+    def _run_pre_hooks(
+        self,
+        name: str,
+        values: tuple[Any, ...],
+        async_op: bool = False,
+        timeout: Any = None,
+        hints: Any = None,
+        op_id: int | None = None,
+    ) -> OpArgs:
+        args = args_class(name)(
+            name, next_op_id() if op_id is None else op_id, values, async_op, timeout, hints
+        )
         # Pre-hooks see the operation's work before it starts (status NOT_STARTED).
         args.work = TorchWork.not_started(self, name)
         label = op_name(name)
@@ -439,8 +485,9 @@ class CommBase:
         for hook in tuple(self._post_hooks.values()):
             hook(args.op_id, post)
 
-    def _pre_plain(self, name: str, values: tuple[Any, ...], op_id: int | None = None
-                   ) -> OpArgs | None:
+    def _pre_plain(
+        self, name: str, values: tuple[Any, ...], op_id: int | None = None
+    ) -> OpArgs | None:
         """Pre hooks of an operation that returns no work (split, new_window, finalize)."""
         if not (self._pre_hooks or self._post_hooks):
             return None
@@ -469,9 +516,15 @@ class CommBase:
             hints = check_hints(hints, op)
         return _Call(op, timeout, hints)
 
-    def _issue(self, call: _Call, method: Callable[..., Any], bargs: tuple[Any, ...],
-               async_op: bool, values: tuple[Any, ...],
-               extra: dict[str, Any] | None = None) -> TorchWork:
+    def _issue(
+        self,
+        call: _Call,
+        method: Callable[..., Any],
+        bargs: tuple[Any, ...],
+        async_op: bool,
+        values: tuple[Any, ...],
+        extra: dict[str, Any] | None = None,
+    ) -> TorchWork:
         """Run hooks, call the backend and wrap what it returns; ``values`` are for hooks."""
         name, timeout, hints = call.op, call.timeout, call.hints
         args = None
@@ -511,8 +564,9 @@ class CommBase:
             self._run_post_hooks(args, work)
         return work
 
-    def _reduced(self, call: _Call, red: ReduceOp, out: torch.Tensor | None,
-                 inputs: list[torch.Tensor]) -> tuple[ReduceOp, list[torch.Tensor]]:
+    def _reduced(
+        self, call: _Call, red: ReduceOp, out: torch.Tensor | None, inputs: list[torch.Tensor]
+    ) -> tuple[ReduceOp, list[torch.Tensor]]:
         """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
         bop, factor = call.lower(red, self._native_ops, out, self._size)
         return bop, inputs if factor is None else [t * factor for t in inputs]

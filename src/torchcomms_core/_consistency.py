@@ -31,8 +31,7 @@ def describe(name: str, values: tuple[Any, ...]) -> str:
     parts = [name]
     first = next((v for v in values if isinstance(v, torch.Tensor)), None)
     if first is None:
-        lists = [v for v in values if isinstance(v, list) and v and
-                 isinstance(v[0], torch.Tensor)]
+        lists = [v for v in values if isinstance(v, list) and v and isinstance(v[0], torch.Tensor)]
         first = lists[0][0] if lists else None
     if first is not None:
         parts.append(str(first.dtype).replace("torch.", ""))
@@ -46,16 +45,16 @@ def describe(name: str, values: tuple[Any, ...]) -> str:
     return " ".join(parts)
 
 
-def verify_same_call(backend: Any, name: str, values: tuple[Any, ...], size: int,
-                     timeout: Any) -> None:
+def verify_same_call(
+    backend: Any, name: str, values: tuple[Any, ...], size: int, timeout: Any
+) -> None:
     """All-gather the call's description and raise on every rank if any rank differs."""
     text = describe(name, values).encode()[:_WIDTH]
     mine = torch.zeros(_WIDTH, dtype=torch.uint8)
     mine[: len(text)] = torch.tensor(list(text), dtype=torch.uint8)
     device = getattr(backend, "device", torch.device("cpu"))
     gathered = torch.empty(size * _WIDTH, dtype=torch.uint8, device=device)
-    work = backend.all_gather_single(gathered, mine.to(device), False, timeout=timeout,
-                                     hints=None)
+    work = backend.all_gather_single(gathered, mine.to(device), False, timeout=timeout, hints=None)
     if work is not None:
         work.wait()
     rows = gathered.cpu().view(size, _WIDTH)
@@ -68,8 +67,7 @@ def verify_same_call(backend: Any, name: str, values: tuple[Any, ...], size: int
         )
 
 
-def verify_call(backend: Any, name: str, values: tuple[Any, ...], size: int,
-                timeout: Any) -> None:
+def verify_call(backend: Any, name: str, values: tuple[Any, ...], size: int, timeout: Any) -> None:
     """Check that the peers of this call issued a matching one; raise on mismatch."""
     if name in P2P:
         if name == "batch_op_issue":
@@ -105,8 +103,7 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
     device = getattr(backend, "device", torch.device("cpu"))
     me = backend.get_rank()
     # Round 1: senders ship (dtype, numel); receivers get the header into a buffer.
-    outgoing = [[_dtype_code(t.dtype), t.numel()] if kind == "send" else None
-                for kind, t, _ in ops]
+    outgoing = [[_dtype_code(t.dtype), t.numel()] if kind == "send" else None for kind, t, _ in ops]
     headers = _exchange(backend, ops, outgoing, 2, device, timeout)
     problems: list[str] = []
     verdicts: list[list[int] | None] = []
@@ -123,8 +120,14 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
             )
         verdicts.append([int(got == mine), *mine])
     # Round 2, the other way: receivers ship (ok, dtype, numel); senders read the verdict.
-    answers = _exchange(backend, [("recv" if kind == "send" else "send", t, peer)
-                                  for kind, t, peer in ops], verdicts, 3, device, timeout)
+    answers = _exchange(
+        backend,
+        [("recv" if kind == "send" else "send", t, peer) for kind, t, peer in ops],
+        verdicts,
+        3,
+        device,
+        timeout,
+    )
     for (_kind, tensor, peer), got in zip(ops, answers, strict=True):
         if got is not None and not got[0]:
             problems.append(
@@ -134,14 +137,20 @@ def verify_p2p(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]], timeo
             )
     if problems:
         raise CommInputError(
-            "point-to-point mismatch, nothing was sent: " + "; ".join(problems) +
-            ". A send and its receive must have the same element count and dtype"
+            "point-to-point mismatch, nothing was sent: "
+            + "; ".join(problems)
+            + ". A send and its receive must have the same element count and dtype"
         )
 
 
-def _exchange(backend: Any, ops: Sequence[tuple[str, torch.Tensor, int]],
-              outgoing: Sequence[list[int] | None], width: int, device: torch.device,
-              timeout: Any) -> list[list[int] | None]:
+def _exchange(
+    backend: Any,
+    ops: Sequence[tuple[str, torch.Tensor, int]],
+    outgoing: Sequence[list[int] | None],
+    width: int,
+    device: torch.device,
+    timeout: Any,
+) -> list[list[int] | None]:
     """Send ``outgoing[i]`` for each send of ``ops``; return what each receive got."""
     batch: list[tuple[str, torch.Tensor, int]] = []
     received: list[torch.Tensor | None] = []

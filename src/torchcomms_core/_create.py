@@ -72,8 +72,9 @@ def new_comm(
         CommTimeoutError: some rank did not join within ``timeout``.
     """
     if not isinstance(backend, str) or not backend:
-        raise CommTypeError(f"new_comm: backend must be a backend name such as 'gloo', "
-                            f"got {backend!r}")
+        raise CommTypeError(
+            f"new_comm: backend must be a backend name such as 'gloo', got {backend!r}"
+        )
     try:
         device = torch.device(device)
     except (TypeError, RuntimeError) as exc:
@@ -94,12 +95,16 @@ def new_comm(
         except ValueError as exc:
             raise CommInputError(f"new_comm: {exc}") from None
     elif not isinstance(abort_process_on_timeout_or_error, bool):
-        raise CommTypeError(f"new_comm: abort_process_on_timeout_or_error must be a bool or "
-                            f"None, got {abort_process_on_timeout_or_error!r}")
+        raise CommTypeError(
+            f"new_comm: abort_process_on_timeout_or_error must be a bool or "
+            f"None, got {abort_process_on_timeout_or_error!r}"
+        )
     if is_high_priority_stream is not None:
         if not isinstance(is_high_priority_stream, bool):
-            raise CommTypeError(f"new_comm: is_high_priority_stream must be a bool or None, "
-                                f"got {is_high_priority_stream!r}")
+            raise CommTypeError(
+                f"new_comm: is_high_priority_stream must be a bool or None, "
+                f"got {is_high_priority_stream!r}"
+            )
         hints.setdefault("high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
     cls = get_backend_class(backend)
@@ -112,8 +117,16 @@ def new_comm(
             f"{device.type!r}; pass e.g. torch.device({cls.devices[0]!r})"
         )
     if enable_reconfigure:  # unbound until reconfigure; needs no peer now
-        return new_reconfigurable_comm(cls, backend, device, name or auto_name(), store,
-                                       timeout, hints, abort_process_on_timeout_or_error)
+        return new_reconfigurable_comm(
+            cls,
+            backend,
+            device,
+            name or auto_name(),
+            store,
+            timeout,
+            hints,
+            abort_process_on_timeout_or_error,
+        )
     # Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, init_process_group's rank, size and timeout.
     c10d_group = creating_group(store)
     if c10d_group is not None:
@@ -123,12 +136,14 @@ def new_comm(
         rank, size, _source = resolve_rank_size()
     if name is None:
         name = auto_name()
-    root = store if store is not None else default_store(rank, size, timeout,
-                                                         required=cls.needs_store)
+    root = (
+        store if store is not None else default_store(rank, size, timeout, required=cls.needs_store)
+    )
     if c10d_group is None:  # c10d keeps live group names unique, and reuses destroyed ones
         claim_name(root, name, rank)
-    instance, options = _instance(cls, device, name, root, abort_process_on_timeout_or_error,
-                                  timeout, hints, rank, size)
+    instance, options = _instance(
+        cls, device, name, root, abort_process_on_timeout_or_error, timeout, hints, rank, size
+    )
     try:
         instance.init(device, name, options)
     except TorchCommError:
@@ -136,8 +151,10 @@ def new_comm(
         raise
     except Exception as exc:
         release_name(root, name, rank)
-        what = (f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
-                f"{rank} of {size}")
+        what = (
+            f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
+            f"{rank} of {size}"
+        )
         if is_timeout_error(exc):
             raise CommTimeoutError(
                 f"{what} within {timeout}: {exc}. Every rank must call new_comm with the same "
@@ -153,9 +170,16 @@ def new_comm(
     return comm
 
 
-def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: torch.device,
-                            name: str, store: Any, timeout: timedelta,
-                            hints: dict[str, str], abort_process: bool) -> TorchComm:
+def new_reconfigurable_comm(
+    cls: type[TorchCommBackend],
+    backend: str,
+    device: torch.device,
+    name: str,
+    store: Any,
+    timeout: timedelta,
+    hints: dict[str, str],
+    abort_process: bool,
+) -> TorchComm:
     """``new_comm(..., enable_reconfigure=True)``: a communicator bound to no group yet.
 
     It does not wait for any peer: a replacement process creates its communicator alone
@@ -170,18 +194,36 @@ def new_reconfigurable_comm(cls: type[TorchCommBackend], backend: str, device: t
     if store is None:
         rank, size, _source = resolve_rank_size()
         store = default_store(rank, size, timeout, required=True)
-    instance, options = _instance(cls, device, name, store, abort_process, timeout, hints,
-                                  rank=-1, size=0, enable_reconfigure=True)
+    instance, options = _instance(
+        cls,
+        device,
+        name,
+        store,
+        abort_process,
+        timeout,
+        hints,
+        rank=-1,
+        size=0,
+        enable_reconfigure=True,
+    )
     comm = TorchComm(instance, device, name, options, options.store, backend)
     comm._state = UNBOUND
     comm._init_handle = make_handle()
     return comm
 
 
-def _instance(cls: type[TorchCommBackend], device: torch.device, name: str, root: Any,
-              abort_process: bool, timeout: timedelta, hints: dict[str, str], rank: int,
-              size: int, enable_reconfigure: bool = False
-              ) -> tuple[TorchCommBackend, CommOptions]:
+def _instance(
+    cls: type[TorchCommBackend],
+    device: torch.device,
+    name: str,
+    root: Any,
+    abort_process: bool,
+    timeout: timedelta,
+    hints: dict[str, str],
+    rank: int,
+    size: int,
+    enable_reconfigure: bool = False,
+) -> tuple[TorchCommBackend, CommOptions]:
     """A backend instance bound to its options, working under ``comm/<name>`` of ``root``."""
     from torch._C._distributed_c10d import PrefixStore
 

@@ -78,10 +78,11 @@ def default_timeout() -> timedelta:
 RANKSIZE_QUERY_METHOD = "TORCHCOMM_BOOTSTRAP_RANKSIZE_QUERY_METHOD"
 _PALS_SIZE_VARS = ("PALS_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "WORLD_SIZE")
 _QUERY_METHODS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "mpi": (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OpenMPI"),
-            ("PMI_RANK", "PMI_SIZE", "PMI")),
-    "pals": tuple(("PALS_RANKID", size, f"PALS (PALS_RANKID/{size})")
-                  for size in _PALS_SIZE_VARS),
+    "mpi": (
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OpenMPI"),
+        ("PMI_RANK", "PMI_SIZE", "PMI"),
+    ),
+    "pals": tuple(("PALS_RANKID", size, f"PALS (PALS_RANKID/{size})") for size in _PALS_SIZE_VARS),
     "torchrun": (("RANK", "WORLD_SIZE", "torchrun (RANK/WORLD_SIZE)"),),
 }
 
@@ -96,8 +97,13 @@ def rank_size_sources() -> tuple[tuple[str, str, str], ...]:
     method = os.environ.get(RANKSIZE_QUERY_METHOD, "").strip().lower() or "auto"
     explicit = ((RANK, SIZE, "torchcomms (TORCHCOMM_RANK/TORCHCOMM_SIZE)"),)
     if method == "auto":
-        return (explicit + _QUERY_METHODS["mpi"] + _QUERY_METHODS["pals"] +
-                _QUERY_METHODS["torchrun"] + (("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),))
+        return (
+            explicit
+            + _QUERY_METHODS["mpi"]
+            + _QUERY_METHODS["pals"]
+            + _QUERY_METHODS["torchrun"]
+            + (("SLURM_PROCID", "SLURM_NTASKS", "SLURM"),)
+        )
     if method not in _QUERY_METHODS:
         raise ValueError(
             f"{RANKSIZE_QUERY_METHOD}={method!r} is not a known method; use auto, mpi, pals "
@@ -151,8 +157,9 @@ def flag(name: str, default: bool) -> bool:
         return default
     value = parse_bool(raw)
     if value is None:
-        raise ValueError(f"{name}={raw!r} is not a boolean; use 1/true/yes/y/on or "
-                         f"0/false/no/n/off")
+        raise ValueError(
+            f"{name}={raw!r} is not a boolean; use 1/true/yes/y/on or 0/false/no/n/off"
+        )
     return value
 
 
@@ -256,9 +263,7 @@ def serialization_allows_pickle() -> bool:
 #: ``1`` routes collectives through ``torch.library`` custom ops so they compile (Meta's name).
 PATCH_FOR_COMPILE = "TORCHCOMMS_PATCH_FOR_COMPILE"
 #: ``1`` skips the minimum PyTorch version check of the compile path (Meta's name).
-COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT = (
-    "TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"
-)
+COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT = "TORCHCOMMS_COMPILE_IGNORE_PYTORCH_VERSION_REQUIREMENT"
 
 
 def patch_for_compile() -> bool:

@@ -50,6 +50,5 @@ class PersistentAllGather:
 def owned(handle: Any, comm: TorchComm, where: str) -> PersistentAllGather:
     """``handle`` after checking it is a persistent all-gather of ``comm``."""
     if not isinstance(handle, PersistentAllGather) or handle.comm is not comm:
-        raise CommTypeError(f"{where}: handle must come from this communicator's "
-                            f"all_gather_p_init")
+        raise CommTypeError(f"{where}: handle must come from this communicator's all_gather_p_init")
     return handle

@@ -14,8 +14,7 @@ _auto_names = itertools.count()
 def check_name(name: Any, where: str) -> str:
     """Accept a non-empty string without '/' (names become store prefixes)."""
     if not isinstance(name, str) or not name or "/" in name:
-        raise CommInputError(f"{where}: name must be a non-empty string without '/', got "
-                             f"{name!r}")
+        raise CommInputError(f"{where}: name must be a non-empty string without '/', got {name!r}")
     return name
 
 

@@ -72,8 +72,10 @@ class OpName(enum.IntEnum):
 
 
 if {m.name: m.value for m in OpName} != {op.name: op.number for op in OPS}:
-    raise ImportError("torchcomms_core: OpName and the operation table (_optable.OPS) "
-                      "disagree; add the operation to both with the same number")
+    raise ImportError(
+        "torchcomms_core: OpName and the operation table (_optable.OPS) "
+        "disagree; add the operation to both with the same number"
+    )
 
 
 def op_name(name: str) -> OpName | str:
@@ -95,8 +97,15 @@ class OpArgs:
     fields: tuple[str, ...] = ()
     hook_fields: dict[str, str] = {}
 
-    def __init__(self, op_name: str, op_id: int, values: tuple[Any, ...], async_op: bool,
-                 timeout: Any, hints: Any) -> None:
+    def __init__(
+        self,
+        op_name: str,
+        op_id: int,
+        values: tuple[Any, ...],
+        async_op: bool,
+        timeout: Any,
+        hints: Any,
+    ) -> None:
         self.op_name = op_name
         self.op_id = op_id
         self.async_op = async_op
@@ -115,7 +124,9 @@ class OpArgs:
                 f"{type(self).__name__}.{item} is the old name of this hook field; use the "
                 f"reference's names ({', '.join(type(self).hook_fields) or 'none'}), or "
                 f"args.as_dict() for the method's parameter names",
-                DeprecationWarning, stacklevel=2)
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return values[item]
         raise AttributeError(f"{type(self).__name__} has no field {item!r}")
 
@@ -213,9 +224,11 @@ def _class_name(op: str) -> str:
 
 
 def _make(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> type[OpArgs]:
-    return type(_class_name(op), (OpArgs,), {
-        "__slots__": (), "fields": fields, "hook_fields": hook_fields,
-        "__module__": __name__})
+    return type(
+        _class_name(op),
+        (OpArgs,),
+        {"__slots__": (), "fields": fields, "hook_fields": hook_fields, "__module__": __name__},
+    )
 
 
 ARGS_CLASSES: dict[str, type[OpArgs]] = {
@@ -234,8 +247,15 @@ for _cls in ARGS_CLASSES.values():
 PRE_HOOK_CLASSES: dict[str, type[OpArgs]] = {c.__name__: c for c in ARGS_CLASSES.values()}
 #: Every post-hook class by name.
 POST_HOOK_CLASSES: dict[str, type[PostHookArgs]] = {
-    c.__name__: c for c in (CollectivePostHookArgs, SplitPostHookArgs, NewWindowPostHookArgs,
-                            BatchOpIssuePostHookArgs, FinalizePostHookArgs)}
+    c.__name__: c
+    for c in (
+        CollectivePostHookArgs,
+        SplitPostHookArgs,
+        NewWindowPostHookArgs,
+        BatchOpIssuePostHookArgs,
+        FinalizePostHookArgs,
+    )
+}
 
 
 def args_class(op: str, fields: tuple[str, ...] = ()) -> type[OpArgs]:

@@ -94,26 +94,41 @@ OPS: tuple[Op, ...] = (
     Op("broadcast", 2, (_t("tensor", INOUT), _ROOT), uniform=True),
     Op("all_reduce", 3, (_t("tensor", INOUT), _OP), uniform=True),
     Op("reduce", 4, (_t("tensor", INOUT), _ROOT, _OP), uniform=True),
-    Op("all_gather", 5, (_ts("tensor_list", OUT, "output"), _t("tensor", hook="input")),
-       uniform=True),
+    Op(
+        "all_gather",
+        5,
+        (_ts("tensor_list", OUT, "output"), _t("tensor", hook="input")),
+        uniform=True,
+    ),
     Op("all_gather_v", 6, (_ts("tensor_list", OUT, "output"), _t("tensor", hook="input"))),
     Op("all_gather_single", 7, (_OUT, _IN), uniform=True),
     Op("reduce_scatter", 8, (_OUT, _ts("input_list", hook="input"), _OP), uniform=True),
     Op("reduce_scatter_v", 9, (_OUT, _ts("input_list", hook="input"), _OP)),
     Op("reduce_scatter_single", 10, (_OUT, _IN, _OP), uniform=True),
     Op("all_to_all_single", 11, (_OUT, _IN), uniform=True),
-    Op("all_to_all_v_single", 12, (_OUT, _IN, Param("output_split_sizes", INTS),
-                                   Param("input_split_sizes", INTS))),
-    Op("all_to_all", 13, (_ts("output_tensor_list", OUT, "output"),
-                          _ts("input_tensor_list", hook="input"))),
+    Op(
+        "all_to_all_v_single",
+        12,
+        (_OUT, _IN, Param("output_split_sizes", INTS), Param("input_split_sizes", INTS)),
+    ),
+    Op(
+        "all_to_all",
+        13,
+        (_ts("output_tensor_list", OUT, "output"), _ts("input_tensor_list", hook="input")),
+    ),
     Op("barrier", 14),
-    Op("scatter", 15, (_t("output_tensor", OUT, "output"),
-                       _ts("input_tensor_list", hook="input"), _ROOT)),
-    Op("gather", 16, (_ts("output_tensor_list", OUT, "output"),
-                      _t("input_tensor", hook="input"), _ROOT)),
+    Op(
+        "scatter",
+        15,
+        (_t("output_tensor", OUT, "output"), _ts("input_tensor_list", hook="input"), _ROOT),
+    ),
+    Op(
+        "gather",
+        16,
+        (_ts("output_tensor_list", OUT, "output"), _t("input_tensor", hook="input"), _ROOT),
+    ),
     Op("gather_single", 17, (_OUT, _IN, _ROOT), compilable=False),
-    Op("split", 18, (Param("ranks", OTHER), Param("name", OTHER)), issued=False,
-       compilable=False),
+    Op("split", 18, (Param("ranks", OTHER), Param("name", OTHER)), issued=False, compilable=False),
     Op("new_window", 19, (), OPTIONAL, issued=False, compilable=False),
     # BatchSendRecv.issue; the reference numbers it without binding the name.
     Op("batch_op_issue", 20, (Param("ops", OTHER),), p2p=True, compilable=False),
@@ -125,5 +140,6 @@ BY_NAME: dict[str, Op] = {op.name: op for op in OPS}
 
 def names(**where: object) -> tuple[str, ...]:
     """Names of the operations whose attributes equal ``where`` (``names(p2p=True)``)."""
-    return tuple(op.name for op in OPS
-                 if all(getattr(op, key) == value for key, value in where.items()))
+    return tuple(
+        op.name for op in OPS if all(getattr(op, key) == value for key, value in where.items())
+    )

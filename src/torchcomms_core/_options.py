@@ -23,8 +23,7 @@ class CommOptions:
     ``timeout`` from ``TORCHCOMM_TIMEOUT_SECONDS`` (600 s).
     """
 
-    abort_process_on_timeout_or_error: bool = dataclasses.field(
-        default_factory=_env.abort_on_error)
+    abort_process_on_timeout_or_error: bool = dataclasses.field(default_factory=_env.abort_on_error)
     timeout: timedelta = dataclasses.field(default_factory=_env.default_timeout)
     store: Any = None
     name: str = ""
@@ -43,8 +42,9 @@ class CallOptions:
 
     __slots__ = ("timeout", "hints")
 
-    def __init__(self, timeout: timedelta | None = None,
-                 hints: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, timeout: timedelta | None = None, hints: dict[str, str] | None = None
+    ) -> None:
         self.timeout = timeout if timeout is not None else timedelta(0)
         self.hints = dict(hints) if hints else {}
 
@@ -58,8 +58,11 @@ class CallOptions:
 
 
 def _call_options(name: str) -> type[CallOptions]:
-    return type(name, (CallOptions,), {
-        "__slots__": (), "__doc__": f"Per-call options of ``{name[:-7]}``: timeout, hints."})
+    return type(
+        name,
+        (CallOptions,),
+        {"__slots__": (), "__doc__": f"Per-call options of ``{name[:-7]}``: timeout, hints."},
+    )
 
 
 #: ``BatchSendRecv.issue(async_op, options=BatchP2POptions())``.
@@ -83,10 +86,23 @@ AllGatherPInitOptions = _call_options("AllGatherPInitOptions")
 AllGatherPExecOptions = _call_options("AllGatherPExecOptions")
 
 OPERATION_OPTIONS: tuple[type[CallOptions], ...] = (
-    SendOptions, RecvOptions, BroadcastOptions, AllReduceOptions, ReduceOptions,
-    AllGatherOptions, AllGatherSingleOptions, ReduceScatterOptions,
-    ReduceScatterSingleOptions, AllToAllOptions, AllToAllSingleOptions, AllToAllvSingleOptions,
-    BarrierOptions, ScatterOptions, GatherOptions, AllGatherPInitOptions, AllGatherPExecOptions,
+    SendOptions,
+    RecvOptions,
+    BroadcastOptions,
+    AllReduceOptions,
+    ReduceOptions,
+    AllGatherOptions,
+    AllGatherSingleOptions,
+    ReduceScatterOptions,
+    ReduceScatterSingleOptions,
+    AllToAllOptions,
+    AllToAllSingleOptions,
+    AllToAllvSingleOptions,
+    BarrierOptions,
+    ScatterOptions,
+    GatherOptions,
+    AllGatherPInitOptions,
+    AllGatherPExecOptions,
 )
 
 
@@ -106,13 +122,20 @@ class ReconfigureOptions:
 
     __slots__ = ("uuid", "init_handles", "timeout", "hints")
 
-    def __init__(self, uuid: int = 0, init_handles: list[str] | set[str] | None = None,
-                 timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uuid: int = 0,
+        init_handles: list[str] | set[str] | None = None,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> None:
         self.uuid = uuid
         self.init_handles = init_handles if init_handles is not None else []
         self.timeout = timeout
         self.hints = dict(hints) if hints else {}
 
     def __repr__(self) -> str:
-        return (f"ReconfigureOptions(uuid={self.uuid!r}, init_handles={self.init_handles!r}, "
-                f"timeout={self.timeout!r}, hints={self.hints!r})")
+        return (
+            f"ReconfigureOptions(uuid={self.uuid!r}, init_handles={self.init_handles!r}, "
+            f"timeout={self.timeout!r}, hints={self.hints!r})"
+        )

@@ -102,28 +102,29 @@ def _load_all() -> None:
             try:
                 plugin = ep.load()
             except Exception as exc:  # contained: other plugins and backends keep working
-                message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
-                           f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
-                           f"or uninstall {dist}")
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
-                                                 error=message)
+                message = (
+                    f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                    f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
+                    f"or uninstall {dist}"
+                )
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
                 continue
             try:
                 _register(pm, plugin, ep.name, dist, version)
             except PluginHookError as exc:  # contained like a failed import
-                message = (f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
-                           f"register: {exc}. It is skipped; other plugins and backends "
-                           f"keep working. Upgrade, fix or uninstall {dist}, or leave it "
-                           f"out with {_env.PLUGINS}=<plugins to load>")
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed",
-                                                 error=message)
+                message = (
+                    f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                    f"register: {exc}. It is skipped; other plugins and backends "
+                    f"keep working. Upgrade, fix or uninstall {dist}, or leave it "
+                    f"out with {_env.PLUGINS}=<plugins to load>"
+                )
+                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
     pm.check_pending()
 
 
-def register_plugin(plugin: Any, name: str | None = None, *, provider: str = "in-process"
-                    ) -> str:
+def register_plugin(plugin: Any, name: str | None = None, *, provider: str = "in-process") -> str:
     """Register a plugin object (module or instance with hookimpls) in this process."""
     with _lock:
         load_plugins()
@@ -154,13 +155,16 @@ def _register(pm: pluggy.PluginManager, plugin: Any, name: str, dist: str, versi
         try:
             colls = list(impl() or [])
         except Exception as exc:
-            raise PluginHookError(f"its torchcomms_register_collectives hook raised "
-                                  f"{type(exc).__name__}: {exc}") from exc
+            raise PluginHookError(
+                f"its torchcomms_register_collectives hook raised {type(exc).__name__}: {exc}"
+            ) from exc
         for coll in colls:
             if not isinstance(coll, Collective):
-                raise PluginHookError(f"plugin {name!r} from {provider} returned {coll!r} from "
-                                      f"torchcomms_register_collectives; return Collective "
-                                      f"objects")
+                raise PluginHookError(
+                    f"plugin {name!r} from {provider} returned {coll!r} from "
+                    f"torchcomms_register_collectives; return Collective "
+                    f"objects"
+                )
         for coll in colls:
             _install(dataclasses.replace(coll, provider=provider), name)
             record.collectives.append(coll.name)
@@ -196,8 +200,9 @@ def _install(coll: Collective, plugin_name: str) -> None:
 _host: tuple[Callable[[Collective], None], Callable[[str], None]] | None = None
 
 
-def attach_collective_host(add: Callable[[Collective], None],
-                           remove: Callable[[str], None]) -> None:
+def attach_collective_host(
+    add: Callable[[Collective], None], remove: Callable[[str], None]
+) -> None:
     """Let the communicator class own its plugin methods: ``add`` each collective, now and
     as plugins load, and ``remove`` those of plugins that are unregistered."""
     global _host
@@ -210,8 +215,9 @@ def attach_collective_host(add: Callable[[Collective], None],
 def list_collectives() -> dict[str, str]:
     """Every collective a ``TorchComm`` offers, mapped to who provides it."""
     load_plugins()
-    names = {op.name: BUILTIN for op in OPS
-             if op.name not in ("split", "finalize", "batch_op_issue")}
+    names = {
+        op.name: BUILTIN for op in OPS if op.name not in ("split", "finalize", "batch_op_issue")
+    }
     with _lock:
         names.update({n: c.provider for n, c in _collectives.items()})
     return dict(sorted(names.items()))
@@ -236,8 +242,11 @@ def call_lifecycle(hook: str, **kwargs: Any) -> None:
     try:
         getattr(pm.hook, hook)(**kwargs)
     except Exception as exc:
-        warnings.warn(f"torchcomms plugin hook {hook} raised {type(exc).__name__}: {exc}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"torchcomms plugin hook {hook} raised {type(exc).__name__}: {exc}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:

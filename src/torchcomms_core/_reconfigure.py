@@ -66,12 +66,12 @@ def make_handle() -> str:
 
 def _uuid_key(uuid: Any) -> str:
     if isinstance(uuid, bool) or not isinstance(uuid, (int, str)):
-        raise CommTypeError(f"reconfigure: uuid must be an int or a str, got "
-                            f"{type(uuid).__name__}")
+        raise CommTypeError(f"reconfigure: uuid must be an int or a str, got {type(uuid).__name__}")
     key = str(uuid)
     if not key or "/" in key:
-        raise CommInputError(f"reconfigure: uuid must be non-empty and contain no '/', got "
-                             f"{uuid!r}")
+        raise CommInputError(
+            f"reconfigure: uuid must be non-empty and contain no '/', got {uuid!r}"
+        )
     return key
 
 
@@ -81,16 +81,21 @@ def _handle_list(init_handles: Any, mine: str) -> list[str]:
     elif isinstance(init_handles, (list, tuple)):
         handles = list(init_handles)
     else:
-        raise CommTypeError(f"reconfigure: init_handles must be a list (rank = position) or a "
-                            f"set (sorted order) of handles, got {type(init_handles).__name__}")
+        raise CommTypeError(
+            f"reconfigure: init_handles must be a list (rank = position) or a "
+            f"set (sorted order) of handles, got {type(init_handles).__name__}"
+        )
     for i, h in enumerate(handles):
         if not isinstance(h, str) or not h:
-            raise CommTypeError(f"reconfigure: init_handles[{i}] must be a handle string from "
-                                f"get_init_handle(), got {h!r}")
+            raise CommTypeError(
+                f"reconfigure: init_handles[{i}] must be a handle string from "
+                f"get_init_handle(), got {h!r}"
+            )
     if len(set(handles)) != len(handles):
         dupes = sorted({h for h in handles if handles.count(h) > 1})
-        raise CommInputError(f"reconfigure: init_handles lists {dupes} more than once; list "
-                             f"each member once")
+        raise CommInputError(
+            f"reconfigure: init_handles lists {dupes} more than once; list each member once"
+        )
     if mine not in handles:
         raise CommInputError(
             f"reconfigure: init_handles does not contain this communicator's own handle "
@@ -123,10 +128,11 @@ def _retire(comm: TorchComm, prev_state: str) -> None:
         pass
 
 
-def _announce(store: Any, handle: str, key: str, state: str, seq: int,
-              against: str = "") -> None:
-    store.set(f"{_PREFIX}/handle/{handle}",
-              json.dumps({"uuid": key, "state": state, "seq": seq, "against": against}))
+def _announce(store: Any, handle: str, key: str, state: str, seq: int, against: str = "") -> None:
+    store.set(
+        f"{_PREFIX}/handle/{handle}",
+        json.dumps({"uuid": key, "state": state, "seq": seq, "against": against}),
+    )
 
 
 class _UuidMismatch(CommInputError):
@@ -144,8 +150,15 @@ def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
     return bool(ann["state"] == "mismatch" and ann["against"] == key)
 
 
-def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
-                   handles: list[str], timeout: timedelta, seq: int) -> None:
+def _await_members(
+    comm: TorchComm,
+    store: Any,
+    key: str,
+    rank: int,
+    handles: list[str],
+    timeout: timedelta,
+    seq: int,
+) -> None:
     """Wait until every member published the same handle list under ``key``."""
     deadline = time.monotonic() + timeout.total_seconds()
     pending = [r for r in range(len(handles)) if r != rank]
@@ -172,7 +185,9 @@ def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
                     raise _UuidMismatch(
                         f"reconfigure: member {r} ({handles[r]}) is reconfiguring with uuid "
                         f"{ann['uuid']!r} while this rank uses {key!r}; every member must pass "
-                        f"the same uuid", ann["uuid"])
+                        f"the same uuid",
+                        ann["uuid"],
+                    )
         if not pending:
             return
         if time.monotonic() >= deadline:
@@ -186,8 +201,13 @@ def _await_members(comm: TorchComm, store: Any, key: str, rank: int,
         pause = min(pause * 2, 0.05)
 
 
-def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> TorchWork:
+def reconfigure(
+    comm: TorchComm,
+    uuid: Any,
+    init_handles: Any,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+) -> TorchWork:
     """``TorchComm.reconfigure``: see the module docstring."""
     from torch._C._distributed_c10d import PrefixStore
 
@@ -203,8 +223,10 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
             f"enable_reconfigure=False; create it with new_comm(..., enable_reconfigure=True)"
         )
     if comm._state is FINALIZED:
-        raise CommStateError(f"reconfigure: communicator {comm.get_name()!r} was finalized; "
-                             f"create a new one with new_comm(..., enable_reconfigure=True)")
+        raise CommStateError(
+            f"reconfigure: communicator {comm.get_name()!r} was finalized; "
+            f"create a new one with new_comm(..., enable_reconfigure=True)"
+        )
     key = _uuid_key(uuid)
     mine = comm.get_init_handle()  # enable_reconfigure: set at creation
     handles = _handle_list(init_handles, mine)
@@ -228,11 +250,15 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
     seq = int(store.add(f"{_PREFIX}/seq", 1))
     try:
         _announce(store, mine, key, "pending", seq)
-        store.set(f"{_PREFIX}/{key}/member/{mine}",
-                  json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}))
+        store.set(
+            f"{_PREFIX}/{key}/member/{mine}",
+            json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}),
+        )
         _await_members(comm, store, key, rank, handles, timeout, seq)
         options = comm._options.replace(
-            rank=rank, size=size, timeout=timeout,
+            rank=rank,
+            size=size,
+            timeout=timeout,
             store=PrefixStore(f"{_PREFIX}/{key}/engine", store),
             hints={**comm._hints, **hints},
         )
@@ -241,12 +267,15 @@ def reconfigure(comm: TorchComm, uuid: Any, init_handles: Any, timeout: timedelt
         except TorchCommError:
             raise
         except Exception as exc:
-            what = (f"reconfigure: backend {comm.get_backend()!r} could not build the engine "
-                    f"for uuid {key!r} as rank {rank} of {size}")
+            what = (
+                f"reconfigure: backend {comm.get_backend()!r} could not build the engine "
+                f"for uuid {key!r} as rank {rank} of {size}"
+            )
             if is_timeout_error(exc):
-                raise CommTimeoutError(f"{what} within {timeout}: {exc}; a member may have died "
-                                       f"after joining; reconfigure again with a new uuid"
-                                       ) from exc
+                raise CommTimeoutError(
+                    f"{what} within {timeout}: {exc}; a member may have died "
+                    f"after joining; reconfigure again with a new uuid"
+                ) from exc
             raise CommOperationError(f"{what}: {exc}") from exc
     except BaseException as exc:
         try:

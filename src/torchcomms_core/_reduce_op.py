@@ -56,8 +56,11 @@ class ReduceOp:
     AVG: ClassVar[ReduceOp]
     RedOpType: ClassVar[type[RedOpType]] = RedOpType
 
-    def __init__(self, opType: _OpType,  # noqa: N803 (the reference's keyword)
-                 factor: float | torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        opType: _OpType,  # noqa: N803 (the reference's keyword)
+        factor: float | torch.Tensor | None = None,
+    ) -> None:
         op_type = opType
         if not isinstance(op_type, RedOpType):
             raise CommTypeError(f"ReduceOp(opType) needs a RedOpType, got {op_type!r}")
@@ -150,7 +153,8 @@ def coerce_reduce_op(op: object, arg: str = "op") -> ReduceOp:
     if isinstance(op, RedOpType):
         if op is RedOpType.PREMUL_SUM:
             raise CommInputError(
-                f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM")
+                f"{arg}: use ReduceOp.PREMUL_SUM(factor), not RedOpType.PREMUL_SUM"
+            )
         return cast(ReduceOp, getattr(ReduceOp, op.name))
     name = getattr(op, "name", None)  # c10d's RedOpType enum members have .name
     if isinstance(name, str) and name in RedOpType.__members__ and name != "PREMUL_SUM":

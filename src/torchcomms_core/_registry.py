@@ -58,8 +58,9 @@ _registered: dict[str, type[TorchCommBackend]] = {}
 _loaded: dict[str, type[TorchCommBackend]] = {}
 
 
-def register_backend(name: str, backend_class: type[TorchCommBackend], *,
-                     override: bool = False) -> None:
+def register_backend(
+    name: str, backend_class: type[TorchCommBackend], *, override: bool = False
+) -> None:
     """Register ``backend_class`` under ``name`` for this process (tests, notebooks)."""
     if not isinstance(name, str) or not name:
         raise CommTypeError(f"register_backend: name must be a non-empty string, got {name!r}")
@@ -110,12 +111,14 @@ def entry_points() -> dict[str, BackendEntry]:
         )
         same = candidates.setdefault(ep.name, [])
         # One distribution seen twice (e.g. on two path entries) is not a conflict.
-        if not any(_normalized(e.distribution) == _normalized(entry.distribution) and
-                   e.value == entry.value for e in same):
+        if not any(
+            _normalized(e.distribution) == _normalized(entry.distribution)
+            and e.value == entry.value
+            for e in same
+        ):
             same.append(entry)
     overrides = _overrides()
-    return {name: _choose(name, found, overrides.get(name))
-            for name, found in candidates.items()}
+    return {name: _choose(name, found, overrides.get(name)) for name, found in candidates.items()}
 
 
 def _choose(name: str, found: list[BackendEntry], override: str | None) -> BackendEntry:
@@ -144,19 +147,27 @@ def _conflict_message(entry: BackendEntry) -> str:
     listing = " and ".join(e.provider for e in everyone)
     override = _overrides().get(name)
     if entry.choice == "ambiguous" and override is not None:
-        return (f"{var} asks for backend {name!r} from {override!r}, but it is provided only by "
-                f"{listing}; set {var}={name}=<one of those distributions> or install {override}")
+        return (
+            f"{var} asks for backend {name!r} from {override!r}, but it is provided only by "
+            f"{listing}; set {var}={name}=<one of those distributions> or install {override}"
+        )
     if entry.choice == "ambiguous":
-        return (f"backend {name!r} is registered by {listing}, and none of them is its built-in "
-                f"provider; choose one with {var}={name}={everyone[0].distribution} (for "
-                f"example), or uninstall the others")
+        return (
+            f"backend {name!r} is registered by {listing}, and none of them is its built-in "
+            f"provider; choose one with {var}={name}={everyone[0].distribution} (for "
+            f"example), or uninstall the others"
+        )
     ignored = ", ".join(e.provider for e in entry.others)
-    why = ("its built-in provider" if entry.choice == "built-in"
-           else f"chosen by {var}")
-    hint = (f"; to use another one set {var}={name}=<distribution>, or uninstall {ignored}"
-            if entry.choice == "built-in" else "")
-    return (f"backend {name!r} is registered by {listing}; using {entry.provider} ({why}) and "
-            f"ignoring {ignored}{hint}")
+    why = "its built-in provider" if entry.choice == "built-in" else f"chosen by {var}"
+    hint = (
+        f"; to use another one set {var}={name}=<distribution>, or uninstall {ignored}"
+        if entry.choice == "built-in"
+        else ""
+    )
+    return (
+        f"backend {name!r} is registered by {listing}; using {entry.provider} ({why}) and "
+        f"ignoring {ignored}{hint}"
+    )
 
 
 def available_backends() -> list[str]:
@@ -211,9 +222,11 @@ def _not_found_message(name: str) -> str:
     if dist is not None:
         hint = f"install it with `pip install {dist}`"
     else:
-        hint = (f"install the distribution that provides it (it must register {name!r} in the "
-                f"{BACKENDS_GROUP!r} entry-point group), or register a class in-process with "
-                f"torchcomms.register_backend({name!r}, cls)")
+        hint = (
+            f"install the distribution that provides it (it must register {name!r} in the "
+            f"{BACKENDS_GROUP!r} entry-point group), or register a class in-process with "
+            f"torchcomms.register_backend({name!r}, cls)"
+        )
     return f"no torchcomms backend named {name!r} is installed (installed: {listing}); {hint}"
 
 

@@ -22,11 +22,26 @@ _NEEDS_FLOAT = (RedOpType.AVG, RedOpType.PREMUL_SUM)
 class Checker:
     """Validates arguments for one communicator (its device, size and dtypes)."""
 
-    __slots__ = ("comm_name", "device", "device_type", "device_index", "size", "rank", "dtypes",
-                 "native_ops")
+    __slots__ = (
+        "comm_name",
+        "device",
+        "device_type",
+        "device_index",
+        "size",
+        "rank",
+        "dtypes",
+        "native_ops",
+    )
 
-    def __init__(self, comm_name: str, device: torch.device, rank: int, size: int,
-                 dtypes: Sequence[torch.dtype], native_ops: frozenset[RedOpType]) -> None:
+    def __init__(
+        self,
+        comm_name: str,
+        device: torch.device,
+        rank: int,
+        size: int,
+        dtypes: Sequence[torch.dtype],
+        native_ops: frozenset[RedOpType],
+    ) -> None:
         self.comm_name = comm_name
         self.device = device
         self.device_type = device.type
@@ -47,7 +62,8 @@ class Checker:
         else:
             dev = t.device
             on_device = dev.type == self.device_type and (
-                self.device_index is None or dev.index == self.device_index)
+                self.device_index is None or dev.index == self.device_index
+            )
         if not on_device:
             dev = t.device
             raise CommInputError(
@@ -61,12 +77,15 @@ class Checker:
                 f"backend does not support (supported: {supported})"
             )
         if t.layout is not _STRIDED:
-            raise CommInputError(f"{op}: {arg} must be a dense (strided) tensor, got {t.layout}; "
-                                 f"call .to_dense() first")
+            raise CommInputError(
+                f"{op}: {arg} must be a dense (strided) tensor, got {t.layout}; "
+                f"call .to_dense() first"
+            )
         return t
 
-    def tensor_list(self, op: str, arg: str, ts: Any, length: int | None = None
-                    ) -> list[torch.Tensor]:
+    def tensor_list(
+        self, op: str, arg: str, ts: Any, length: int | None = None
+    ) -> list[torch.Tensor]:
         if not isinstance(ts, (list, tuple)):
             raise CommTypeError(f"{op}: {arg} must be a list of tensors, got {type(ts).__name__}")
         if length is not None and len(ts) != length:
@@ -76,8 +95,9 @@ class Checker:
             )
         return [self.tensor(op, f"{arg}[{i}]", t) for i, t in enumerate(ts)]
 
-    def same_dtype(self, op: str, a_name: str, a: torch.Tensor, b_name: str,
-                   b: torch.Tensor) -> None:
+    def same_dtype(
+        self, op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor
+    ) -> None:
         if a.dtype != b.dtype:
             raise CommInputError(
                 f"{op}: {a_name} has dtype {str(a.dtype).replace('torch.', '')} but {b_name} "
@@ -91,8 +111,16 @@ class Checker:
                 f"{expected} ({why})"
             )
 
-    def blocks(self, op: str, arg: str, ts: Any, ref_arg: str, ref: torch.Tensor, why: str,
-               only: int | None = None) -> list[torch.Tensor]:
+    def blocks(
+        self,
+        op: str,
+        arg: str,
+        ts: Any,
+        ref_arg: str,
+        ref: torch.Tensor,
+        why: str,
+        only: int | None = None,
+    ) -> list[torch.Tensor]:
         """One tensor per rank, each of ``ref``'s dtype and element count.
 
         With ``only`` set, just that entry must match ``ref``'s element count (the ``_v``
@@ -111,8 +139,7 @@ class Checker:
         self.tensor(op, "input", input)
         self.same_dtype(op, "output", output, "input", input)
 
-    def times_size(self, op: str, arg: str, t: torch.Tensor, of_arg: str,
-                   of: torch.Tensor) -> None:
+    def times_size(self, op: str, arg: str, t: torch.Tensor, of_arg: str, of: torch.Tensor) -> None:
         """``t`` holds one block of ``of``'s size per rank."""
         n = self.size
         self.numel(op, arg, t, of.numel() * n, f"{of_arg}.numel() * size = {of.numel()} * {n}")
@@ -142,8 +169,9 @@ class Checker:
         members = [self.peer("split", f"ranks[{i}]", r) for i, r in enumerate(ranks)]
         if len(set(members)) != len(members):
             dupes = sorted({r for r in members if members.count(r) > 1})
-            raise CommInputError(f"split: ranks {list(ranks)} contain duplicates {dupes}; "
-                                 f"list each rank once")
+            raise CommInputError(
+                f"split: ranks {list(ranks)} contain duplicates {dupes}; list each rank once"
+            )
         if members and self.rank not in members:
             raise CommInputError(
                 f"split: ranks {list(ranks)} do not include this rank ({self.rank}); pass the "
@@ -191,8 +219,9 @@ def split_sizes(op: str, arg: str, sizes: Any, n: int, rows: int) -> list[int]:
             )
         return [rows // n] * n
     if len(sizes) != n:
-        raise CommInputError(f"{op}: {arg} has {len(sizes)} entries but must have one per rank "
-                             f"({n})")
+        raise CommInputError(
+            f"{op}: {arg} has {len(sizes)} entries but must have one per rank ({n})"
+        )
     out = []
     for i, s in enumerate(sizes):
         try:
@@ -220,19 +249,20 @@ def check_timeout(timeout: Any, where: str) -> timedelta:
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float, timedelta)):
         raise CommTypeError(
-            f"{where}: timeout must be a datetime.timedelta or a number of seconds, got "
-            f"{timeout!r}"
+            f"{where}: timeout must be a datetime.timedelta or a number of seconds, got {timeout!r}"
         )
     if not isinstance(timeout, timedelta):
         if not math.isfinite(timeout):
-            raise CommInputError(f"{where}: timeout must be a finite number of seconds, got "
-                                 f"{timeout!r}")
+            raise CommInputError(
+                f"{where}: timeout must be a finite number of seconds, got {timeout!r}"
+            )
         if timeout > _env.MAX_TIMEOUT.total_seconds():
             raise _too_long(where, f"{timeout} s")
         timeout = timedelta(seconds=timeout)
     if timeout <= timedelta(0):
-        raise CommInputError(f"{where}: timeout must be positive, got {timeout}; pass e.g. "
-                             f"timedelta(seconds=30)")
+        raise CommInputError(
+            f"{where}: timeout must be positive, got {timeout}; pass e.g. timedelta(seconds=30)"
+        )
     if timeout > _env.MAX_TIMEOUT:
         raise _too_long(where, str(timeout))
     checked: timedelta = timeout

@@ -45,8 +45,10 @@ class TorchCommWindowAttr:
 
     __slots__ = ("access_type",)
 
-    def __init__(self, access_type: TorchCommWinAccessType = (
-            TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE)) -> None:
+    def __init__(
+        self,
+        access_type: TorchCommWinAccessType = (TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE),
+    ) -> None:
         self.access_type = access_type
 
     def __repr__(self) -> str:
@@ -67,8 +69,9 @@ class WindowEngine(Protocol):
 
     def deregister(self) -> None: ...
 
-    def put(self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool,
-            timeout: timedelta) -> Any: ...
+    def put(
+        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
+    ) -> Any: ...
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
 
@@ -120,14 +123,19 @@ class TorchCommWindow:
         where = "tensor_register"
         self._usable(where)
         if self._meta is not None:
-            raise CommStateError(f"{where}: this window already has a registered tensor; call "
-                                 f"tensor_deregister() first")
+            raise CommStateError(
+                f"{where}: this window already has a registered tensor; call "
+                f"tensor_deregister() first"
+            )
         if not isinstance(tensor, torch.Tensor):
-            raise CommTypeError(f"{where}: tensor must be a torch.Tensor, got "
-                                f"{type(tensor).__name__}")
+            raise CommTypeError(
+                f"{where}: tensor must be a torch.Tensor, got {type(tensor).__name__}"
+            )
         if not tensor.is_contiguous():
-            raise CommInputError(f"{where}: the window buffer must be contiguous; pass "
-                                 f"tensor.contiguous() and keep that tensor")
+            raise CommInputError(
+                f"{where}: the window buffer must be contiguous; pass "
+                f"tensor.contiguous() and keep that tensor"
+            )
         self._comm.checker.tensor(where, "tensor", tensor)
         numels = list(self._engine.register(tensor))
         self._meta = (tensor.dtype, list(tensor.shape), tensor.device)
@@ -185,9 +193,15 @@ class TorchCommWindow:
 
     # -- one-sided operations --------------------------------------------------------
 
-    def put(self, tensor: torch.Tensor, dst_rank: int, target_offset_nelems: int,
-            async_op: bool, hints: dict[str, str] | None = None,
-            timeout: timedelta | None = None) -> TorchWork:
+    def put(
+        self,
+        tensor: torch.Tensor,
+        dst_rank: int,
+        target_offset_nelems: int,
+        async_op: bool,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Write ``tensor`` into ``dst_rank``'s buffer at element ``target_offset_nelems``.
 
         The target does not take part. Everything is checked before anything is written:
@@ -199,11 +213,13 @@ class TorchCommWindow:
         c.tensor(where, "tensor", tensor)
         dst = c.peer(where, "dst_rank", dst_rank)
         if tensor.dtype != meta[0]:
-            raise CommInputError(f"{where}: tensor has dtype {tensor.dtype} but the window holds "
-                                 f"{meta[0]}")
+            raise CommInputError(
+                f"{where}: tensor has dtype {tensor.dtype} but the window holds {meta[0]}"
+            )
         if isinstance(target_offset_nelems, bool) or not isinstance(target_offset_nelems, int):
-            raise CommTypeError(f"{where}: target_offset_nelems must be an int, got "
-                                f"{target_offset_nelems!r}")
+            raise CommTypeError(
+                f"{where}: target_offset_nelems must be an int, got {target_offset_nelems!r}"
+            )
         limit = self._numels[dst]
         n = tensor.numel()
         if target_offset_nelems < 0 or target_offset_nelems + n > limit:
@@ -217,16 +233,26 @@ class TorchCommWindow:
         inner = self._engine.put(src, dst, target_offset_nelems, async_op, timeout)
         return self._work("put", inner, async_op)
 
-    def signal(self, peer_rank: int, async_op: bool, hints: dict[str, str] | None = None,
-               timeout: timedelta | None = None) -> TorchWork:
+    def signal(
+        self,
+        peer_rank: int,
+        async_op: bool,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Tell ``peer_rank`` that this rank's earlier puts to it are visible there."""
         self._bound("signal")
         peer = self._comm.checker.peer("signal", "peer_rank", peer_rank)
         inner = self._engine.signal(peer, async_op, self._timeout(timeout))
         return self._work("signal", inner, async_op)
 
-    def wait_signal(self, peer_rank: int, async_op: bool, hints: dict[str, str] | None = None,
-                    timeout: timedelta | None = None) -> TorchWork:
+    def wait_signal(
+        self,
+        peer_rank: int,
+        async_op: bool,
+        hints: dict[str, str] | None = None,
+        timeout: timedelta | None = None,
+    ) -> TorchWork:
         """Wait for one ``signal`` from ``peer_rank`` (each signal is consumed once)."""
         self._bound("wait_signal")
         peer = self._comm.checker.peer("wait_signal", "peer_rank", peer_rank)
@@ -254,8 +280,9 @@ class TorchCommWindow:
 
     # -- device-side handles (GPU kernels) ---------------------------------------------
 
-    def get_device_window(self, signal_count: int = -1, counter_count: int = -1,
-                          barrier_count: int = 1) -> int:
+    def get_device_window(
+        self, signal_count: int = -1, counter_count: int = -1, barrier_count: int = 1
+    ) -> int:
         """A handle GPU kernels use to put and signal directly; GPU backends only."""
         raise CommStateError(self._no_device_side("get_device_window"))
 
@@ -268,9 +295,11 @@ class TorchCommWindow:
         raise CommStateError(self._no_device_side("deregister_local_buffer"))
 
     def _no_device_side(self, where: str) -> str:
-        return (f"{where}: windows on backend {self._comm.get_backend()!r} have no device-side "
-                f"handles (those drive puts from GPU kernels on the reference's ncclx); use the "
-                f"host-side put(), signal() and wait_signal()")
+        return (
+            f"{where}: windows on backend {self._comm.get_backend()!r} have no device-side "
+            f"handles (those drive puts from GPU kernels on the reference's ncclx); use the "
+            f"host-side put(), signal() and wait_signal()"
+        )
 
     # -- copies ----------------------------------------------------------------------
 
@@ -302,16 +331,19 @@ class TorchCommWindow:
         self._usable(where)
         meta = self._meta
         if meta is None:
-            raise CommStateError(f"{where}: the window has no registered tensor; call "
-                                 f"window.tensor_register(tensor) on every rank first")
+            raise CommStateError(
+                f"{where}: the window has no registered tensor; call "
+                f"window.tensor_register(tensor) on every rank first"
+            )
         return meta
 
     def _timeout(self, timeout: timedelta | None) -> timedelta:
         if timeout is None:
             return self._comm.get_timeout()
         if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
-            raise CommTypeError(f"window: timeout must be a positive datetime.timedelta, got "
-                                f"{timeout!r}")
+            raise CommTypeError(
+                f"window: timeout must be a positive datetime.timedelta, got {timeout!r}"
+            )
         return timeout
 
     def _work(self, op: str, inner: Any, async_op: bool) -> TorchWork:

@@ -43,8 +43,7 @@ def is_timeout_error(exc: BaseException) -> bool:
     """
     if isinstance(exc, TimeoutError):
         return True
-    if not isinstance(exc, RuntimeError) or isinstance(exc, (NotImplementedError,
-                                                             TorchCommError)):
+    if not isinstance(exc, RuntimeError) or isinstance(exc, (NotImplementedError, TorchCommError)):
         return False
     text = str(exc).lower()
     return any(marker in text for marker in _TIMEOUT_MARKERS)
@@ -66,8 +65,16 @@ def is_engine_failure(exc: BaseException) -> bool:
 class TorchWork:
     """Handle of an issued operation: ``wait()``, ``is_completed()``, ``status``, ``error``."""
 
-    __slots__ = ("_inner", "_status", "_error", "_finishers", "_comm", "_op", "_lock",
-                 "__weakref__")
+    __slots__ = (
+        "_inner",
+        "_status",
+        "_error",
+        "_finishers",
+        "_comm",
+        "_op",
+        "_lock",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -90,8 +97,7 @@ class TorchWork:
             self._lock = threading.Lock()
 
     @classmethod
-    def failed(cls, exc: BaseException, comm: TorchComm | None = None, op: str = ""
-               ) -> TorchWork:
+    def failed(cls, exc: BaseException, comm: TorchComm | None = None, op: str = "") -> TorchWork:
         """A work that failed with ``exc`` (classified as timeout or error)."""
         work = cls(None, None, comm, op)
         work._status = WorkStatus.INPROGRESS
@@ -151,8 +157,7 @@ class TorchWork:
         lock = self._lock
         if lock is None:  # failed at issue time, or never issued
             if self._error is None:
-                raise CommStateError(f"{self._op}: this work was never issued; nothing to "
-                                     f"wait for")
+                raise CommStateError(f"{self._op}: this work was never issued; nothing to wait for")
             raise self._error
         with lock:
             # Re-read under the lock: another thread may have finished the work meanwhile.
@@ -249,8 +254,12 @@ class TorchWork:
         comm = self._comm
         comm_name = comm.get_name() if comm is not None else "?"
         engine = is_engine_failure(exc)
-        if comm is not None and engine and comm.is_aborted() and not isinstance(
-                exc, CommStateError):
+        if (
+            comm is not None
+            and engine
+            and comm.is_aborted()
+            and not isinstance(exc, CommStateError)
+        ):
             err: BaseException = self._aborted_error()
             self._status = WorkStatus.ERROR
         elif isinstance(exc, CommTimeoutError):

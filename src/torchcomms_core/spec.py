@@ -40,8 +40,7 @@ REQUIRED_METHODS: tuple[str, ...] = (
 DERIVABLE_METHODS: tuple[str, ...] = names(support=DERIVED)
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
-OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource",
-                                     "reconfigure_engine")
+OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource", "reconfigure_engine")
 
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -145,20 +144,39 @@ class TorchCommBackend(abc.ABC):
     # -- point to point (required) ----------------------------------------------------
 
     @abc.abstractmethod
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         """Send ``tensor`` to ``dst``. With ``async_op=True`` it must not block on the peer."""
 
     @abc.abstractmethod
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         """Receive into ``tensor`` from ``src``. With ``async_op=True`` it must not block."""
 
     # -- portable defaults ------------------------------------------------------------
 
-    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def batch_op_issue(
+        self,
+        ops: Sequence[BatchOp],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         """Issue every send and receive of ``ops`` before waiting for any of them."""
         works = []
         for kind, tensor, peer in ops:
@@ -168,8 +186,15 @@ class TorchCommBackend(abc.ABC):
                 works.append(work)
         return _settle(MultiWork(works) if works else None, async_op)
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
-                  timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         me, n = self.get_rank(), self.get_size()
         if me == root:
             ops = [("send", tensor, peer) for peer in range(n) if peer != me]
@@ -177,9 +202,15 @@ class TorchCommBackend(abc.ABC):
             ops = [("recv", tensor, root)]
         return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
 
-    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                     async_op: bool, *, timeout: timedelta | None = None,
-                     hints: dict[str, str] | None = None) -> Any:
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         me, n = self.get_rank(), self.get_size()
         tensor_list[me].copy_(tensor)
         ops: list[BatchOp] = []
@@ -189,20 +220,38 @@ class TorchCommBackend(abc.ABC):
                 ops.append(("recv", tensor_list[peer], peer))
         return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool, *, timeout: timedelta | None = None,
-                   hints: dict[str, str] | None = None) -> Any:
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         chunks = flat_chunks(output, self.get_size())
         return self.all_gather(chunks, input.view(-1), async_op, timeout=timeout, hints=hints)
 
-    def all_to_all(self, output_tensor_list: list[torch.Tensor],
-                   input_tensor_list: list[torch.Tensor], async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         me, n = self.get_rank(), self.get_size()
         output_tensor_list[me].copy_(input_tensor_list[me])
         ops: list[BatchOp] = []
@@ -212,23 +261,44 @@ class TorchCommBackend(abc.ABC):
                 ops.append(("recv", output_tensor_list[peer], peer))
         return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
 
-    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
-                            output_split_sizes: list[int], input_split_sizes: list[int],
-                            async_op: bool, *, timeout: timedelta | None = None,
-                            hints: dict[str, str] | None = None) -> Any:
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         n = self.get_size()
         outs = split_dim0(output, output_split_sizes, n)
         ins = split_dim0(input, input_split_sizes, n)
         return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
-        return self.all_to_all_v_single(output, input, [], [], async_op, timeout=timeout,
-                                        hints=hints)
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.all_to_all_v_single(
+            output, input, [], [], async_op, timeout=timeout, hints=hints
+        )
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         # Every rank gathers every contribution and reduces them in rank order, so the
         # result is bit-identical on all ranks.
         n = self.get_size()
@@ -241,72 +311,133 @@ class TorchCommBackend(abc.ABC):
 
         return then(work, reduce_locally)
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
-               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         target = tensor if self.get_rank() == root else tensor.clone()
         return self.all_reduce(target, op, async_op, timeout=timeout, hints=hints)
 
-    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                         op: ReduceOp, async_op: bool, *, timeout: timedelta | None = None,
-                         hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         # Each rank receives every peer's block for it and reduces them in rank order.
         n = self.get_size()
         flat_out = output.view(-1)
         received = torch.empty((n, flat_out.numel()), dtype=output.dtype, device=output.device)
-        work = self.all_to_all(list(received.unbind(0)), [t.view(-1) for t in input_list],
-                               async_op, timeout=timeout, hints=hints)
+        work = self.all_to_all(
+            list(received.unbind(0)),
+            [t.view(-1) for t in input_list],
+            async_op,
+            timeout=timeout,
+            hints=hints,
+        )
 
         def reduce_locally() -> None:
             flat_out.copy_(reduce_rows(received, op.type))
 
         return then(work, reduce_locally)
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
-                       async_op: bool, *, timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
-        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout,
-                                     hints=hints)
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool, *, timeout: timedelta | None = None,
-                              hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         n = self.get_size()
         blocks = flat_chunks(input, n)
         return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
 
-    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
-                root: int, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         me, n = self.get_rank(), self.get_size()
         if me != root:
-            return self.batch_op_issue([("recv", output_tensor, root)], async_op,
-                                       timeout=timeout, hints=hints)
+            return self.batch_op_issue(
+                [("recv", output_tensor, root)], async_op, timeout=timeout, hints=hints
+            )
         output_tensor.copy_(input_tensor_list[me])
         ops = [("send", input_tensor_list[p], p) for p in range(n) if p != me]
         return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
 
-    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
-               root: int, async_op: bool, *, timeout: timedelta | None = None,
-               hints: dict[str, str] | None = None) -> Any:
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         me, n = self.get_rank(), self.get_size()
         if me != root:
-            return self.batch_op_issue([("send", input_tensor, root)], async_op,
-                                       timeout=timeout, hints=hints)
+            return self.batch_op_issue(
+                [("send", input_tensor, root)], async_op, timeout=timeout, hints=hints
+            )
         output_tensor_list[me].copy_(input_tensor)
         ops = [("recv", output_tensor_list[p], p) for p in range(n) if p != me]
         return self.batch_op_issue(ops, async_op, timeout=timeout, hints=hints)
 
-    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
-                      async_op: bool, *, timeout: timedelta | None = None,
-                      hints: dict[str, str] | None = None) -> Any:
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         n = self.get_size()
         if self.get_rank() != root:
             return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
         chunks = flat_chunks(output, n)
         return self.gather(chunks, input.view(-1), root, async_op, timeout=timeout, hints=hints)
 
-    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         token = torch.zeros(1, dtype=torch.float32, device=self.device)
         return self.all_reduce(token, ReduceOp.SUM, async_op, timeout=timeout, hints=hints)
 
@@ -327,16 +458,19 @@ class TorchCommBackend(abc.ABC):
         """Tear the engine down at once, abandoning operations in flight (optional)."""
         raise NotImplementedError(f"{type(self).__name__} does not support abort()")
 
-    def reconfigure_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
-                           options: CommOptions) -> None:
+    def reconfigure_engine(
+        self, store: Any, rank: int, size: int, timeout: timedelta, options: CommOptions
+    ) -> None:
         """Build a fresh engine as ``rank`` of ``size`` over ``store`` (optional).
 
         Called by ``TorchComm.reconfigure`` once every member is known to be present; the
         core has already aborted the previous engine and namespaced ``store`` by the uuid.
         Afterwards ``get_rank()``/``get_size()`` must return the new values.
         """
-        raise RuntimeError(f"reconfigure not implemented by backend {type(self).__name__}; "
-                           f"use a backend whose method_support() reports reconfigure_engine")
+        raise RuntimeError(
+            f"reconfigure not implemented by backend {type(self).__name__}; "
+            f"use a backend whose method_support() reports reconfigure_engine"
+        )
 
     def new_window(self) -> Any:
         """Return a window engine (``torchcomms_core._window.WindowEngine``) (optional).
@@ -345,9 +479,14 @@ class TorchCommBackend(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not support windows")
 
-    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def recv_anysource(
+        self,
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         """Receive into ``tensor`` from whichever rank sends to us first (optional).
 
         Always returns a work, even when ``async_op`` is false: its ``source_rank()``
@@ -432,11 +571,12 @@ def flat_chunks(tensor: torch.Tensor, n: int) -> list[torch.Tensor]:
 
 def unflatten_into(flat: torch.Tensor, targets: Sequence[torch.Tensor]) -> Callable[[], None]:
     """A completion step copying consecutive pieces of ``flat`` back into ``targets``."""
+
     def step() -> None:
         offset = 0
         for t in targets:
             n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
+            t.copy_(flat[offset : offset + n].view_as(t))
             offset += n
 
     return step
@@ -513,7 +653,8 @@ def check_spec_version(declared: str, who: str) -> None:
     core_major, core_minor = (int(p) for p in SPEC_VERSION.split("."))
     if major != core_major or minor > core_minor:
         hint = (
-            "upgrade torchcomms-core" if (major, minor) > (core_major, core_minor)
+            "upgrade torchcomms-core"
+            if (major, minor) > (core_major, core_minor)
             else "upgrade the backend plugin"
         )
         raise BackendLoadError(

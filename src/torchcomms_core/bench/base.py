@@ -90,8 +90,7 @@ class BenchOp(abc.ABC):
         """Elements of this rank's output that differ from the exact expected result."""
         if not self.holds_result(case):
             return 0
-        return count_wrong(bufs.output,
-                           lambda index: self.expected_values(index, bufs.count, case))
+        return count_wrong(bufs.output, lambda index: self.expected_values(index, bufs.count, case))
 
     def holds_result(self, case: Case) -> bool:
         """Whether this rank's output is defined after the operation (rooted ones: the root)."""
@@ -160,8 +159,7 @@ class PairOp(BenchOp):
         return 1.0
 
     def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        return Buffers(self._empty(count, case), self._empty(count, case), count,
-                       self._form(form))
+        return Buffers(self._empty(count, case), self._empty(count, case), count, self._form(form))
 
     def input_values(self, index: torch.Tensor, count: int, case: Case) -> torch.Tensor:
         return values(case.rank, 0, index, case, reduced=False)

@@ -36,8 +36,9 @@ def c10d_backend(backend: str) -> str:
         ) from None
 
 
-def init_c10d(backend: str, rank: int, nranks: int, device: torch.device,
-              timeout: timedelta) -> Any:
+def init_c10d(
+    backend: str, rank: int, nranks: int, device: torch.device, timeout: timedelta
+) -> Any:
     """Create the default ``torch.distributed`` process group; returns ``torch.distributed``.
 
     It rendezvouses through the store torchcomms already uses, under its own prefix, so
@@ -49,15 +50,23 @@ def init_c10d(backend: str, rank: int, nranks: int, device: torch.device,
     from .._bootstrap import default_store
 
     if dist.is_initialized():
-        raise RuntimeError("--compare c10d: a torch.distributed default process group already "
-                           "exists in this process")
+        raise RuntimeError(
+            "--compare c10d: a torch.distributed default process group already "
+            "exists in this process"
+        )
     store = default_store(rank, nranks, timeout)
     extra: dict[str, Any] = {}
     if device.type != "cpu":
         # Binds the group to this rank's device, as a training script would.
         extra["device_id"] = device
-    dist.init_process_group(c10d_backend(backend), store=PrefixStore("c10d", store),
-                            rank=rank, world_size=nranks, timeout=timeout, **extra)
+    dist.init_process_group(
+        c10d_backend(backend),
+        store=PrefixStore("c10d", store),
+        rank=rank,
+        world_size=nranks,
+        timeout=timeout,
+        **extra,
+    )
     return dist
 
 

@@ -32,8 +32,10 @@ MPI_FUNCTIONS: dict[str, str] = {
 def check_backend(backend: str) -> None:
     """Raise ``ValueError`` unless ``backend`` runs on MPI (what mpi4py compares with)."""
     if backend != "mpi":
-        raise ValueError(f"--compare mpi4py compares the mpi backend with raw mpi4py calls; "
-                         f"run it with --backend mpi under mpiexec, not --backend {backend}")
+        raise ValueError(
+            f"--compare mpi4py compares the mpi backend with raw mpi4py calls; "
+            f"run it with --backend mpi under mpiexec, not --backend {backend}"
+        )
 
 
 class Mpi4pyCalls:
@@ -49,10 +51,16 @@ class Mpi4pyCalls:
         # holds its arrays rather than converting them on every call.
         # Keyed by a tensor's id, or ("scratch", id) for _scratch's copies.
         self._views: dict[int | tuple[str, int], tuple[torch.Tensor, Any]] = {}
-        ops = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
-               "avg": MPI.SUM}  # MPI has no average: sum, then divide (see all_reduce)
-        self.ReduceOp = types.SimpleNamespace(SUM=ops["sum"], PRODUCT=ops["prod"],
-                                              MIN=ops["min"], MAX=ops["max"], AVG=_AVG)
+        ops = {
+            "sum": MPI.SUM,
+            "prod": MPI.PROD,
+            "min": MPI.MIN,
+            "max": MPI.MAX,
+            "avg": MPI.SUM,
+        }  # MPI has no average: sum, then divide (see all_reduce)
+        self.ReduceOp = types.SimpleNamespace(
+            SUM=ops["sum"], PRODUCT=ops["prod"], MIN=ops["min"], MAX=ops["max"], AVG=_AVG
+        )
         self._avg_case = case.redop == "avg"
 
     def refuses(self, op: BenchOp, case: Case) -> str | None:
@@ -109,8 +117,13 @@ class Mpi4pyCalls:
         else:
             self._comm.Allgather(self._np(input), self._np(output))
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: Any = None, input_split_sizes: Any = None) -> None:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Any = None,
+        input_split_sizes: Any = None,
+    ) -> None:
         self._comm.Alltoall(self._np(input), self._np(output))
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:

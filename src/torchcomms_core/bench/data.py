@@ -131,8 +131,7 @@ def span(case: Case, reduced: bool) -> int:
     return limit
 
 
-def values(src: Any, chunk: Any, offset: torch.Tensor, case: Case, reduced: bool
-           ) -> torch.Tensor:
+def values(src: Any, chunk: Any, offset: torch.Tensor, case: Case, reduced: bool) -> torch.Tensor:
     """``pattern`` in ``case.dtype``, with the span that reduced or moved data needs."""
     return pattern(src, chunk, offset, case.nranks, span(case, reduced)).to(case.dtype)
 

@@ -84,8 +84,7 @@ def _child(rank: int, target: Callable[..., int], args: tuple[Any, ...]) -> None
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         code = 1
     except Exception:
-        print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, end="",
-              flush=True)
+        print(f"rank {rank} failed:\n{traceback.format_exc()}", file=sys.stderr, end="", flush=True)
         code = 1
     sys.stdout.flush()
     sys.exit(code)
@@ -100,8 +99,13 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def launch(nranks: int, target: Callable[..., int], args: tuple[Any, ...] = (), *,
-           label: str = "torchcomms") -> int:
+def launch(
+    nranks: int,
+    target: Callable[..., int],
+    args: tuple[Any, ...] = (),
+    *,
+    label: str = "torchcomms",
+) -> int:
     """Run ``target(*args)`` on ``nranks`` spawned local ranks; return the job's exit status.
 
     ``target`` must be importable (a module-level function); its return value is the
@@ -136,14 +140,18 @@ def _wait(procs: dict[int, Any], label: str) -> int:
     status = 0
     failed_at: float | None = None
     while pending:
-        timeout = None if failed_at is None else max(0.0, failed_at + FAILURE_GRACE_S -
-                                                      time.monotonic())
+        timeout = (
+            None if failed_at is None else max(0.0, failed_at + FAILURE_GRACE_S - time.monotonic())
+        )
         ready = wait(list(pending), timeout=timeout)
         if not ready:
             left = sorted(pending.values())
-            print(f"{label}: rank(s) {', '.join(map(str, left))} still running "
-                  f"{FAILURE_GRACE_S:g} s after a rank failed; stopping them",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{label}: rank(s) {', '.join(map(str, left))} still running "
+                f"{FAILURE_GRACE_S:g} s after a rank failed; stopping them",
+                file=sys.stderr,
+                flush=True,
+            )
             break
         for sentinel in ready:
             rank = pending.pop(sentinel)
@@ -154,8 +162,7 @@ def _wait(procs: dict[int, Any], label: str) -> int:
                 continue
             if code < 0:
                 # A rank that returned normally has said why; a killed one cannot.
-                print(f"{label}: rank {rank} {_describe_exit(code)}", file=sys.stderr,
-                      flush=True)
+                print(f"{label}: rank {rank} {_describe_exit(code)}", file=sys.stderr, flush=True)
             if failed_at is None:
                 failed_at = time.monotonic()
                 status = code if code > 0 else 1

@@ -22,18 +22,23 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-def relaunch_under_mpiexec(nranks: int, argv: list[str] | None = None,
-                           label: str = "torchcomms bench") -> int:
+def relaunch_under_mpiexec(
+    nranks: int, argv: list[str] | None = None, label: str = "torchcomms bench"
+) -> int:
     """Run this command again as ``nranks`` MPI ranks; return mpiexec's exit status."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
-        print(f"{label}: this backend's ranks are started by mpiexec, which is not installed: "
-              f"pip install mpich mpi4py", file=sys.stderr)
+        print(
+            f"{label}: this backend's ranks are started by mpiexec, which is not installed: "
+            f"pip install mpich mpi4py",
+            file=sys.stderr,
+        )
         return 1
     args = sys.argv[1:] if argv is None else argv
     # The ranks take their rank and size from mpiexec, not from a launcher around us.
-    env = {k: v for k, v in os.environ.items()
-           if k not in (_env.RANK, _env.SIZE, "RANK", "WORLD_SIZE")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in (_env.RANK, _env.SIZE, "RANK", "WORLD_SIZE")
+    }
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [mpiexec, "-n", str(nranks), sys.executable, "-m", "torchcomms_core.cli", *args]
     try:

@@ -77,8 +77,7 @@ def unavailable_reason() -> str | None:
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         return (
-            f"{' and '.join(missing)} not found: install iproute2 "
-            f"(e.g. apt-get install iproute2)"
+            f"{' and '.join(missing)} not found: install iproute2 (e.g. apt-get install iproute2)"
         )
     return None
 

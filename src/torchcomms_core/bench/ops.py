@@ -60,8 +60,9 @@ def c10d_reduce_op(dist: Any, case: Case) -> Any:
     return getattr(dist.ReduceOp, _C10D_REDOPS[case.redop])
 
 
-def _place(index: torch.Tensor, sizes: list[int] | None, whole: int = 0
-           ) -> tuple[Any, torch.Tensor]:
+def _place(
+    index: torch.Tensor, sizes: list[int] | None, whole: int = 0
+) -> tuple[Any, torch.Tensor]:
     """``(part, offset)`` of flat positions ``index`` in parts of ``sizes`` laid end to end.
 
     ``sizes`` ``None``: the buffer is a single part, numbered ``whole``.
@@ -349,8 +350,7 @@ class AllToAllSingle(_Collective):
         return self.input_parts(count, case)
 
     def allocate(self, count: int, case: Case, form: str | None = None) -> Buffers:
-        bufs = Buffers(self._empty(count, case), self._empty(count, case), count,
-                       self._form(form))
+        bufs = Buffers(self._empty(count, case), self._empty(count, case), count, self._form(form))
         return self._with_parts(bufs, case)
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
@@ -592,8 +592,10 @@ class _Quantized(_PluginOp):
 
     def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
         if dtype not in self._ROUNDING:
-            return (f"needs a floating-point datatype (float32, bfloat16, float16), got "
-                    f"{dtype_name(dtype)}")
+            return (
+                f"needs a floating-point datatype (float32, bfloat16, float16), got "
+                f"{dtype_name(dtype)}"
+            )
         if redop not in ("sum", "avg"):
             return f"reduces with sum or avg only, got --op {redop}"
         return super().refuses(dtype, redop, nranks)
@@ -613,14 +615,16 @@ class _Quantized(_PluginOp):
         # two of these slices.
         for start, stop, index in blocks(flat.numel(), flat.device):
             exact = torch.zeros(stop - start, dtype=torch.float64, device=flat.device)
-            absmax_sum = torch.zeros(-(-(stop - start) // size), dtype=torch.float64,
-                                     device=flat.device)
+            absmax_sum = torch.zeros(
+                -(-(stop - start) // size), dtype=torch.float64, device=flat.device
+            )
             for rank_case in ranks:
                 addends = self.input_values(index + start_in_input, bufs.count, rank_case)
                 addends = addends.to(torch.float64)
                 exact += addends
-                padded = torch.zeros(absmax_sum.numel() * size, dtype=torch.float64,
-                                     device=flat.device)
+                padded = torch.zeros(
+                    absmax_sum.numel() * size, dtype=torch.float64, device=flat.device
+                )
                 padded[: addends.numel()] = addends.abs()
                 absmax_sum += padded.view(-1, size).amax(dim=1)
             per_block = absmax_sum / self.divisor
@@ -664,15 +668,36 @@ class QuantizedReduceScatter(_Quantized, ReduceScatterSingle):
 #: Benchmarkable operations by name; ``DEFAULT_OPS`` run when ``--ops`` is not given.
 OPS: dict[str, BenchOp] = {
     op.name: op
-    for op in (AllReduce(), AllGatherSingle(), ReduceScatterSingle(), AllToAllSingle(),
-               Broadcast(), AllGather(), ReduceScatter(), AllGatherV(), ReduceScatterV(),
-               AllToAll(), AllToAllVSingle(), Reduce(), Gather(), GatherSingle(), Scatter(),
-               SendRecv(), Barrier(), WindowPutSignal())
+    for op in (
+        AllReduce(),
+        AllGatherSingle(),
+        ReduceScatterSingle(),
+        AllToAllSingle(),
+        Broadcast(),
+        AllGather(),
+        ReduceScatter(),
+        AllGatherV(),
+        ReduceScatterV(),
+        AllToAll(),
+        AllToAllVSingle(),
+        Reduce(),
+        Gather(),
+        GatherSingle(),
+        Scatter(),
+        SendRecv(),
+        Barrier(),
+        WindowPutSignal(),
+    )
 }
 
 #: What ``torchcomms bench`` runs by default: the collectives nccl-tests users compare first.
-DEFAULT_OPS: tuple[str, ...] = ("all_reduce", "all_gather_single", "reduce_scatter_single",
-                                "all_to_all_single", "broadcast")
+DEFAULT_OPS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather_single",
+    "reduce_scatter_single",
+    "all_to_all_single",
+    "broadcast",
+)
 
 #: Operations over collectives that plugins add, with the distribution that provides each.
 #: They are offered when the collective is installed and run only when named in ``--ops``
@@ -682,6 +707,7 @@ PLUGIN_OPS: dict[str, tuple[BenchOp, str]] = {
     "quantized_all_reduce": (QuantizedAllReduce(), "torchcomms-quantized"),
     "quantized_reduce_scatter": (QuantizedReduceScatter(), "torchcomms-quantized"),
 }
+
 
 def available_ops() -> dict[str, BenchOp]:
     """``OPS`` plus the ``PLUGIN_OPS`` whose collective is installed in this environment."""
@@ -702,7 +728,10 @@ def unknown_ops_message(names: list[str] | tuple[str, ...]) -> str | None:
     uninstalled = [name for name in missing if name in PLUGIN_OPS]
     if uninstalled:
         dists = sorted({PLUGIN_OPS[name][1] for name in uninstalled})
-        return (f"operation {', '.join(map(repr, uninstalled))} is a plugin collective that is "
-                f"not installed; pip install {' '.join(dists)}")
-    return (f"unknown operation {', '.join(map(repr, missing))}; choose from "
-            f"{', '.join(ops)}, or all")
+        return (
+            f"operation {', '.join(map(repr, uninstalled))} is a plugin collective that is "
+            f"not installed; pip install {' '.join(dists)}"
+        )
+    return (
+        f"unknown operation {', '.join(map(repr, missing))}; choose from {', '.join(ops)}, or all"
+    )

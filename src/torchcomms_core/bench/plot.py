@@ -20,8 +20,9 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ValueError(f"--plot needs matplotlib, which is not installed; {INSTALL_HINT}"
-                         ) from None
+        raise ValueError(
+            f"--plot needs matplotlib, which is not installed; {INSTALL_HINT}"
+        ) from None
 
 
 def format_bytes(value: float, _pos: Any = None) -> str:
@@ -33,8 +34,9 @@ def format_bytes(value: float, _pos: Any = None) -> str:
     return f"{value:.0f}"
 
 
-def _series(documents: Sequence[dict[str, Any]]
-            ) -> dict[str, dict[tuple[str, str], list[tuple[int, float]]]]:
+def _series(
+    documents: Sequence[dict[str, Any]],
+) -> dict[str, dict[tuple[str, str], list[tuple[int, float]]]]:
     """``{op: {(group, implementation): [(size, busbw), ...]}}`` over every document.
 
     A group is what tells runs and passes apart (backend, ranks, form), when they differ.
@@ -61,7 +63,8 @@ def _series(documents: Sequence[dict[str, Any]]
                     if figures is None or figures.get("busbw_gbps") is None:
                         continue
                     by_op.setdefault(row["op"], {}).setdefault((group, impl), []).append(
-                        (row["size"], figures["busbw_gbps"]))
+                        (row["size"], figures["busbw_gbps"])
+                    )
     return by_op
 
 
@@ -69,9 +72,11 @@ def _title(documents: Sequence[dict[str, Any]]) -> str:
     first = documents[0]["header"]
     backends = ", ".join(sorted({d["header"]["backend"] for d in documents}))
     ranks = ", ".join(str(r) for r in sorted({d["header"]["ranks"] for d in documents}))
-    return (f"torchcomms bench: bus bandwidth, {backends} on {first['device']}, {ranks} ranks, "
-            f"{first['dtype']}  ({first['hostname']}, torch {first['torch_version']}, "
-            f"{first['date'][:10]})")
+    return (
+        f"torchcomms bench: bus bandwidth, {backends} on {first['device']}, {ranks} ranks, "
+        f"{first['dtype']}  ({first['hostname']}, torch {first['torch_version']}, "
+        f"{first['date'][:10]})"
+    )
 
 
 def plot_results(documents: dict[str, Any] | Sequence[dict[str, Any]], path: str) -> None:
@@ -83,8 +88,9 @@ def plot_results(documents: dict[str, Any] | Sequence[dict[str, Any]], path: str
     docs = [documents] if isinstance(documents, dict) else list(documents)
     by_op = _series(docs)
     if not by_op:
-        raise ValueError("nothing to plot: no operation with a bandwidth was measured "
-                         "(barrier has none)")
+        raise ValueError(
+            "nothing to plot: no operation with a bandwidth was measured (barrier has none)"
+        )
     columns = min(_COLUMNS, len(by_op))
     rows = math.ceil(len(by_op) / columns)
     fig = Figure(figsize=(5.2 * columns, 3.9 * rows + 0.6), layout="constrained")
@@ -99,9 +105,16 @@ def plot_results(documents: dict[str, Any] | Sequence[dict[str, Any]], path: str
             sizes = [s for s, _b in points]
             busbw = [max(b, 1e-6) for _s, b in points]
             ours = impl == "torchcomms"
-            ax.plot(sizes, busbw, "-" if ours else "--", color=colors[group],
-                    marker="o" if ours else "x", markersize=3.5, linewidth=1.5 if ours else 1.2,
-                    label=f"{impl} {group}".strip())
+            ax.plot(
+                sizes,
+                busbw,
+                "-" if ours else "--",
+                color=colors[group],
+                marker="o" if ours else "x",
+                markersize=3.5,
+                linewidth=1.5 if ours else 1.2,
+                label=f"{impl} {group}".strip(),
+            )
         ax.set_title(op, fontsize=11)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -112,6 +125,6 @@ def plot_results(documents: dict[str, Any] | Sequence[dict[str, Any]], path: str
         ax.grid(True, which="major", alpha=0.4)
         ax.grid(True, which="minor", alpha=0.12)
         ax.legend(fontsize=8, loc="upper left")
-    for ax in list(axes.flat)[len(by_op):]:
+    for ax in list(axes.flat)[len(by_op) :]:
         ax.set_visible(False)
     fig.savefig(path, dpi=80)

@@ -84,8 +84,9 @@ def _peer(port: int, nbytes: int, reps: int, pings: int) -> None:
             sock.sendall(one)
 
 
-def loopback_tcp(nbytes: int = TCP_BYTES, reps: int = REPS, pings: int = PINGS
-                 ) -> tuple[float, float]:
+def loopback_tcp(
+    nbytes: int = TCP_BYTES, reps: int = REPS, pings: int = PINGS
+) -> tuple[float, float]:
     """``(GB/s, round-trip us)`` between this process and a second one over 127.0.0.1.
 
     Bandwidth: time to send ``nbytes`` until the peer acknowledges the last byte (median
@@ -96,8 +97,12 @@ def loopback_tcp(nbytes: int = TCP_BYTES, reps: int = REPS, pings: int = PINGS
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
         listener.settimeout(CONNECT_TIMEOUT_S)
-        peer = ctx.Process(target=_peer, args=(listener.getsockname()[1], nbytes, reps, pings),
-                           name="probe-peer", daemon=True)
+        peer = ctx.Process(
+            target=_peer,
+            args=(listener.getsockname()[1], nbytes, reps, pings),
+            name="probe-peer",
+            daemon=True,
+        )
         peer.start()
         try:
             conn, _addr = listener.accept()
@@ -128,13 +133,24 @@ def loopback_tcp(nbytes: int = TCP_BYTES, reps: int = REPS, pings: int = PINGS
     return nbytes / statistics.median(times) / 1e9, statistics.median(rtts) * 1e6
 
 
-def run_probe(memcpy_bytes: int = MEMCPY_BYTES, tcp_bytes: int = TCP_BYTES, reps: int = REPS,
-              pings: int = PINGS) -> ProbeResult:
+def run_probe(
+    memcpy_bytes: int = MEMCPY_BYTES,
+    tcp_bytes: int = TCP_BYTES,
+    reps: int = REPS,
+    pings: int = PINGS,
+) -> ProbeResult:
     """Measure everything ``--probe`` reports."""
     copy = memcpy_gbps(memcpy_bytes, reps)
     gbps, rtt = loopback_tcp(tcp_bytes, reps, pings)
-    return ProbeResult(memcpy_gbps=copy, memcpy_bytes=memcpy_bytes, tcp_gbps=gbps,
-                       tcp_bytes=tcp_bytes, tcp_rtt_us=rtt, pings=pings, reps=reps)
+    return ProbeResult(
+        memcpy_gbps=copy,
+        memcpy_bytes=memcpy_bytes,
+        tcp_gbps=gbps,
+        tcp_bytes=tcp_bytes,
+        tcp_rtt_us=rtt,
+        pings=pings,
+        reps=reps,
+    )
 
 
 def print_probe(result: ProbeResult, out: TextIO) -> None:
@@ -144,19 +160,28 @@ def print_probe(result: ProbeResult, out: TextIO) -> None:
     def line(text: str) -> None:
         print(text, file=out, flush=True)
 
-    line(f"# torchcomms bench --probe: {socket.gethostname()}, {os.cpu_count()} cores, "
-         f"torch {torch.__version__}")
+    line(
+        f"# torchcomms bench --probe: {socket.gethostname()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}"
+    )
     figures = [
-        (f"memcpy (copy_, 1 thread, {result.memcpy_bytes // mib} MiB)",
-         f"{result.memcpy_gbps:8.2f} GB/s"),
-        (f"loopback TCP bandwidth ({result.tcp_bytes // mib} MiB transfers)",
-         f"{result.tcp_gbps:8.2f} GB/s"),
-        ("loopback TCP round trip (1 byte)",
-         f"{result.tcp_rtt_us:8.2f} us (one way {result.tcp_rtt_us / 2:.2f} us)"),
+        (
+            f"memcpy (copy_, 1 thread, {result.memcpy_bytes // mib} MiB)",
+            f"{result.memcpy_gbps:8.2f} GB/s",
+        ),
+        (
+            f"loopback TCP bandwidth ({result.tcp_bytes // mib} MiB transfers)",
+            f"{result.tcp_gbps:8.2f} GB/s",
+        ),
+        (
+            "loopback TCP round trip (1 byte)",
+            f"{result.tcp_rtt_us:8.2f} us (one way {result.tcp_rtt_us / 2:.2f} us)",
+        ),
     ]
     width = max(len(name) for name, _value in figures)
     for name, value in figures:
         line(f"{name.ljust(width)} : {value}")
-    line(f"# medians of {result.reps} transfers and {result.pings} round trips; "
-         f"GB/s = 10**9 bytes per second")
-
+    line(
+        f"# medians of {result.reps} transfers and {result.pings} round trips; "
+        f"GB/s = 10**9 bytes per second"
+    )

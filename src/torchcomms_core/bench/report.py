@@ -12,10 +12,22 @@ from .base import BenchOp
 from .data import IN_PLACE
 from .results import Pass, Row, Timing
 
-_KEY = (("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 9), ("redop", "", 7),
-        ("root", "", 6))
-_PASS = (("time", "(us)", 10), ("min", "(us)", 10), ("avg", "(us)", 10), ("max", "(us)", 10),
-         ("algbw", "(GB/s)", 8), ("busbw", "(GB/s)", 8), ("#wrong", "", 7))
+_KEY = (
+    ("size", "(B)", 12),
+    ("count", "(elements)", 12),
+    ("type", "", 9),
+    ("redop", "", 7),
+    ("root", "", 6),
+)
+_PASS = (
+    ("time", "(us)", 10),
+    ("min", "(us)", 10),
+    ("avg", "(us)", 10),
+    ("max", "(us)", 10),
+    ("algbw", "(GB/s)", 8),
+    ("busbw", "(GB/s)", 8),
+    ("#wrong", "", 7),
+)
 _COMPARE = (("c10d", "(us)", 10), ("ours/c10d", "median", 11), ("IQR", "", 13))
 # The same columns when comparing with raw mpi4py (--compare mpi4py).
 _COMPARE_MPI4PY = (("mpi4py", "(us)", 10), ("ours/mpi4py", "median", 12), ("IQR", "", 13))
@@ -58,32 +70,42 @@ class TextReport:
 
     def start(self, config: Any, nranks: int) -> None:
         compare = f"  compare: {config.compare}" if config.compare else ""
-        self._line(f"# torchcomms bench  minBytes {config.minbytes}  maxBytes {config.maxbytes}  "
-                   f"step: {config.stepfactor}(factor)  warmup iters: {config.warmup}  "
-                   f"iters: {config.iters}  validation: {config.check}  "
-                   f"inplace: {config.inplace}{compare}")
+        self._line(
+            f"# torchcomms bench  minBytes {config.minbytes}  maxBytes {config.maxbytes}  "
+            f"step: {config.stepfactor}(factor)  warmup iters: {config.warmup}  "
+            f"iters: {config.iters}  validation: {config.check}  "
+            f"inplace: {config.inplace}{compare}"
+        )
         if getattr(config, "network", None):
             self._line(f"# network: {config.network}")
-        self._line("# time: the slowest rank's mean per call; min/avg/max: over ranks of each "
-                   "rank's mean")
+        self._line(
+            "# time: the slowest rank's mean per call; min/avg/max: over ranks of each rank's mean"
+        )
         self._them = config.compare or "c10d"
         if config.compare == "mpi4py":
-            self._line("# mpi4py: raw blocking mpi4py calls on the same tensors, calls "
-                       "interleaved A/B; ours/mpi4py: median of per-call ratios, IQR: their "
-                       "quartiles")
+            self._line(
+                "# mpi4py: raw blocking mpi4py calls on the same tensors, calls "
+                "interleaved A/B; ours/mpi4py: median of per-call ratios, IQR: their "
+                "quartiles"
+            )
         elif config.compare:
-            self._line("# c10d: torch.distributed on the same engine and tensors, calls "
-                       "interleaved A/B; ours/c10d: median of per-call ratios, IQR: their "
-                       "quartiles")
+            self._line(
+                "# c10d: torch.distributed on the same engine and tensors, calls "
+                "interleaved A/B; ours/c10d: median of per-call ratios, IQR: their "
+                "quartiles"
+            )
 
-    def begin_op(self, op: BenchOp, config: Any, nranks: int, forms: tuple[str, ...],
-                 c10d: str | None) -> None:
+    def begin_op(
+        self, op: BenchOp, config: Any, nranks: int, forms: tuple[str, ...], c10d: str | None
+    ) -> None:
         """Print the table header; ``c10d`` is the equivalent's description when comparing."""
         self._compare = bool(config.compare)
         self._passes = len(forms)
         self._line("#")
-        self._line(f"# {op.name}: backend {config.backend}, {nranks} ranks, "
-                   f"device {config.device}, dtype {config.dtype}")
+        self._line(
+            f"# {op.name}: backend {config.backend}, {nranks} ranks, "
+            f"device {config.device}, dtype {config.dtype}"
+        )
         if self._compare:
             self._line(f"# compared with: {c10d}")
         self._line("#")
@@ -91,8 +113,9 @@ class TextReport:
         key_width = sum(w for _n, _u, w in _KEY)
         group_width = sum(w for _n, _u, w in group)
         if self._passes > 1 or IN_PLACE in forms:
-            self._line("#" + (" " * (key_width - 1)) +
-                       "".join(form.center(group_width) for form in forms))
+            self._line(
+                "#" + (" " * (key_width - 1)) + "".join(form.center(group_width) for form in forms)
+            )
         names = [n for n, _u, _w in _KEY] + [n for n, _u, _w in group] * self._passes
         units = [u for _n, u, _w in _KEY] + [u for _n, u, _w in group] * self._passes
         self._line("#" + self._cells(names)[1:])
@@ -100,9 +123,15 @@ class TextReport:
 
     def _timing_cells(self, row: Row, timing: Timing) -> list[str]:
         wrong = "N/A" if timing.wrong is None or not row.moves_data else str(timing.wrong)
-        return [format_time(timing.time_us), format_time(timing.min_us),
-                format_time(timing.avg_us), format_time(timing.max_us),
-                _bandwidth(row.algbw(timing)), _bandwidth(row.busbw(timing)), wrong]
+        return [
+            format_time(timing.time_us),
+            format_time(timing.min_us),
+            format_time(timing.avg_us),
+            format_time(timing.max_us),
+            _bandwidth(row.algbw(timing)),
+            _bandwidth(row.busbw(timing)),
+            wrong,
+        ]
 
     def _compare_cells(self, p: Pass) -> list[str]:
         if p.c10d is None or p.ratio is None:
@@ -125,12 +154,18 @@ class TextReport:
             self._line("# Out of bounds values : N/A (not checked)")
         else:
             wrong = sum(checked)
-            theirs = [p.c10d.wrong for r in rows for p in r.passes
-                      if p.c10d is not None and p.c10d.wrong is not None]
-            c10d = (f" ({self._them}: {sum(theirs)} {'OK' if sum(theirs) == 0 else 'FAILED'})"
-                    if theirs else "")
-            self._line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}"
-                       f"{c10d}")
+            theirs = [
+                p.c10d.wrong
+                for r in rows
+                for p in r.passes
+                if p.c10d is not None and p.c10d.wrong is not None
+            ]
+            c10d = (
+                f" ({self._them}: {sum(theirs)} {'OK' if sum(theirs) == 0 else 'FAILED'})"
+                if theirs
+                else ""
+            )
+            self._line(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}{c10d}")
         self._line(f"# Avg bus bandwidth    : {_average_busbw(rows, c10d=False)}")
         if self._compare:
             self._line(f"# Avg bus bandwidth {self._them}: {_average_busbw(rows, c10d=True)}")

@@ -131,14 +131,25 @@ def row_dict(row: Row) -> dict[str, Any]:
             entry["ratio"] = None
         passes.append(entry)
     return {
-        "op": row.op, "size": row.size, "count": row.count, "type": row.dtype,
-        "redop": row.redop, "root": row.root, "nranks": row.nranks,
-        "busbw_factor": row.busbw_factor, "moves_data": row.moves_data, "passes": passes,
+        "op": row.op,
+        "size": row.size,
+        "count": row.count,
+        "type": row.dtype,
+        "redop": row.redop,
+        "root": row.root,
+        "nranks": row.nranks,
+        "busbw_factor": row.busbw_factor,
+        "moves_data": row.moves_data,
+        "passes": passes,
     }
 
 
-def header_dict(config: Any, nranks: int, c10d_functions: dict[str, str | None],
-                started: datetime.datetime | None = None) -> dict[str, Any]:
+def header_dict(
+    config: Any,
+    nranks: int,
+    c10d_functions: dict[str, str | None],
+    started: datetime.datetime | None = None,
+) -> dict[str, Any]:
     """What the run was: engine, machine, software and options; ``started`` is when (UTC)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     started = started or now

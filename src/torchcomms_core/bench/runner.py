@@ -98,12 +98,14 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
     if config.timeout_s is not None and config.timeout_s <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {config.timeout_s}")
     if config.inplace not in INPLACE_CHOICES:
-        raise ValueError(f"--inplace must be one of {', '.join(INPLACE_CHOICES)}, got "
-                         f"{config.inplace!r}")
+        raise ValueError(
+            f"--inplace must be one of {', '.join(INPLACE_CHOICES)}, got {config.inplace!r}"
+        )
     if config.compare is not None:
         if config.compare not in COMPARE_WITH:
-            raise ValueError(f"--compare must be one of {', '.join(COMPARE_WITH)}, got "
-                             f"{config.compare!r}")
+            raise ValueError(
+                f"--compare must be one of {', '.join(COMPARE_WITH)}, got {config.compare!r}"
+            )
         if config.compare == "mpi4py":
             from .compare_mpi import check_backend
 
@@ -111,8 +113,9 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         else:
             c10d_backend(config.backend)
     if nranks is not None and not 0 <= config.root < nranks:
-        raise ValueError(f"root {config.root} is not a rank of a {nranks}-rank run; "
-                         f"use 0..{nranks - 1}")
+        raise ValueError(
+            f"root {config.root} is not a rank of a {nranks}-rank run; use 0..{nranks - 1}"
+        )
     dtype = DTYPES[config.dtype]
     if config.redop == "avg" and not dtype.is_floating_point:
         raise ValueError(f"--op avg needs a floating-point datatype, got {config.dtype}")
@@ -131,12 +134,16 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
     if not ok:
         raise ValueError(f"backend {config.backend!r} cannot run here: {reason}")
     if device_type not in cls.devices:
-        raise ValueError(f"backend {config.backend!r} runs on {', '.join(cls.devices)} devices, "
-                         f"not {device_type!r}; pass --device {cls.devices[0]}")
+        raise ValueError(
+            f"backend {config.backend!r} runs on {', '.join(cls.devices)} devices, "
+            f"not {device_type!r}; pass --device {cls.devices[0]}"
+        )
     if dtype not in cls.supported_dtypes:
         supported = ", ".join(dtype_name(d) for d in cls.supported_dtypes)
-        raise ValueError(f"backend {config.backend!r} does not support datatype "
-                         f"{config.dtype} (supported: {supported})")
+        raise ValueError(
+            f"backend {config.backend!r} does not support datatype "
+            f"{config.dtype} (supported: {supported})"
+        )
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -207,12 +214,17 @@ class Runner:
             ours_us, theirs_us = self._interleaved(ours, None)
         else:
             ours_us, theirs_us = self._batch(ours), []
-        return self._gather(op, bufs.form, ours_us, theirs_us,
-                            wrong if checked else None, c10d_wrong if checked else None,
-                            compare)
+        return self._gather(
+            op,
+            bufs.form,
+            ours_us,
+            theirs_us,
+            wrong if checked else None,
+            c10d_wrong if checked else None,
+            compare,
+        )
 
-    def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool
-               ) -> int:
+    def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool) -> int:
         op.fill(bufs, self.case)
         if not checked:
             return 0
@@ -229,8 +241,9 @@ class Runner:
         self._sync()
         return [(time.perf_counter() - start) / iters * 1e6]
 
-    def _interleaved(self, ours: Callable[[], None], theirs: Callable[[], None] | None
-                     ) -> tuple[list[float], list[float]]:
+    def _interleaved(
+        self, ours: Callable[[], None], theirs: Callable[[], None] | None
+    ) -> tuple[list[float], list[float]]:
         """Per-call microseconds of both, alternating which goes first (``theirs`` optional).
 
         Every rank uses the same order, so the collectives match; alternating spreads
@@ -256,12 +269,25 @@ class Runner:
                 theirs_us.append((clock() - t0) * 1e6)
         return ours_us, theirs_us
 
-    def _gather(self, op: BenchOp, form: str, ours_us: list[float], theirs_us: list[float],
-                wrong: int | None, c10d_wrong: int | None, compare: bool) -> Pass:
+    def _gather(
+        self,
+        op: BenchOp,
+        form: str,
+        ours_us: list[float],
+        theirs_us: list[float],
+        wrong: int | None,
+        c10d_wrong: int | None,
+        compare: bool,
+    ) -> Pass:
         """Every rank's figures, from one all_gather over ``comm``."""
         case = self.case
-        mine = [1.0 if op.participates(case) else 0.0, float(wrong or 0),
-                float(c10d_wrong or 0), *ours_us, *theirs_us]
+        mine = [
+            1.0 if op.participates(case) else 0.0,
+            float(wrong or 0),
+            float(c10d_wrong or 0),
+            *ours_us,
+            *theirs_us,
+        ]
         local = torch.tensor(mine, dtype=torch.float64, device=case.device)
         every = torch.empty(case.nranks * local.numel(), dtype=torch.float64, device=case.device)
         self.comm.all_gather_single(every, local)
@@ -271,8 +297,10 @@ class Runner:
         calls = len(ours_us)
 
         def timing(first: int, total_wrong: int | None) -> Timing:
-            means = [sum(table[r][first:first + calls]) / calls * per_leg
-                     if r in taking_part else None for r in range(case.nranks)]
+            means = [
+                sum(table[r][first : first + calls]) / calls * per_leg if r in taking_part else None
+                for r in range(case.nranks)
+            ]
             return Timing(means, total_wrong)
 
         total = int(sum(table[r][1] for r in range(case.nranks)))
@@ -303,11 +331,18 @@ class Runner:
                 continue
             last_count = count
             passes = [self.measure(op, op.allocate(count, case, form)) for form in forms]
-            yield Row(op=op.name, size=count * case.itemsize, count=count,
-                      dtype=dtype_name(case.dtype), redop=op.redop_label(case),
-                      root=op.root_label(case), nranks=case.nranks,
-                      busbw_factor=op.busbw_factor(case.nranks), moves_data=op.moves_data,
-                      passes=passes)
+            yield Row(
+                op=op.name,
+                size=count * case.itemsize,
+                count=count,
+                dtype=dtype_name(case.dtype),
+                redop=op.redop_label(case),
+                root=op.root_label(case),
+                nranks=case.nranks,
+                busbw_factor=op.busbw_factor(case.nranks),
+                moves_data=op.moves_data,
+                passes=passes,
+            )
 
 
 def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:
@@ -333,8 +368,11 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
         op = ops[name]
         forms = op.forms_for(config.inplace)
         if report is not None:
-            c10d = (c10d_description(op, case, runner.dist, runner.c10d_backend)
-                    if runner.c10d_backend is not None else None)
+            c10d = (
+                c10d_description(op, case, runner.dist, runner.c10d_backend)
+                if runner.c10d_backend is not None
+                else None
+            )
             report.begin_op(op, config, case.nranks, forms, c10d)
         op_rows = []
         for row in runner.sweep(op, forms):
@@ -347,8 +385,9 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
     return rows
 
 
-def _document(config: BenchConfig, case: Case, rows: list[Row], started: datetime.datetime
-              ) -> dict[str, Any]:
+def _document(
+    config: BenchConfig, case: Case, rows: list[Row], started: datetime.datetime
+) -> dict[str, Any]:
     functions: dict[str, str | None] = {}
     if config.compare == "mpi4py":
         from .compare_mpi import MPI_FUNCTIONS
@@ -361,10 +400,13 @@ def _document(config: BenchConfig, case: Case, rows: list[Row], started: datetim
         ops = available_ops()
         for name in config.ops:
             op = ops[name]
-            functions[name] = (None if op.c10d_refuses(case, backend)
-                               else op.c10d_function_name(dist))
-    return {"header": header_dict(config, case.nranks, functions, started),
-            "rows": [row_dict(r) for r in rows]}
+            functions[name] = (
+                None if op.c10d_refuses(case, backend) else op.c10d_function_name(dist)
+            )
+    return {
+        "header": header_dict(config, case.nranks, functions, started),
+        "rows": [row_dict(r) for r in rows],
+    }
 
 
 def run_rank(config: BenchConfig) -> int:
@@ -373,11 +415,20 @@ def run_rank(config: BenchConfig) -> int:
     rank, nranks, _source = resolve_rank_size()
     validate_config(config, nranks)
     device = resolve_device(config.device, rank)
-    timeout = (timedelta(seconds=config.timeout_s) if config.timeout_s is not None
-               else _env.default_timeout())
+    timeout = (
+        timedelta(seconds=config.timeout_s)
+        if config.timeout_s is not None
+        else _env.default_timeout()
+    )
     comm = new_comm(config.backend, device, name="bench", timeout=timeout)
-    case = Case(rank=comm.get_rank(), nranks=comm.get_size(), dtype=DTYPES[config.dtype],
-                device=comm.get_device(), redop=config.redop, root=config.root)
+    case = Case(
+        rank=comm.get_rank(),
+        nranks=comm.get_size(),
+        dtype=DTYPES[config.dtype],
+        device=comm.get_device(),
+        redop=config.redop,
+        root=config.root,
+    )
     dist = None
     try:
         if config.compare == "mpi4py":
@@ -386,8 +437,11 @@ def run_rank(config: BenchConfig) -> int:
             dist = Mpi4pyCalls(case)
         elif config.compare:
             dist = init_c10d(config.backend, rank, nranks, case.device, timeout)
-        engine = None if dist is None else (
-            "mpi4py" if config.compare == "mpi4py" else c10d_backend(config.backend))
+        engine = (
+            None
+            if dist is None
+            else ("mpi4py" if config.compare == "mpi4py" else c10d_backend(config.backend))
+        )
         runner = Runner(comm, case, config, dist, engine)
         # With the JSON on standard output, the tables go to standard error.
         out = sys.stderr if config.json_path == "-" else sys.stdout

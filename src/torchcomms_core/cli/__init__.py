@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = argparse.ArgumentParser(
-        prog="torchcomms", description="PyTorch communicators over pluggable backends.")
+        prog="torchcomms", description="PyTorch communicators over pluggable backends."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     commands.required = True

@@ -34,14 +34,23 @@ def describe_backends() -> list[dict[str, Any]]:
             "entry_point": entry.value if entry else "",
             # Other distributions registering the same name, and what is done about it.
             "also_registered_by": [e.provider for e in entry.others] if entry else [],
-            "conflict": (registry._conflict_message(entry)
-                         if entry and (entry.others or entry.choice != "only") else ""),
+            "conflict": (
+                registry._conflict_message(entry)
+                if entry and (entry.others or entry.choice != "only")
+                else ""
+            ),
         }
         try:
             cls = registry.get_backend_class(name)
         except Exception as exc:  # report it; other backends keep working
-            row.update(spec_version="?", devices=[], runnable=False,
-                       reason=f"failed to load: {exc}", native=[], derived=[])
+            row.update(
+                spec_version="?",
+                devices=[],
+                runnable=False,
+                reason=f"failed to load: {exc}",
+                native=[],
+                derived=[],
+            )
             rows.append(row)
             continue
         try:
@@ -75,16 +84,24 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print("no torchcomms backends installed; try `pip install torchcomms-gloo`")
         return 0
-    table = [("backend", "distribution", "version", "spec", "devices", "runs here",
-              "operations")]
+    table = [("backend", "distribution", "version", "spec", "devices", "runs here", "operations")]
     for r in rows:
         runs = "yes" if r["runnable"] else f"no: {r['reason']}"
         ops = f"{len(r['native'])} native, {len(r['derived'])} derived" if r["native"] else "-"
         dist = r["distribution"] or "?"
         if r["also_registered_by"]:
             dist += f" (conflict: also {', '.join(r['also_registered_by'])})"
-        table.append((r["name"], dist, r["version"] or "", r["spec_version"],
-                      ",".join(r["devices"]) or "-", runs, ops))
+        table.append(
+            (
+                r["name"],
+                dist,
+                r["version"] or "",
+                r["spec_version"],
+                ",".join(r["devices"]) or "-",
+                runs,
+                ops,
+            )
+        )
     print_table(table)
     for r in rows:
         if r["conflict"]:

@@ -53,8 +53,9 @@ def _op_list(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     if ALL_OPS in names:
         if len(names) > 1:
-            raise argparse.ArgumentTypeError(f"{ALL_OPS!r} already names every operation; "
-                                             f"do not combine it with others")
+            raise argparse.ArgumentTypeError(
+                f"{ALL_OPS!r} already names every operation; do not combine it with others"
+            )
         return names
     problem = unknown_ops_message(names)
     if problem is not None:
@@ -74,74 +75,166 @@ def _seconds(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the options of ``torchcomms bench`` (nccl-tests' short flags where it has one)."""
-    parser.add_argument("--backend", default="gloo",
-                        help="torchcomms backend to benchmark; `torchcomms backends` lists "
-                             "them (default: %(default)s)")
-    parser.add_argument("--device", default="cpu",
-                        help="device type; accelerators get the index of the local rank "
-                             "(default: %(default)s)")
-    parser.add_argument("--nproc", type=_int_at_least(1), default=None,
-                        help=f"local ranks to launch (default {DEFAULT_NPROC}); under a launcher "
-                             f"such as torchrun, mpiexec or srun the launcher's ranks are used "
-                             f"instead")
-    parser.add_argument("-b", "--minbytes", type=_size, default="8",
-                        help="smallest size in bytes; K, M, G are powers of 1024 "
-                             "(default: %(default)s)")
-    parser.add_argument("-e", "--maxbytes", type=_size, default="64M",
-                        help="largest size (default: %(default)s)")
-    parser.add_argument("-f", "--stepfactor", type=_int_at_least(2), default=2,
-                        help="multiply the size by this between rows (default: %(default)s)")
-    parser.add_argument("-n", "--iters", type=_int_at_least(1), default=20,
-                        help="timed iterations per size (default: %(default)s)")
-    parser.add_argument("-w", "--warmup_iters", type=_int_at_least(0), default=5,
-                        help="untimed iterations before timing (default: %(default)s)")
-    parser.add_argument("-d", "--datatype", choices=list(DTYPES), default="float32",
-                        metavar="DTYPE",
-                        help=f"element type: {', '.join(DTYPES)} (default: %(default)s)")
-    parser.add_argument("-o", "--op", choices=list(REDOPS), default="sum", metavar="REDOP",
-                        help=f"reduction of reducing collectives: {', '.join(REDOPS)} "
-                             f"(default: %(default)s)")
-    parser.add_argument("-r", "--root", type=_int_at_least(0), default=0,
-                        help="root rank of rooted collectives (default: %(default)s)")
-    parser.add_argument("--ops", type=_op_list, default=",".join(DEFAULT_OPS),
-                        help=f"comma-separated operations to run, or {ALL_OPS!r} for every "
-                             f"collective of the API and the installed plugin collectives "
-                             f"({', '.join(PLUGIN_OPS)}) that can run with the other options "
-                             f"(default: {', '.join(DEFAULT_OPS)})")
-    parser.add_argument("--inplace", choices=INPLACE_CHOICES, default="both",
-                        help="for operations with both layouts, time out-of-place (0), in-place "
-                             "(1) or both, each in its own pass; the others run the layout they "
-                             "have (default: %(default)s)")
-    parser.add_argument("-c", "--check", type=int, choices=(0, 1), default=1,
-                        help="check every result against the exact expected values; "
-                             "quantized collectives against their documented error bound "
-                             "(default: %(default)s)")
-    parser.add_argument("--compare", choices=COMPARE_WITH, default=None,
-                        help="also run each operation through raw torch.distributed (c10d) on "
-                             "the same engine and tensors, or raw mpi4py calls (mpi4py, with "
-                             "--backend mpi), interleaved call by call, and print the time "
-                             "ratio ours/theirs")
-    parser.add_argument("--json", metavar="PATH", dest="json_path", default=None,
-                        help="write every row with every field, and a header describing the "
-                             "run, as JSON to PATH ('-': standard output; the tables then go "
-                             "to standard error)")
-    parser.add_argument("--plot", metavar="PNG", dest="plot_path", default=None,
-                        help="save bus bandwidth against size, per operation, on log axes "
-                             "(needs matplotlib: pip install 'torchcomms-core[plot]')")
-    parser.add_argument("--from-json", metavar="JSON", nargs="+", default=None,
-                        help="with --plot: plot runs saved by --json instead of running")
-    parser.add_argument("--probe", action="store_true",
-                        help="measure what the machine allows instead: memcpy GB/s on one "
-                             "core, loopback TCP GB/s and round-trip latency")
-    parser.add_argument("--timeout", type=_seconds, default=None,
-                        help=f"seconds before an operation fails (default: "
-                             f"${_env.TIMEOUT_SECONDS} or 600)")
-    parser.add_argument("--netns", type=_int_at_least(1), default=None, metavar="N",
-                        help="run N ranks as N hosts: one network namespace each, linked to a "
-                             "bridge by links shaped to --link-rate (needs root, ip and tc)")
-    parser.add_argument("--link-rate", default=None, metavar="RATE",
-                        help="with --netns: rate of every link, each way, in tc's units "
-                             "(profiles 1gbit, 10gbit; e.g. 100mbit) (default: 1gbit)")
+    parser.add_argument(
+        "--backend",
+        default="gloo",
+        help="torchcomms backend to benchmark; `torchcomms backends` lists "
+        "them (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="device type; accelerators get the index of the local rank (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=_int_at_least(1),
+        default=None,
+        help=f"local ranks to launch (default {DEFAULT_NPROC}); under a launcher "
+        f"such as torchrun, mpiexec or srun the launcher's ranks are used "
+        f"instead",
+    )
+    parser.add_argument(
+        "-b",
+        "--minbytes",
+        type=_size,
+        default="8",
+        help="smallest size in bytes; K, M, G are powers of 1024 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-e", "--maxbytes", type=_size, default="64M", help="largest size (default: %(default)s)"
+    )
+    parser.add_argument(
+        "-f",
+        "--stepfactor",
+        type=_int_at_least(2),
+        default=2,
+        help="multiply the size by this between rows (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-n",
+        "--iters",
+        type=_int_at_least(1),
+        default=20,
+        help="timed iterations per size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-w",
+        "--warmup_iters",
+        type=_int_at_least(0),
+        default=5,
+        help="untimed iterations before timing (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-d",
+        "--datatype",
+        choices=list(DTYPES),
+        default="float32",
+        metavar="DTYPE",
+        help=f"element type: {', '.join(DTYPES)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-o",
+        "--op",
+        choices=list(REDOPS),
+        default="sum",
+        metavar="REDOP",
+        help=f"reduction of reducing collectives: {', '.join(REDOPS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-r",
+        "--root",
+        type=_int_at_least(0),
+        default=0,
+        help="root rank of rooted collectives (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ops",
+        type=_op_list,
+        default=",".join(DEFAULT_OPS),
+        help=f"comma-separated operations to run, or {ALL_OPS!r} for every "
+        f"collective of the API and the installed plugin collectives "
+        f"({', '.join(PLUGIN_OPS)}) that can run with the other options "
+        f"(default: {', '.join(DEFAULT_OPS)})",
+    )
+    parser.add_argument(
+        "--inplace",
+        choices=INPLACE_CHOICES,
+        default="both",
+        help="for operations with both layouts, time out-of-place (0), in-place "
+        "(1) or both, each in its own pass; the others run the layout they "
+        "have (default: %(default)s)",
+    )
+    parser.add_argument(
+        "-c",
+        "--check",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="check every result against the exact expected values; "
+        "quantized collectives against their documented error bound "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--compare",
+        choices=COMPARE_WITH,
+        default=None,
+        help="also run each operation through raw torch.distributed (c10d) on "
+        "the same engine and tensors, or raw mpi4py calls (mpi4py, with "
+        "--backend mpi), interleaved call by call, and print the time "
+        "ratio ours/theirs",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        dest="json_path",
+        default=None,
+        help="write every row with every field, and a header describing the "
+        "run, as JSON to PATH ('-': standard output; the tables then go "
+        "to standard error)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="PNG",
+        dest="plot_path",
+        default=None,
+        help="save bus bandwidth against size, per operation, on log axes "
+        "(needs matplotlib: pip install 'torchcomms-core[plot]')",
+    )
+    parser.add_argument(
+        "--from-json",
+        metavar="JSON",
+        nargs="+",
+        default=None,
+        help="with --plot: plot runs saved by --json instead of running",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure what the machine allows instead: memcpy GB/s on one "
+        "core, loopback TCP GB/s and round-trip latency",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        help=f"seconds before an operation fails (default: ${_env.TIMEOUT_SECONDS} or 600)",
+    )
+    parser.add_argument(
+        "--netns",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="run N ranks as N hosts: one network namespace each, linked to a "
+        "bridge by links shaped to --link-rate (needs root, ip and tc)",
+    )
+    parser.add_argument(
+        "--link-rate",
+        default=None,
+        metavar="RATE",
+        help="with --netns: rate of every link, each way, in tc's units "
+        "(profiles 1gbit, 10gbit; e.g. 100mbit) (default: 1gbit)",
+    )
 
 
 def _check_writable(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
@@ -185,8 +278,9 @@ def _replot(args: argparse.Namespace) -> int:
     return 0
 
 
-def _netns_network(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                   launched: tuple[int, int, str] | None) -> Any:
+def _netns_network(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, launched: tuple[int, int, str] | None
+) -> Any:
     """The shaped network ``--netns`` asks for (not built yet), or ``None``."""
     if args.netns is None:
         if args.link_rate is not None:
@@ -195,11 +289,15 @@ def _netns_network(parser: argparse.ArgumentParser, args: argparse.Namespace,
     from ..bench import netns
 
     if launched is not None:
-        parser.error(f"--netns starts its own ranks, one per namespace; run it directly, not "
-                     f"under {launched[2]}")
+        parser.error(
+            f"--netns starts its own ranks, one per namespace; run it directly, not "
+            f"under {launched[2]}"
+        )
     if args.nproc is not None and args.nproc != args.netns:
-        parser.error(f"--netns {args.netns} runs {args.netns} ranks; drop --nproc "
-                     f"{args.nproc} or make it equal")
+        parser.error(
+            f"--netns {args.netns} runs {args.netns} ranks; drop --nproc "
+            f"{args.nproc} or make it equal"
+        )
     reason = netns.unavailable_reason()
     if reason is not None:
         parser.error(f"--netns: {reason}")
@@ -210,8 +308,7 @@ def _netns_network(parser: argparse.ArgumentParser, args: argparse.Namespace,
     return netns.Network(f"{netns.PREFIX}{os.getpid()}", args.netns, rate)
 
 
-def _run_in_namespaces(parser: argparse.ArgumentParser, network: Any,
-                       config: BenchConfig) -> int:
+def _run_in_namespaces(parser: argparse.ArgumentParser, network: Any, config: BenchConfig) -> int:
     from ..bench import netns
 
     try:
@@ -248,11 +345,23 @@ def run(args: argparse.Namespace) -> int:
     network = _netns_network(parser, args, launched)
     nranks = launched[1] if launched else (args.netns or args.nproc or DEFAULT_NPROC)
     config = BenchConfig(
-        backend=args.backend, device=args.device, ops=args.ops, minbytes=args.minbytes,
-        maxbytes=args.maxbytes, stepfactor=args.stepfactor, iters=args.iters,
-        warmup=args.warmup_iters, dtype=args.datatype, redop=args.op, root=args.root,
-        check=args.check, timeout_s=args.timeout, inplace=args.inplace, compare=args.compare,
-        json_path=args.json_path, plot_path=args.plot_path,
+        backend=args.backend,
+        device=args.device,
+        ops=args.ops,
+        minbytes=args.minbytes,
+        maxbytes=args.maxbytes,
+        stepfactor=args.stepfactor,
+        iters=args.iters,
+        warmup=args.warmup_iters,
+        dtype=args.datatype,
+        redop=args.op,
+        root=args.root,
+        check=args.check,
+        timeout_s=args.timeout,
+        inplace=args.inplace,
+        compare=args.compare,
+        json_path=args.json_path,
+        plot_path=args.plot_path,
         network=network.description if network is not None else None,
     )
     quiet = launched is not None and launched[0] != 0
@@ -279,8 +388,11 @@ def run(args: argparse.Namespace) -> int:
         return launch(nranks, run_rank, (config,), label=parser.prog)
     rank, size, source = launched
     if args.nproc is not None and args.nproc != size and rank == 0:
-        print(f"{parser.prog}: running the {size} ranks started by {source}; --nproc "
-              f"{args.nproc} is ignored", file=sys.stderr)
+        print(
+            f"{parser.prog}: running the {size} ranks started by {source}; --nproc "
+            f"{args.nproc} is ignored",
+            file=sys.stderr,
+        )
     try:
         return run_rank(config)
     except TorchCommError as exc:

@@ -27,8 +27,14 @@ def run(args: argparse.Namespace) -> int:
     except PluginError as exc:  # two plugins claim one collective: say so, not a traceback
         args.parser.error(str(exc))
     if args.json:
-        json.dump({"plugins": [dataclasses.asdict(r) for r in records],
-                   "collectives": list_collectives()}, sys.stdout, indent=2)
+        json.dump(
+            {
+                "plugins": [dataclasses.asdict(r) for r in records],
+                "collectives": list_collectives(),
+            },
+            sys.stdout,
+            indent=2,
+        )
         sys.stdout.write("\n")
         return 0
     table = [("plugin", "distribution", "version", "status", "provides")]

@@ -75,9 +75,7 @@ class C10dBackend(TorchCommBackend):
     """Backend over a c10d engine (``ProcessGroupGloo``, ``ProcessGroupNCCL``, a vendor's)."""
 
     #: Operations the engine cannot run; they use the spec's portable defaults instead.
-    engine_unsupported: ClassVar[frozenset[str]] = frozenset(
-        {"all_gather_v", "reduce_scatter_v"}
-    )
+    engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
     #: Wrap batched point-to-point ops in c10d coalescing (NCCL groups them this way).
     coalesce_p2p: ClassVar[bool] = False
 
@@ -85,8 +83,10 @@ class C10dBackend(TorchCommBackend):
         super().__init_subclass__(**kwargs)
         for name in cls.engine_unsupported:
             if name not in DERIVABLE_METHODS:
-                raise TypeError(f"{cls.__name__}.engine_unsupported names {name!r}, "
-                                f"which has no portable default")
+                raise TypeError(
+                    f"{cls.__name__}.engine_unsupported names {name!r}, "
+                    f"which has no portable default"
+                )
             if name not in cls.__dict__:
                 setattr(cls, name, getattr(TorchCommBackend, name))
 
@@ -99,8 +99,15 @@ class C10dBackend(TorchCommBackend):
     # -- engine ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def create_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
-                      device: torch.device, options: CommOptions) -> Any:
+    def create_engine(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        device: torch.device,
+        options: CommOptions,
+    ) -> Any:
         """Build and return the c10d engine for this communicator."""
 
     @property
@@ -111,8 +118,9 @@ class C10dBackend(TorchCommBackend):
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
         self._rank, self._size = options.rank, options.size
         assert options.timeout is not None  # resolved by the core
-        self._engine = self.create_engine(options.store, options.rank, options.size,
-                                          options.timeout, device, options)
+        self._engine = self.create_engine(
+            options.store, options.rank, options.size, options.timeout, device, options
+        )
 
     def finalize(self) -> None:
         engine, self._engine = self._engine, None
@@ -163,17 +171,36 @@ class C10dBackend(TorchCommBackend):
 
     # -- point to point --------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self._done(self._engine.send([tensor], dst, 0), async_op, timeout)
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self._done(self._engine.recv([tensor], src, 0), async_op, timeout)
 
-    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def batch_op_issue(
+        self,
+        ops: Sequence[BatchOp],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         engine = self._engine
         works = []
         if self.coalesce_p2p:
@@ -198,101 +225,199 @@ class C10dBackend(TorchCommBackend):
 
     # -- collectives -----------------------------------------------------------------
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
-                  timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("BroadcastOptions", timeout, rootRank=root, rootTensor=0)
         return self._done(self._engine.broadcast([tensor], opts), async_op, timeout)
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("AllreduceOptions", timeout, reduceOp=to_c10d_reduce_op(op))
         return self._done(self._engine.allreduce([tensor], opts), async_op, timeout)
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
-               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        opts = self._opts("ReduceOptions", timeout, rootRank=root, rootTensor=0,
-                          reduceOp=to_c10d_reduce_op(op))
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        opts = self._opts(
+            "ReduceOptions", timeout, rootRank=root, rootTensor=0, reduceOp=to_c10d_reduce_op(op)
+        )
         return self._done(self._engine.reduce([tensor], opts), async_op, timeout)
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool, *, timeout: timedelta | None = None,
-                   hints: dict[str, str] | None = None) -> Any:
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("AllgatherOptions", timeout)
-        return self._done(self._engine.allgather([tensor_list], [tensor], opts), async_op,
-                          timeout)
+        return self._done(self._engine.allgather([tensor_list], [tensor], opts), async_op, timeout)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("AllgatherOptions", timeout)
         # Engines such as gloo want the output as n copies of the input's shape; the core
         # only guarantees matching element counts, so hand them flat views.
         work = self._engine._allgather_base(output.view(-1), input.view(-1), opts)
         return self._done(work, async_op, timeout)
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
-                       async_op: bool, *, timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
-        return self._done(self._engine.reduce_scatter([output], [input_list], opts), async_op,
-                          timeout)
+        return self._done(
+            self._engine.reduce_scatter([output], [input_list], opts), async_op, timeout
+        )
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool, *, timeout: timedelta | None = None,
-                              hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
         work = self._engine._reduce_scatter_base(output.view(-1), input.view(-1), opts)
         return self._done(work, async_op, timeout)
 
-    def all_to_all(self, output_tensor_list: list[torch.Tensor],
-                   input_tensor_list: list[torch.Tensor], async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         sizes = {t.numel() for t in output_tensor_list} | {t.numel() for t in input_tensor_list}
         if len(sizes) > 1:
             # c10d engines such as gloo need equal blocks; uneven ones go point to point.
-            return TorchCommBackend.all_to_all(self, output_tensor_list, input_tensor_list,
-                                               async_op, timeout=timeout, hints=hints)
+            return TorchCommBackend.all_to_all(
+                self, output_tensor_list, input_tensor_list, async_op, timeout=timeout, hints=hints
+            )
         opts = self._opts("AllToAllOptions", timeout)
-        return self._done(self._engine.alltoall(output_tensor_list, input_tensor_list, opts),
-                          async_op, timeout)
+        return self._done(
+            self._engine.alltoall(output_tensor_list, input_tensor_list, opts), async_op, timeout
+        )
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
-        return self.all_to_all_v_single(output, input, [], [], async_op, timeout=timeout,
-                                        hints=hints)
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.all_to_all_v_single(
+            output, input, [], [], async_op, timeout=timeout, hints=hints
+        )
 
-    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
-                            output_split_sizes: list[int], input_split_sizes: list[int],
-                            async_op: bool, *, timeout: timedelta | None = None,
-                            hints: dict[str, str] | None = None) -> Any:
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("AllToAllOptions", timeout)
-        work = self._engine.alltoall_base(output, input, list(output_split_sizes),
-                                          list(input_split_sizes), opts)
+        work = self._engine.alltoall_base(
+            output, input, list(output_split_sizes), list(input_split_sizes), opts
+        )
         return self._done(work, async_op, timeout)
 
-    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("BarrierOptions", timeout)
         return self._done(self._engine.barrier(opts), async_op, timeout)
 
-    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
-                root: int, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("ScatterOptions", timeout, rootRank=root)
         inputs = [input_tensor_list] if self._rank == root else []
         return self._done(self._engine.scatter([output_tensor], inputs, opts), async_op, timeout)
 
-    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
-               root: int, async_op: bool, *, timeout: timedelta | None = None,
-               hints: dict[str, str] | None = None) -> Any:
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         opts = self._opts("GatherOptions", timeout, rootRank=root)
         outputs = [output_tensor_list] if self._rank == root else []
         return self._done(self._engine.gather(outputs, [input_tensor], opts), async_op, timeout)
 
-    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
-                      async_op: bool, *, timeout: timedelta | None = None,
-                      hints: dict[str, str] | None = None) -> Any:
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         n = self._size
         if self._rank != root:
             return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)

@@ -66,8 +66,9 @@ def _local_rank_source() -> str | None:
     return None
 
 
-def resolve_device(device: torch.device, rank: int, *,
-                   device_count: int | None = None) -> torch.device:
+def resolve_device(
+    device: torch.device, rank: int, *, device_count: int | None = None
+) -> torch.device:
     """Return the indexed CUDA device a rank uses: ``cuda`` alone means ``cuda:<local rank>``.
 
     The local rank comes from the launcher (``LOCAL_RANK`` and friends); without one,
@@ -77,23 +78,28 @@ def resolve_device(device: torch.device, rank: int, *,
         raise CommInputError(f"expected a CUDA device, got {device}; pass torch.device('cuda')")
     count = torch.cuda.device_count() if device_count is None else device_count
     if count < 1:
-        raise CommInputError(f"{device} requested, but this process sees no CUDA device; "
-                             f"check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)")
+        raise CommInputError(
+            f"{device} requested, but this process sees no CUDA device; "
+            f"check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
+        )
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     sees = f"this process sees {count} CUDA device(s)" + (
-        f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else "")
+        f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    )
     if device.index is not None:
         if not 0 <= device.index < count:
-            raise CommInputError(f"{device} does not exist: {sees}; pass an index in "
-                                 f"0..{count - 1}")
+            raise CommInputError(
+                f"{device} does not exist: {sees}; pass an index in 0..{count - 1}"
+            )
         return device
     try:
         local = _env.local_rank()
     except ValueError:
         var = _local_rank_source()
-        raise BootstrapError(f"{var}={os.environ.get(var)!r} is not an integer local rank; "
-                             f"fix the launcher's environment or pass torch.device('cuda', i)"
-                             ) from None
+        raise BootstrapError(
+            f"{var}={os.environ.get(var)!r} is not an integer local rank; "
+            f"fix the launcher's environment or pass torch.device('cuda', i)"
+        ) from None
     if local is None:
         return torch.device("cuda", rank % count)
     if not 0 <= local < count:
@@ -126,7 +132,7 @@ def bool_hint(hints: dict[str, str], key: str, default: bool) -> bool:
 def check_hint_keys(hints: dict[str, str], prefix: str, known: Sequence[str]) -> None:
     """Refuse hints in this backend's namespace that it does not know (typos)."""
     for key in hints:
-        if key.startswith(prefix + ".") and key[len(prefix) + 1:] not in known:
+        if key.startswith(prefix + ".") and key[len(prefix) + 1 :] not in known:
             listing = ", ".join(f"{prefix}.{k}" for k in known)
             raise CommInputError(f"unknown hint {key!r}; this backend knows {listing}")
 
@@ -144,8 +150,7 @@ class CudaWork:
 
     __slots__ = ("_works", "_timeout", "_keep")
 
-    def __init__(self, works: Sequence[Any], timeout: timedelta | None,
-                 keep: Any = None) -> None:
+    def __init__(self, works: Sequence[Any], timeout: timedelta | None, keep: Any = None) -> None:
         self._works = tuple(works)
         self._timeout = timeout
         self._keep = keep
@@ -246,8 +251,15 @@ class NcclEngineBackend(C10dBackend):
                     f"register memory with NCCL ({exc}); drop the hint"
                 ) from exc
 
-    def create_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
-                      device: torch.device, options: CommOptions) -> Any:
+    def create_engine(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        device: torch.device,
+        options: CommOptions,
+    ) -> Any:
         engine_cls = self.engine_class()
         opts = engine_cls.Options()
         opts._timeout = timeout
@@ -307,8 +319,7 @@ class NcclEngineBackend(C10dBackend):
 
     # -- completion ------------------------------------------------------------------
 
-    def _done(self, work: Any, async_op: bool, timeout: timedelta | None,
-              keep: Any = None) -> Any:
+    def _done(self, work: Any, async_op: bool, timeout: timedelta | None, keep: Any = None) -> Any:
         if work is None:
             return None
         if async_op:
@@ -320,8 +331,7 @@ class NcclEngineBackend(C10dBackend):
 
     # -- split -----------------------------------------------------------------------
 
-    def split(self, ranks: list[int], name: str, options: CommOptions
-              ) -> TorchCommBackend | None:
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> TorchCommBackend | None:
         """Split with ``ncclCommSplit``; every parent rank takes part, non-members with ``[]``."""
         engine = self._engine
         if engine is None or not getattr(engine, "supports_splitting", False):
@@ -341,9 +351,14 @@ class NcclEngineBackend(C10dBackend):
 
     # -- point to point --------------------------------------------------------------
 
-    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def batch_op_issue(
+        self,
+        ops: Sequence[BatchOp],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         engine = self._engine
         issued = []
         engine._start_coalescing(self.device)
@@ -382,11 +397,19 @@ class NcclEngineBackend(C10dBackend):
             return c10d_module()._make_nccl_premul_sum(float(factor)), None  # type: ignore[arg-type]
         return to_c10d_reduce_op(op), None
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if op.type in _BITWISE:
-            return TorchCommBackend.all_reduce(self, tensor, op, async_op, timeout=timeout,
-                                               hints=hints)
+            return TorchCommBackend.all_reduce(
+                self, tensor, op, async_op, timeout=timeout, hints=hints
+            )
         if self._premul_in_python(op, tensor):
             tensor.copy_(_scaled(tensor, op.factor))  # type: ignore[arg-type]
             op = ReduceOp.SUM
@@ -394,11 +417,20 @@ class NcclEngineBackend(C10dBackend):
         opts = self._opts("AllreduceOptions", timeout, reduceOp=red)
         return self._done(self._engine.allreduce([tensor], opts), async_op, timeout, keep)
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
-               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if op.type in _BITWISE:
-            return TorchCommBackend.reduce(self, tensor, root, op, async_op, timeout=timeout,
-                                           hints=hints)
+            return TorchCommBackend.reduce(
+                self, tensor, root, op, async_op, timeout=timeout, hints=hints
+            )
         if self._premul_in_python(op, tensor):
             scaled = _scaled(tensor, op.factor)  # type: ignore[arg-type]
             # Only the root's tensor is an output; elsewhere it is the caller's input.
@@ -408,12 +440,20 @@ class NcclEngineBackend(C10dBackend):
         opts = self._opts("ReduceOptions", timeout, rootRank=root, rootTensor=0, reduceOp=red)
         return self._done(self._engine.reduce([tensor], opts), async_op, timeout, keep)
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
-                       async_op: bool, *, timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if op.type in _BITWISE:
-            return TorchCommBackend.reduce_scatter_v(self, output, input_list, op, async_op,
-                                                     timeout=timeout, hints=hints)
+            return TorchCommBackend.reduce_scatter_v(
+                self, output, input_list, op, async_op, timeout=timeout, hints=hints
+            )
         if self._premul_in_python(op, output):
             input_list = [_scaled(t, op.factor) for t in input_list]  # type: ignore[arg-type]
             op = ReduceOp.SUM
@@ -422,18 +462,32 @@ class NcclEngineBackend(C10dBackend):
         work = self._engine.reduce_scatter([output], [input_list], opts)
         return self._done(work, async_op, timeout, keep)
 
-    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                         op: ReduceOp, async_op: bool, *, timeout: timedelta | None = None,
-                         hints: dict[str, str] | None = None) -> Any:
-        return self.reduce_scatter(output, input_list, op, async_op, timeout=timeout,
-                                   hints=hints)
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.reduce_scatter(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool, *, timeout: timedelta | None = None,
-                              hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if op.type in _BITWISE:
-            return TorchCommBackend.reduce_scatter_single(self, output, input, op, async_op,
-                                                          timeout=timeout, hints=hints)
+            return TorchCommBackend.reduce_scatter_single(
+                self, output, input, op, async_op, timeout=timeout, hints=hints
+            )
         if self._premul_in_python(op, output):
             input = _scaled(input, op.factor)  # type: ignore[arg-type]
             op = ReduceOp.SUM
@@ -444,13 +498,24 @@ class NcclEngineBackend(C10dBackend):
 
     # -- gathers and the rest --------------------------------------------------------
 
-    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                     async_op: bool, *, timeout: timedelta | None = None,
-                     hints: dict[str, str] | None = None) -> Any:
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self.all_gather(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
-    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         # Name the device: NCCL would otherwise guess it from the rank.
         opts = self._opts("BarrierOptions", timeout, device_ids=[self.device.index])
         return self._done(self._engine.barrier(opts), async_op, timeout)

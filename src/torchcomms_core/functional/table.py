@@ -11,8 +11,22 @@ import dataclasses
 from .._optable import IN, INOUT, INT, INTS, OUT, REDUCE_OP, TENSOR, TENSORS, Param
 from .._optable import OPS as _OPS
 
-__all__ = ["IN", "INOUT", "INT", "INTS", "NAMESPACE", "OPS", "OUT", "REDUCE_OP", "TENSOR",
-           "TENSORS", "BY_METHOD", "OpSpec", "Param", "schema"]
+__all__ = [
+    "IN",
+    "INOUT",
+    "INT",
+    "INTS",
+    "NAMESPACE",
+    "OPS",
+    "OUT",
+    "REDUCE_OP",
+    "TENSOR",
+    "TENSORS",
+    "BY_METHOD",
+    "OpSpec",
+    "Param",
+    "schema",
+]
 
 #: Library namespace of every op (``torch.ops.torchcomms.<name>``).
 NAMESPACE = "torchcomms"

@@ -95,16 +95,16 @@ def _tensor_list(tensors: Any, where: str) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor):
         return [tensors]
     if not isinstance(tensors, (list, tuple)):
-        raise CommTypeError(f"{where}: expected a tensor or a list of tensors, got "
-                            f"{type(tensors).__name__}")
+        raise CommTypeError(
+            f"{where}: expected a tensor or a list of tensors, got {type(tensors).__name__}"
+        )
     return list(tensors)
 
 
 def _one(tensors: Any, where: str) -> torch.Tensor:
     items = _tensor_list(tensors, where)
     if len(items) != 1:
-        raise CommInputError(f"{where}: expected exactly one tensor per process, got "
-                             f"{len(items)}")
+        raise CommInputError(f"{where}: expected exactly one tensor per process, got {len(items)}")
     return items[0]
 
 
@@ -160,8 +160,9 @@ class _BackendWrapper(ProcessGroup):
 
     def __init__(self, comm: TorchComm) -> None:
         if not isinstance(comm, TorchComm):
-            raise CommTypeError(f"_BackendWrapper needs a torchcomms TorchComm, got "
-                                f"{type(comm).__name__}")
+            raise CommTypeError(
+                f"_BackendWrapper needs a torchcomms TorchComm, got {type(comm).__name__}"
+            )
         # The (store, rank, size) constructor cannot build Python subclasses.
         # The stub lists only that one; c10d also binds (rank, size), which we use.
         super().__init__(comm.get_rank(), comm.get_size())  # type: ignore[call-arg]
@@ -169,8 +170,9 @@ class _BackendWrapper(ProcessGroup):
         self._device = torch.device(comm.get_device().type)
         self._engine = _c10d_engine(comm)
         # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
-        self._backend_name = (str(self._engine.name()) if self._engine is not None
-                              else comm.get_backend())
+        self._backend_name = (
+            str(self._engine.name()) if self._engine is not None else comm.get_backend()
+        )
         self._options: Any = None
         # c10d keeps a group's name in its backends, and we register none of our own.
         self._group_name = ""
@@ -181,8 +183,7 @@ class _BackendWrapper(ProcessGroup):
         self._split_names: dict[str, int] = {}
         if self._engine is not None:
             # C++ callers (DDP's logger) look the engine up by the type the name says.
-            self._register_backend(self._device, _backend_type(self._backend_name),
-                                   self._engine)
+            self._register_backend(self._device, _backend_type(self._backend_name), self._engine)
 
     # -- identity --------------------------------------------------------------------
 
@@ -246,8 +247,7 @@ class _BackendWrapper(ProcessGroup):
             else:
                 from torch._C._distributed_c10d import Backend
 
-                self._options = Backend.Options(self._backend_name,
-                                                self._comm.get_timeout())
+                self._options = Backend.Options(self._backend_name, self._comm.get_timeout())
         return self._options
 
     @property
@@ -295,10 +295,15 @@ class _BackendWrapper(ProcessGroup):
             self._flush()
         comm.finalize()
 
-    def split_group(self, new_ranks: Sequence[int], timeout: timedelta | None = None,
-                    opts: Any = None, group_name: str | None = None,
-                    group_desc: str | None = None,
-                    device_types: Any = None) -> _BackendWrapper | None:
+    def split_group(
+        self,
+        new_ranks: Sequence[int],
+        timeout: timedelta | None = None,
+        opts: Any = None,
+        group_name: str | None = None,
+        group_desc: str | None = None,
+        device_types: Any = None,
+    ) -> _BackendWrapper | None:
         """Split the communicator; every rank of this group calls, non-members get ``None``."""
         self._flush()
         ranks = sorted(int(r) for r in new_ranks)
@@ -341,16 +346,27 @@ class _BackendWrapper(ProcessGroup):
             if pending.expected is None or pending.full:
                 pending.issue()
 
-    def _work(self, works: Sequence[Any], result: Any, then: Callable[[], None] | None = None,
-              source_rank: int | Callable[[], int] = -1) -> CommWork:
+    def _work(
+        self,
+        works: Sequence[Any],
+        result: Any,
+        then: Callable[[], None] | None = None,
+        source_rank: int | Callable[[], int] = -1,
+    ) -> CommWork:
         work = CommWork(works, result, then, source_rank)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
-    def _recorded(self, op: str, op_inputs: Sequence[Any], work: str,
-                  work_inputs: Sequence[torch.Tensor], issue: Callable[[], CommWork],
-                  per_input: bool = False) -> CommWork:
+    def _recorded(
+        self,
+        op: str,
+        op_inputs: Sequence[Any],
+        work: str,
+        work_inputs: Sequence[torch.Tensor],
+        issue: Callable[[], CommWork],
+        per_input: bool = False,
+    ) -> CommWork:
         """Run ``issue`` under the profiler records c10d and the engine would make.
 
         ``per_input``: the engine records one work per input tensor.
@@ -358,8 +374,7 @@ class _BackendWrapper(ProcessGroup):
         if not profiling.is_enabled():
             return issue()
         name = f"{self._backend_name}:{work}"
-        works = ([(name, (t,)) for t in work_inputs] if per_input
-                 else [(name, work_inputs)])
+        works = [(name, (t,)) for t in work_inputs] if per_input else [(name, work_inputs)]
         rec = profiling.begin(op, op_inputs, works)
         try:
             result = issue()
@@ -390,27 +405,37 @@ class _BackendWrapper(ProcessGroup):
         if ops is None and self._coalesced is None:
             self._flush()
             comm = self._comm
-            work = (comm.send(tensor, peer, True) if kind == "send"
-                    else comm.recv(tensor, peer, True))
+            work = (
+                comm.send(tensor, peer, True) if kind == "send" else comm.recv(tensor, peer, True)
+            )
             return self._work([work], [tensor], source_rank=peer if kind == "recv" else -1)
         key = "coalescing" if ops is None else ops
         batch = self._pending
         if batch is None or batch.key is not key:
             self._flush()
-            batch = self._pending = _P2PBatch(self._comm, key,
-                                              None if ops is None else len(ops))
+            batch = self._pending = _P2PBatch(self._comm, key, None if ops is None else len(ops))
         batch.ops.append((kind, tensor, int(peer)))
         if batch.full:
             self._flush()
         return self._work([batch], [tensor], source_rank=peer if kind == "recv" else -1)
 
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-        return self._recorded("c10d::send", _SLOTS[4], "send", _tensor_list(tensors, "send"),
-                              lambda: self._p2p("send", tensors, dstRank))
+        return self._recorded(
+            "c10d::send",
+            _SLOTS[4],
+            "send",
+            _tensor_list(tensors, "send"),
+            lambda: self._p2p("send", tensors, dstRank),
+        )
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-        return self._recorded("c10d::recv_", _SLOTS[4], "recv", _tensor_list(tensors, "recv"),
-                              lambda: self._p2p("recv", tensors, srcRank))
+        return self._recorded(
+            "c10d::recv_",
+            _SLOTS[4],
+            "recv",
+            _tensor_list(tensors, "recv"),
+            lambda: self._p2p("recv", tensors, srcRank),
+        )
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> CommWork:
         """Receive from whichever rank sends first; ``work._source_rank()`` names it."""
@@ -421,8 +446,7 @@ class _BackendWrapper(ProcessGroup):
             work, source = recv_anysource(self._comm, tensor, True)
             return self._work([work], [tensor], source_rank=source)
 
-        return self._recorded("c10d::recv_any_source_", _SLOTS[3], "recvAnySource", [tensor],
-                              issue)
+        return self._recorded("c10d::recv_any_source_", _SLOTS[3], "recvAnySource", [tensor], issue)
 
     # -- collectives -----------------------------------------------------------------
 
@@ -444,8 +468,13 @@ class _BackendWrapper(ProcessGroup):
     def allreduce(self, tensors: Any, opts: Any = None) -> CommWork:  # type: ignore[override]
         ts = _tensor_list(tensors, "allreduce")
         if ts and ts[0].is_sparse:
-            return self._recorded("c10d::allreduce_", _SLOTS[6], "sparse_all_reduce", ts,
-                                  lambda: self._sparse_allreduce(ts, opts))
+            return self._recorded(
+                "c10d::allreduce_",
+                _SLOTS[6],
+                "sparse_all_reduce",
+                ts,
+                lambda: self._sparse_allreduce(ts, opts),
+            )
 
         def issue() -> CommWork:
             self._flush()
@@ -474,8 +503,7 @@ class _BackendWrapper(ProcessGroup):
             self._flush()
             op, timeout = _reduce_op(opts), _timeout(opts)
             if len(ts) == 1:
-                return self._work([self._comm.all_reduce(ts[0], op, True, timeout=timeout)],
-                                  ts)
+                return self._work([self._comm.all_reduce(ts[0], op, True, timeout=timeout)], ts)
             flat = torch.cat([t.reshape(-1) for t in ts])
             work = self._comm.all_reduce(flat, op, True, timeout=timeout)
             return self._work([work], ts, unflatten_into(flat, ts))
@@ -484,8 +512,12 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (tensor, root, op, timeout) form; Python code
     # (distributed_c10d) calls (tensors, opts), which this takes.
-    def reduce(self, tensors: Any, opts: Any = None,  # type: ignore[override]
-               op: Any = None) -> CommWork:
+    def reduce(
+        self,
+        tensors: Any,
+        opts: Any = None,  # type: ignore[override]
+        op: Any = None,
+    ) -> CommWork:
         """``reduce(tensors, ReduceOptions)`` or ``reduce(tensor, root, op)``."""
         t = _one(tensors, "reduce")
 
@@ -506,14 +538,15 @@ class _BackendWrapper(ProcessGroup):
             self._flush()
             _same_length("allgather", output_tensors, ins)
             timeout = _timeout(opts)
-            works = [self._comm.all_gather(list(outs), t, True, timeout=timeout)
-                     for outs, t in zip(output_tensors, ins, strict=True)]
+            works = [
+                self._comm.all_gather(list(outs), t, True, timeout=timeout)
+                for outs, t in zip(output_tensors, ins, strict=True)
+            ]
             return self._work(works, output_tensors)
 
         return self._recorded("c10d::allgather_", _SLOTS[5], "all_gather", ins, issue)
 
-    def allgather_coalesced(self, output_lists: Any, input_list: Any,
-                            opts: Any = None) -> CommWork:
+    def allgather_coalesced(self, output_lists: Any, input_list: Any, opts: Any = None) -> CommWork:
         """All-gathers of several tensors in one exchange; ``output_lists[rank][input]``."""
         ins = _tensor_list(input_list, "allgather_coalesced")
 
@@ -521,33 +554,35 @@ class _BackendWrapper(ProcessGroup):
             _check_gather_coalesced(output_lists, ins, self.size())
             self._flush()
             n = self.size()
-            flat_in = torch.cat([t.reshape(-1) for t in ins]) if len(ins) > 1 else (
-                ins[0].reshape(-1))
+            flat_in = (
+                torch.cat([t.reshape(-1) for t in ins]) if len(ins) > 1 else (ins[0].reshape(-1))
+            )
             flat_out = flat_in.new_empty(n * flat_in.numel())
-            work = self._comm.all_gather_single(flat_out, flat_in, True,
-                                                timeout=_timeout(opts))
+            work = self._comm.all_gather_single(flat_out, flat_in, True, timeout=_timeout(opts))
             rows = flat_out.view(n, -1)
-            return self._work([work], output_lists,
-                              _chain([unflatten_into(rows[r], list(output_lists[r]))
-                                      for r in range(n)]))
+            return self._work(
+                [work],
+                output_lists,
+                _chain([unflatten_into(rows[r], list(output_lists[r])) for r in range(n)]),
+            )
 
-        return self._recorded("c10d::allgather_coalesced_", _SLOTS[4], "all_gather", ins,
-                              issue)
+        return self._recorded("c10d::allgather_coalesced_", _SLOTS[4], "all_gather", ins, issue)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
-                          opts: Any = None) -> CommWork:
+    def all_gather_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> CommWork:
         def issue() -> CommWork:
             self._flush()
             work = self._comm.all_gather_single(output, input, True, timeout=_timeout(opts))
             return self._work([work], [output])
 
-        return self._recorded("c10d::_allgather_base_", (output, input, *_SLOTS[3]),
-                              "all_gather", [input], issue)
+        return self._recorded(
+            "c10d::_allgather_base_", (output, input, *_SLOTS[3]), "all_gather", [input], issue
+        )
 
     _allgather_base = all_gather_single
 
-    def all_gather_single_coalesced(self, outputs: Any, inputs: Any,
-                                    opts: Any = None) -> CommWork:
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> CommWork:
         """All-gathers of several tensors, as one exchange per dtype."""
         outs = _tensor_list(outputs, "all_gather_single_coalesced")
         ins = _tensor_list(inputs, "all_gather_single_coalesced")
@@ -561,8 +596,9 @@ class _BackendWrapper(ProcessGroup):
             for idx in _index_by_dtype(ins):
                 if len(idx) == 1:
                     i = idx[0]
-                    works.append(self._comm.all_gather_single(outs[i], ins[i], True,
-                                                              timeout=timeout))
+                    works.append(
+                        self._comm.all_gather_single(outs[i], ins[i], True, timeout=timeout)
+                    )
                     continue
                 for i in idx:
                     if outs[i].numel() != ins[i].numel() * n:
@@ -574,21 +610,25 @@ class _BackendWrapper(ProcessGroup):
                 flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
                 # Flat output: engines split it into chunks shaped like the input.
                 flat_out = flat_in.new_empty(n * flat_in.numel())
-                works.append(self._comm.all_gather_single(flat_out, flat_in, True,
-                                                          timeout=timeout))
+                works.append(self._comm.all_gather_single(flat_out, flat_in, True, timeout=timeout))
                 steps.append(_scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx]))
             return self._work(works, outs, _chain(steps))
 
-        return self._recorded("c10d::allgather_into_tensor_coalesced_", _SLOTS[4],
-                              "all_gather", ins, issue)
+        return self._recorded(
+            "c10d::allgather_into_tensor_coalesced_", _SLOTS[4], "all_gather", ins, issue
+        )
 
     # c10d's other name for the operation; the stub names its arguments differently.
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
     # The stub's overloads add c10d's C++-only (tensor, list, op, timeout) form; Python code
     # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
-    def reduce_scatter(self, output_tensors: Any,  # type: ignore[override]
-                       input_lists: Any, opts: Any = None) -> CommWork:
+    def reduce_scatter(
+        self,
+        output_tensors: Any,  # type: ignore[override]
+        input_lists: Any,
+        opts: Any = None,
+    ) -> CommWork:
         if isinstance(output_tensors, torch.Tensor):  # reduce_scatter(tensor, list) overload
             input_lists = [input_lists]
         outs = _tensor_list(output_tensors, "reduce_scatter")
@@ -597,31 +637,38 @@ class _BackendWrapper(ProcessGroup):
             self._flush()
             _same_length("reduce_scatter", outs, input_lists)
             op, timeout = _reduce_op(opts), _timeout(opts)
-            works = [self._comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
-                     for o, ins in zip(outs, input_lists, strict=True)]
+            works = [
+                self._comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
+                for o, ins in zip(outs, input_lists, strict=True)
+            ]
             return self._work(works, outs)
 
         # Gloo runs a reduce-scatter as one all-reduce per input.
         first = list(input_lists[0]) if input_lists else []
-        return self._recorded("c10d::reduce_scatter_", _SLOTS[6], "all_reduce", first, issue,
-                              per_input=True)
+        return self._recorded(
+            "c10d::reduce_scatter_", _SLOTS[6], "all_reduce", first, issue, per_input=True
+        )
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
-                              opts: Any = None) -> CommWork:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> CommWork:
         def issue() -> CommWork:
             self._flush()
-            work = self._comm.reduce_scatter_single(output, input, _reduce_op(opts), True,
-                                                    timeout=_timeout(opts))
+            work = self._comm.reduce_scatter_single(
+                output, input, _reduce_op(opts), True, timeout=_timeout(opts)
+            )
             return self._work([work], [output])
 
-        return self._recorded("c10d::_reduce_scatter_base_", (output, input, *_SLOTS[4]),
-                              "all_reduce", [input], issue)
+        return self._recorded(
+            "c10d::_reduce_scatter_base_", (output, input, *_SLOTS[4]), "all_reduce", [input], issue
+        )
 
     # c10d's other name for the operation; the stub names its arguments differently.
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
-    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any,
-                                        opts: Any = None) -> CommWork:
+    def reduce_scatter_single_coalesced(
+        self, outputs: Any, inputs: Any, opts: Any = None
+    ) -> CommWork:
         """Reduce-scatters of several tensors, as one exchange per dtype."""
         outs = _tensor_list(outputs, "reduce_scatter_single_coalesced")
         ins = _tensor_list(inputs, "reduce_scatter_single_coalesced")
@@ -635,8 +682,9 @@ class _BackendWrapper(ProcessGroup):
             for idx in _index_by_dtype(ins):
                 if len(idx) == 1:
                     i = idx[0]
-                    works.append(self._comm.reduce_scatter_single(outs[i], ins[i], op, True,
-                                                                  timeout=timeout))
+                    works.append(
+                        self._comm.reduce_scatter_single(outs[i], ins[i], op, True, timeout=timeout)
+                    )
                     continue
                 for i in idx:
                     if ins[i].numel() != outs[i].numel() * n:
@@ -647,14 +695,23 @@ class _BackendWrapper(ProcessGroup):
                         )
                 flat_in = torch.cat([ins[i].reshape(n, -1) for i in idx], dim=1)
                 flat_out = flat_in.new_empty(flat_in.shape[1])
-                works.append(self._comm.reduce_scatter_single(flat_out, flat_in.reshape(-1),
-                                                              op, True, timeout=timeout))
+                works.append(
+                    self._comm.reduce_scatter_single(
+                        flat_out, flat_in.reshape(-1), op, True, timeout=timeout
+                    )
+                )
                 steps.append(unflatten_into(flat_out, [outs[i] for i in idx]))
             return self._work(works, outs, _chain(steps))
 
         # Gloo reduce-scatters each input with an all-reduce of its own.
-        return self._recorded("c10d::reduce_scatter_tensor_coalesced_", _SLOTS[6],
-                              "all_reduce", ins, issue, per_input=True)
+        return self._recorded(
+            "c10d::reduce_scatter_tensor_coalesced_",
+            _SLOTS[6],
+            "all_reduce",
+            ins,
+            issue,
+            per_input=True,
+        )
 
     # c10d's other name for the operation; the stub names its arguments differently.
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
@@ -670,33 +727,55 @@ class _BackendWrapper(ProcessGroup):
 
         return self._recorded("c10d::alltoall_", _SLOTS[5], "all_to_all", ins, issue)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
-                          output_split_sizes: Sequence[int] = (),
-                          input_split_sizes: Sequence[int] = (), opts: Any = None) -> CommWork:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: Sequence[int] = (),
+        input_split_sizes: Sequence[int] = (),
+        opts: Any = None,
+    ) -> CommWork:
         def issue() -> CommWork:
             self._flush()
             timeout = _timeout(opts)
-            if not output_split_sizes and not input_split_sizes and input.dim() > 0 and (
-                    input.shape[0] % self.size() == 0):
+            if (
+                not output_split_sizes
+                and not input_split_sizes
+                and input.dim() > 0
+                and (input.shape[0] % self.size() == 0)
+            ):
                 work = self._comm.all_to_all_single(output, input, True, timeout=timeout)
             else:
-                work = self._comm.all_to_all_v_single(output, input, list(output_split_sizes),
-                                                      list(input_split_sizes), True,
-                                                      timeout=timeout)
+                work = self._comm.all_to_all_v_single(
+                    output,
+                    input,
+                    list(output_split_sizes),
+                    list(input_split_sizes),
+                    True,
+                    timeout=timeout,
+                )
             return self._work([work], [output])
 
-        return self._recorded("c10d::alltoall_base_", (output, input, *_SLOTS[5]),
-                              "all_to_all", [input], issue)
+        return self._recorded(
+            "c10d::alltoall_base_", (output, input, *_SLOTS[5]), "all_to_all", [input], issue
+        )
 
     # c10d's other name for the operation; the stub overloads it by argument names.
     alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     # The stub's overloads add c10d's C++-only (list, tensor, root, timeout) form; Python code
     # (distributed_c10d) calls (output_lists, inputs, opts), which this takes.
-    def gather(self, output_tensors: Any,  # type: ignore[override]
-               input_tensors: Any, opts: Any = None) -> CommWork:
-        if isinstance(input_tensors, torch.Tensor) and output_tensors and isinstance(
-                output_tensors[0], torch.Tensor):  # gather(list, tensor, root) overload
+    def gather(
+        self,
+        output_tensors: Any,  # type: ignore[override]
+        input_tensors: Any,
+        opts: Any = None,
+    ) -> CommWork:
+        if (
+            isinstance(input_tensors, torch.Tensor)
+            and output_tensors
+            and isinstance(output_tensors[0], torch.Tensor)
+        ):  # gather(list, tensor, root) overload
             output_tensors = [output_tensors]
         t = _one(input_tensors, "gather")
 
@@ -711,10 +790,17 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (tensor, list, root, timeout) form; Python code
     # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
-    def scatter(self, output_tensors: Any,  # type: ignore[override]
-                input_tensors: Any, opts: Any = None) -> CommWork:
-        if isinstance(output_tensors, torch.Tensor) and input_tensors and isinstance(
-                input_tensors[0], torch.Tensor):  # scatter(tensor, list, root) overload
+    def scatter(
+        self,
+        output_tensors: Any,  # type: ignore[override]
+        input_tensors: Any,
+        opts: Any = None,
+    ) -> CommWork:
+        if (
+            isinstance(output_tensors, torch.Tensor)
+            and input_tensors
+            and isinstance(input_tensors[0], torch.Tensor)
+        ):  # scatter(tensor, list, root) overload
             input_tensors = [input_tensors]
         out = _one(output_tensors, "scatter")
         root = _root(opts)
@@ -729,28 +815,38 @@ class _BackendWrapper(ProcessGroup):
 
     # Takes both stub overloads, barrier(opts) and barrier(timeout=...), but they name
     # their first argument differently, which no one signature can match.
-    def barrier(self, opts: Any = None,  # type: ignore[override]
-                timeout: timedelta | None = None) -> CommWork:
+    def barrier(
+        self,
+        opts: Any = None,  # type: ignore[override]
+        timeout: timedelta | None = None,
+    ) -> CommWork:
         def issue() -> CommWork:
             self._flush()
             work = self._comm.barrier(True, timeout=_timeout(timeout if opts is None else opts))
             return self._work([work], [])
 
-        return self._recorded("c10d::barrier", (_barrier_tensor(1), *_SLOTS[4]), "barrier", (),
-                              issue)
+        return self._recorded(
+            "c10d::barrier", (_barrier_tensor(1), *_SLOTS[4]), "barrier", (), issue
+        )
 
-    def monitored_barrier(self, timeout: timedelta | None = None,
-                          wait_all_ranks: bool = False) -> None:
+    def monitored_barrier(
+        self, timeout: timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
         """gloo's ``monitoredBarrier``: rank 0 hears from every rank and names the late ones."""
         from .monitored_barrier import monitored_barrier
 
         self._flush()
         # The op's record spans the barrier; its sends and receives record themselves.
-        rec = profiling.begin("c10d::monitored_barrier_", (_barrier_tensor(0), *_SLOTS[4]),
-                              (), quiet=False)
+        rec = profiling.begin(
+            "c10d::monitored_barrier_", (_barrier_tensor(0), *_SLOTS[4]), (), quiet=False
+        )
         try:
-            monitored_barrier(self._comm, _timeout(timeout) or self._comm.get_timeout(),
-                              wait_all_ranks, self._backend_name)
+            monitored_barrier(
+                self._comm,
+                _timeout(timeout) or self._comm.get_timeout(),
+                wait_all_ranks,
+                self._backend_name,
+            )
         finally:
             if rec is not None:
                 rec.issued()
@@ -779,8 +875,13 @@ def _c10d_engine(comm: TorchComm) -> Any:
 
 def _backend_type(name: str) -> Any:
     kinds = ProcessGroup.BackendType
-    return {"gloo": kinds.GLOO, "nccl": kinds.NCCL, "ucc": kinds.UCC, "mpi": kinds.MPI,
-            "xccl": kinds.XCCL}.get(name, kinds.CUSTOM)
+    return {
+        "gloo": kinds.GLOO,
+        "nccl": kinds.NCCL,
+        "ucc": kinds.UCC,
+        "mpi": kinds.MPI,
+        "xccl": kinds.XCCL,
+    }.get(name, kinds.CUSTOM)
 
 
 def _check_coalesced(where: str, tensors: list[torch.Tensor]) -> None:
@@ -790,14 +891,20 @@ def _check_coalesced(where: str, tensors: list[torch.Tensor]) -> None:
     first = tensors[0]
     for t in tensors[1:]:
         if t.dtype != first.dtype:
-            raise RuntimeError(f"ProcessGroupGloo::{where}: tensors must all have the same "
-                               f"type (got {first.dtype} and {t.dtype})")
+            raise RuntimeError(
+                f"ProcessGroupGloo::{where}: tensors must all have the same "
+                f"type (got {first.dtype} and {t.dtype})"
+            )
         if t.layout != first.layout:
-            raise RuntimeError(f"ProcessGroupGloo::{where}: tensors must all have the same "
-                               f"layout (got {first.layout} and {t.layout})")
+            raise RuntimeError(
+                f"ProcessGroupGloo::{where}: tensors must all have the same "
+                f"layout (got {first.layout} and {t.layout})"
+            )
     if first.layout != torch.strided:
-        raise RuntimeError(f"ProcessGroupGloo::{where}: unsupported layout {first.layout}; "
-                           f"only dense tensors can be coalesced")
+        raise RuntimeError(
+            f"ProcessGroupGloo::{where}: unsupported layout {first.layout}; "
+            f"only dense tensors can be coalesced"
+        )
 
 
 def _check_gather_coalesced(output_lists: Any, ins: list[torch.Tensor], size: int) -> None:
@@ -806,28 +913,35 @@ def _check_gather_coalesced(output_lists: Any, ins: list[torch.Tensor], size: in
     if not ins:
         raise RuntimeError(f"{where}: requires non-empty input list")
     if len(output_lists) != size:
-        raise RuntimeError(f"{where}: output list should be size {size} (one list per "
-                           f"rank), got {len(output_lists)}")
+        raise RuntimeError(
+            f"{where}: output list should be size {size} (one list per "
+            f"rank), got {len(output_lists)}"
+        )
     dtype = ins[0].dtype
     for outs in output_lists:
         if len(outs) != len(ins):
-            raise RuntimeError(f"{where}: invalid output size: (expected length {len(ins)}, "
-                               f"got {len(outs)})")
+            raise RuntimeError(
+                f"{where}: invalid output size: (expected length {len(ins)}, got {len(outs)})"
+            )
         for i, (out, t) in enumerate(zip(outs, ins, strict=True)):
             if out.shape != t.shape:
-                raise RuntimeError(f"{where}: invalid size of output tensor at index {i} "
-                                   f"(expected length {list(t.shape)}, got {list(out.shape)})")
+                raise RuntimeError(
+                    f"{where}: invalid size of output tensor at index {i} "
+                    f"(expected length {list(t.shape)}, got {list(out.shape)})"
+                )
             if out.dtype != dtype:
-                raise RuntimeError(f"{where}: invalid tensor type at index {i} (expected "
-                                   f"{dtype}, got {out.dtype})")
+                raise RuntimeError(
+                    f"{where}: invalid tensor type at index {i} (expected {dtype}, got {out.dtype})"
+                )
     if any(t.layout != torch.strided for t in ins):
         raise RuntimeError(f"{where}: only dense tensors are supported")
 
 
 def _same_length(where: str, outs: Sequence[Any], ins: Sequence[Any]) -> None:
     if len(outs) != len(ins):
-        raise CommInputError(f"{where}: {len(outs)} outputs for {len(ins)} inputs; pass one "
-                             f"output per input")
+        raise CommInputError(
+            f"{where}: {len(outs)} outputs for {len(ins)} inputs; pass one output per input"
+        )
 
 
 def _index_by_dtype(tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -845,7 +959,7 @@ def _scatter_columns(gathered: torch.Tensor, outs: list[torch.Tensor]) -> Callab
         rows = gathered.shape[0]
         for out in outs:
             n = out.numel() // rows
-            out.copy_(gathered[:, offset:offset + n].reshape(out.shape))
+            out.copy_(gathered[:, offset : offset + n].reshape(out.shape))
             offset += n
 
     return step
@@ -876,8 +990,12 @@ def _guard_register_backend() -> None:
     if getattr(original, "__torchcomms_guard__", False):
         return
 
-    def _register_backend(self: Any, device: Any, backend_type: Any, backend: Any = None,
-                          ) -> Any:
+    def _register_backend(
+        self: Any,
+        device: Any,
+        backend_type: Any,
+        backend: Any = None,
+    ) -> Any:
         if isinstance(backend, _BackendWrapper):
             raise CommTypeError(
                 "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "

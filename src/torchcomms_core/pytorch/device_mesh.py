@@ -19,8 +19,11 @@ from .backend_wrapper import _BackendWrapper
 from .groups import as_process_group
 
 
-def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequence[str],
-                     _global_comm: TorchComm | None = None) -> Any:
+def init_device_mesh(
+    mesh_dim_comms: Sequence[TorchComm],
+    mesh_dim_names: Sequence[str],
+    _global_comm: TorchComm | None = None,
+) -> Any:
     """Build a ``DeviceMesh`` whose dimension ``i`` runs on ``mesh_dim_comms[i]``.
 
     A 1-D mesh takes one communicator. An N-D mesh takes one per dimension plus
@@ -31,15 +34,17 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
     comms = _check_comms(mesh_dim_comms)
     names = _check_names(mesh_dim_names, len(comms))
     if _global_comm is not None and not isinstance(_global_comm, TorchComm):
-        raise CommTypeError(f"init_device_mesh: _global_comm must be a TorchComm, got "
-                            f"{type(_global_comm).__name__}")
+        raise CommTypeError(
+            f"init_device_mesh: _global_comm must be a TorchComm, got {type(_global_comm).__name__}"
+        )
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.distributed_c10d import GroupName
 
     device_type = comms[0].get_device().type
-    global_comm = _global_comm if _global_comm is not None else (
-        comms[0] if len(comms) == 1 else None)
+    global_comm = (
+        _global_comm if _global_comm is not None else (comms[0] if len(comms) == 1 else None)
+    )
     if not dist.is_initialized():
         if global_comm is None:
             raise CommInputError(
@@ -50,24 +55,29 @@ def init_device_mesh(mesh_dim_comms: Sequence[TorchComm], mesh_dim_names: Sequen
         as_process_group(global_comm)
     elif global_comm is not None:
         as_process_group(global_comm)
-    groups = [as_process_group(c, group_desc=f"mesh_{n}")
-              for c, n in zip(comms, names, strict=True)]
+    groups = [
+        as_process_group(c, group_desc=f"mesh_{n}") for c, n in zip(comms, names, strict=True)
+    ]
     my_rank = dist.get_rank()
     if len(comms) == 1:
         mesh = torch.tensor(dist.get_process_group_ranks(groups[0]), dtype=torch.int)
     else:
         mesh = _grid(comms, names, groups, my_rank, global_comm)
-    device_mesh = DeviceMesh(device_type, mesh, mesh_dim_names=names, _init_backend=False,
-                             _rank=my_rank)
+    device_mesh = DeviceMesh(
+        device_type, mesh, mesh_dim_names=names, _init_backend=False, _rank=my_rank
+    )
     device_mesh._dim_group_names = [GroupName(pg.group_name) for pg in groups]
     for pg in groups:
         device_mesh._pg_registry[pg.group_name] = pg
     return device_mesh
 
 
-def _create_torchcomm_process_group(comm: TorchComm, group_name: str,
-                                    backend_str: str = "torchcomm",
-                                    global_ranks_mapping: dict[int, int] | None = None) -> Any:
+def _create_torchcomm_process_group(
+    comm: TorchComm,
+    group_name: str,
+    backend_str: str = "torchcomm",
+    global_ranks_mapping: dict[int, int] | None = None,
+) -> Any:
     """Register ``comm`` in ``torch.distributed`` as the process group ``group_name``.
 
     As in Meta's torchcomms: the group runs every operation on ``comm``, is recorded
@@ -77,14 +87,11 @@ def _create_torchcomm_process_group(comm: TorchComm, group_name: str,
     """
     where = "_create_torchcomm_process_group"
     if not isinstance(comm, TorchComm):
-        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got "
-                            f"{type(comm).__name__}")
+        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got {type(comm).__name__}")
     if not isinstance(group_name, str) or not group_name:
-        raise CommTypeError(f"{where}: group_name must be a non-empty string, got "
-                            f"{group_name!r}")
+        raise CommTypeError(f"{where}: group_name must be a non-empty string, got {group_name!r}")
     if not isinstance(backend_str, str) or not backend_str:
-        raise CommTypeError(f"{where}: backend_str must be a non-empty string, got "
-                            f"{backend_str!r}")
+        raise CommTypeError(f"{where}: backend_str must be a non-empty string, got {backend_str!r}")
     size = comm.get_size()
     mapping = _check_mapping(global_ranks_mapping, size, where)
     import torch.distributed as dist
@@ -125,8 +132,10 @@ def _check_mapping(mapping: Any, size: int, where: str) -> dict[int, int]:
     if mapping is None:
         return {i: i for i in range(size)}
     if not isinstance(mapping, dict):
-        raise CommTypeError(f"{where}: global_ranks_mapping must be a dict "
-                            f"{{global rank: group rank}}, got {type(mapping).__name__}")
+        raise CommTypeError(
+            f"{where}: global_ranks_mapping must be a dict "
+            f"{{global rank: group rank}}, got {type(mapping).__name__}"
+        )
     ok = all(isinstance(k, int) and isinstance(v, int) and k >= 0 for k, v in mapping.items())
     if not ok or sorted(mapping.values()) != list(range(size)):
         raise CommInputError(
@@ -136,8 +145,9 @@ def _check_mapping(mapping: Any, size: int, where: str) -> dict[int, int]:
     return dict(mapping)
 
 
-def _flatten_with_comm(mesh: Any, mesh_dim_name: str, comm: TorchComm,
-                       global_ranks: list[int], layout: Any) -> Any:
+def _flatten_with_comm(
+    mesh: Any, mesh_dim_name: str, comm: TorchComm, global_ranks: list[int], layout: Any
+) -> Any:
     """Add to ``mesh``'s root a flattened 1-D dimension ``mesh_dim_name`` running on ``comm``.
 
     ``global_ranks`` are the global ranks of ``comm``'s members in its rank order (this
@@ -151,18 +161,19 @@ def _flatten_with_comm(mesh: Any, mesh_dim_name: str, comm: TorchComm,
     if not isinstance(mesh, DeviceMesh):
         raise CommTypeError(f"{where}: mesh must be a DeviceMesh, got {type(mesh).__name__}")
     if not isinstance(comm, TorchComm):
-        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got "
-                            f"{type(comm).__name__}")
+        raise CommTypeError(f"{where}: expected a torchcomms TorchComm, got {type(comm).__name__}")
     root = mesh._get_root_mesh()
     if not isinstance(mesh_dim_name, str) or not mesh_dim_name:
-        raise CommTypeError(f"{where}: mesh_dim_name must be a non-empty string, got "
-                            f"{mesh_dim_name!r}")
+        raise CommTypeError(
+            f"{where}: mesh_dim_name must be a non-empty string, got {mesh_dim_name!r}"
+        )
     if mesh_dim_name in (root.mesh_dim_names or ()) or mesh_dim_name in root._flatten_mapping:
-        raise CommInputError(f"{where}: the mesh already has a dimension named "
-                             f"{mesh_dim_name!r}; choose another name")
+        raise CommInputError(
+            f"{where}: the mesh already has a dimension named "
+            f"{mesh_dim_name!r}; choose another name"
+        )
     ranks = list(global_ranks) if isinstance(global_ranks, (list, tuple)) else None
-    if ranks is None or len(ranks) != comm.get_size() or not all(
-            isinstance(r, int) for r in ranks):
+    if ranks is None or len(ranks) != comm.get_size() or not all(isinstance(r, int) for r in ranks):
         raise CommInputError(
             f"{where}: global_ranks must list the global rank of each of the "
             f"{comm.get_size()} members of communicator {comm.get_name()!r}, in its rank "
@@ -172,8 +183,14 @@ def _flatten_with_comm(mesh: Any, mesh_dim_name: str, comm: TorchComm,
         from torch.distributed._mesh_layout import _MeshLayout
 
         layout = _MeshLayout([mesh._layout.collapse()])
-    flat = DeviceMesh(root.device_type, _layout=layout, _rank_map=root._rank_map,
-                      mesh_dim_names=(mesh_dim_name,), _root_mesh=root, _init_backend=False)
+    flat = DeviceMesh(
+        root.device_type,
+        _layout=layout,
+        _rank_map=root._rank_map,
+        mesh_dim_names=(mesh_dim_name,),
+        _root_mesh=root,
+        _init_backend=False,
+    )
     expected = flat.mesh.tolist()
     if expected != ranks:
         raise CommInputError(
@@ -182,8 +199,10 @@ def _flatten_with_comm(mesh: Any, mesh_dim_name: str, comm: TorchComm,
             f"(and a communicator over exactly them)"
         )
     pg = _create_torchcomm_process_group(
-        comm, _free_group_name(comm.get_name()),
-        global_ranks_mapping={g: i for i, g in enumerate(ranks)})
+        comm,
+        _free_group_name(comm.get_name()),
+        global_ranks_mapping={g: i for i, g in enumerate(ranks)},
+    )
     flat._dim_group_names = [pg.group_name]
     root._pg_registry[pg.group_name] = pg
     root._flatten_mapping[mesh_dim_name] = flat
@@ -209,35 +228,48 @@ def _check_comms(mesh_dim_comms: Any) -> list[TorchComm]:
         )
     comms = list(mesh_dim_comms)
     if not comms:
-        raise CommInputError("init_device_mesh: mesh_dim_comms is empty; pass one "
-                             "communicator per mesh dimension")
+        raise CommInputError(
+            "init_device_mesh: mesh_dim_comms is empty; pass one communicator per mesh dimension"
+        )
     for i, c in enumerate(comms):
         if not isinstance(c, TorchComm):
-            raise CommTypeError(f"init_device_mesh: mesh_dim_comms[{i}] is a "
-                                f"{type(c).__name__}, not a TorchComm")
+            raise CommTypeError(
+                f"init_device_mesh: mesh_dim_comms[{i}] is a {type(c).__name__}, not a TorchComm"
+            )
     kinds = {c.get_device().type for c in comms}
     if len(kinds) > 1:
-        raise CommInputError(f"init_device_mesh: all dimensions must be on one device type, "
-                             f"got {sorted(kinds)}")
+        raise CommInputError(
+            f"init_device_mesh: all dimensions must be on one device type, got {sorted(kinds)}"
+        )
     return comms
 
 
 def _check_names(mesh_dim_names: Any, ndim: int) -> tuple[str, ...]:
     if isinstance(mesh_dim_names, str) or not isinstance(mesh_dim_names, (list, tuple)):
-        raise CommTypeError(f"init_device_mesh: mesh_dim_names must be a tuple of strings, "
-                            f"e.g. ('dp',); got {mesh_dim_names!r}")
+        raise CommTypeError(
+            f"init_device_mesh: mesh_dim_names must be a tuple of strings, "
+            f"e.g. ('dp',); got {mesh_dim_names!r}"
+        )
     names = tuple(mesh_dim_names)
     if len(names) != ndim:
-        raise CommInputError(f"init_device_mesh: {ndim} communicators but {len(names)} "
-                             f"mesh_dim_names; give one name per dimension")
+        raise CommInputError(
+            f"init_device_mesh: {ndim} communicators but {len(names)} "
+            f"mesh_dim_names; give one name per dimension"
+        )
     if len(set(names)) != len(names) or not all(isinstance(n, str) and n for n in names):
-        raise CommInputError(f"init_device_mesh: mesh_dim_names {names} must be distinct, "
-                             f"non-empty strings")
+        raise CommInputError(
+            f"init_device_mesh: mesh_dim_names {names} must be distinct, non-empty strings"
+        )
     return names
 
 
-def _grid(comms: list[TorchComm], names: tuple[str, ...], groups: list[Any], my_rank: int,
-          global_comm: TorchComm | None) -> torch.Tensor:
+def _grid(
+    comms: list[TorchComm],
+    names: tuple[str, ...],
+    groups: list[Any],
+    my_rank: int,
+    global_comm: TorchComm | None,
+) -> torch.Tensor:
     """The mesh of global ranks: each rank sits at its coordinates (its rank in each dim)."""
     import torch.distributed as dist
 
@@ -246,8 +278,9 @@ def _grid(comms: list[TorchComm], names: tuple[str, ...], groups: list[Any], my_
     if global_comm is not None:
         device = global_comm.get_device()
         # Flat output: engines split it into chunks shaped like the input.
-        everyone = torch.empty(global_comm.get_size() * row.numel(), dtype=torch.int64,
-                               device=device)
+        everyone = torch.empty(
+            global_comm.get_size() * row.numel(), dtype=torch.int64, device=device
+        )
         global_comm.all_gather_single(everyone, row.to(device))
         everyone = everyone.cpu().view(-1, row.numel())
     else:

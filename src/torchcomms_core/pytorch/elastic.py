@@ -30,11 +30,14 @@ def rebuild_process_group(comm: TorchComm, *, group_desc: str = "default_pg") ->
     import torch.distributed as dist
 
     if not isinstance(comm, TorchComm):
-        raise CommTypeError(f"rebuild_process_group: expected a torchcomms TorchComm, got "
-                            f"{type(comm).__name__}")
+        raise CommTypeError(
+            f"rebuild_process_group: expected a torchcomms TorchComm, got {type(comm).__name__}"
+        )
     if comm.get_size() < 1 or comm.is_finalized():
-        raise CommStateError(f"rebuild_process_group: communicator {comm.get_name()!r} is not "
-                             f"bound to a group; call comm.reconfigure(...) first")
+        raise CommStateError(
+            f"rebuild_process_group: communicator {comm.get_name()!r} is not "
+            f"bound to a group; call comm.reconfigure(...) first"
+        )
     old = find_group(comm)
     if old is not None:
         old.shutdown = _keep_comm

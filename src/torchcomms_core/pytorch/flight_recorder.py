@@ -39,10 +39,18 @@ VERSION = "2.10"
 # Analyzer operation names for ours where they differ.
 _PROFILING_NAMES = {"gather_single": "gather"}
 _SCALAR_NAMES = {
-    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
-    torch.bfloat16: "BFloat16", torch.int8: "Char", torch.uint8: "Byte",
-    torch.int16: "Short", torch.int32: "Int", torch.int64: "Long", torch.bool: "Bool",
-    torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.int16: "Short",
+    torch.int32: "Int",
+    torch.int64: "Long",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
 }
 _MAX_FRAMES = 32
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +58,8 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Recorders attached to each communicator, so communicators split from it (process groups
 # that torch.distributed splits included) are recorded too (weak: a dead comm needs none).
 _attached: weakref.WeakKeyDictionary[TorchComm, list[FlightRecorderHook]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 class _SplitFollower:
@@ -127,8 +136,7 @@ def _frames() -> list[tuple[str, str, int]]:
 
 
 def _frame_dicts(frames: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
-    return [{"name": name, "filename": filename, "line": line}
-            for name, filename, line in frames]
+    return [{"name": name, "filename": filename, "line": line} for name, filename, line in frames]
 
 
 class _Track:
@@ -157,7 +165,8 @@ class _Recorder:
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
         self.entries: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=max_entries or None)
+            maxlen=max_entries or None
+        )
         self.tracks: list[_Track] = []
         self.next_pg_id = 0
         self.record_ids = 0
@@ -308,9 +317,14 @@ class _Recorder:
         for entry in entries:
             self.settle(entry, now)
             if not entry["is_p2p"]:
-                status = pg_status.setdefault(str(entry["pg_id"]), {
-                    "last_enqueued_collective": -1, "last_started_collective": -1,
-                    "last_completed_collective": -1})
+                status = pg_status.setdefault(
+                    str(entry["pg_id"]),
+                    {
+                        "last_enqueued_collective": -1,
+                        "last_started_collective": -1,
+                        "last_completed_collective": -1,
+                    },
+                )
                 seq = entry["collective_seq_id"]
                 status["last_enqueued_collective"] = seq
                 if entry["state"] in ("started", "completed"):
@@ -324,8 +338,14 @@ class _Recorder:
             name, desc, _ = groups.get(entry["pg_id"], (str(entry["pg_id"]), "undefined", []))
             item["process_group"] = [name, desc]
             out.append(item)
-        return {"version": VERSION, "comm_lib_version": "", "pg_config": pg_config,
-                "pg_status": pg_status, "nccl_comm_state": {}, "entries": out}
+        return {
+            "version": VERSION,
+            "comm_lib_version": "",
+            "pg_config": pg_config,
+            "pg_status": pg_status,
+            "nccl_comm_state": {},
+            "entries": out,
+        }
 
 
 # The process-wide recorder every non-isolated hook shares (made on first use), and
@@ -366,11 +386,9 @@ def _set_healthy(value: bool) -> None:
 
 def _check_max_entries(max_entries: Any) -> int:
     if isinstance(max_entries, bool) or not isinstance(max_entries, int):
-        raise CommTypeError(f"FlightRecorderHook: max_entries must be an int, got "
-                            f"{max_entries!r}")
+        raise CommTypeError(f"FlightRecorderHook: max_entries must be an int, got {max_entries!r}")
     if max_entries < 0:
-        raise CommInputError(f"FlightRecorderHook: max_entries must be >= 0, got "
-                             f"{max_entries}")
+        raise CommInputError(f"FlightRecorderHook: max_entries must be >= 0, got {max_entries}")
     return max_entries
 
 
@@ -396,8 +414,9 @@ class FlightRecorderHook:
     def __init__(self, max_entries: int = 2048, isolated: bool = False) -> None:
         max_entries = _check_max_entries(max_entries)
         if not isinstance(isolated, bool):
-            raise CommTypeError(f"FlightRecorderHook: isolated must be True or False, got "
-                                f"{isolated!r}")
+            raise CommTypeError(
+                f"FlightRecorderHook: isolated must be True or False, got {isolated!r}"
+            )
         self._isolated = isolated
         self._recorder = _Recorder(max_entries) if isolated else global_recorder()
         if isolated:  # as the reference does: operation ids start from 0 again
@@ -444,8 +463,9 @@ class FlightRecorderHook:
         Returns the hook itself, so ``FlightRecorderHook().register_with_comm(c)`` works.
         """
         if not isinstance(comm, TorchComm):
-            raise CommTypeError(f"register_with_comm: expected a TorchComm, got "
-                                f"{type(comm).__name__}")
+            raise CommTypeError(
+                f"register_with_comm: expected a TorchComm, got {type(comm).__name__}"
+            )
         if not self._recorder.enabled:
             return self
         _follow_splits()
@@ -505,8 +525,9 @@ class FlightRecorderHook:
             raise CommTypeError(f"dump_file: rank must be a non-negative int, got {rank!r}")
         return self.dump(dump_path(rank), format="pickle", include_completed=include_completed)
 
-    def dump(self, path: str | None = None, *, format: str = "json",
-             include_completed: bool = True) -> str:
+    def dump(
+        self, path: str | None = None, *, format: str = "json", include_completed: bool = True
+    ) -> str:
         """Write the dump to ``path`` (default ``<TORCHCOMM_FR_DUMP_TEMP_FILE><rank>``).
 
         ``format="pickle"`` writes what c10d's own recorder writes, for tools that read
@@ -530,8 +551,10 @@ class FlightRecorderHook:
         return global_rank([t.comm() for t in self._tracks])
 
     def __repr__(self) -> str:
-        return (f"<FlightRecorderHook max_entries={self.max_entries} isolated={self.isolated} "
-                f"entries={self.size()} comms={len(self._tracks)}>")
+        return (
+            f"<FlightRecorderHook max_entries={self.max_entries} isolated={self.isolated} "
+            f"entries={self.size()} comms={len(self._tracks)}>"
+        )
 
 
 def dump_path(rank: int) -> str:
@@ -574,8 +597,7 @@ def _write_private(path: str, payload: bytes) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                               dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(payload)

@@ -27,8 +27,9 @@ def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _Back
     becomes the default (``dist.group.WORLD``), as ``DeviceMesh`` and FSDP2 need one.
     """
     if not isinstance(comm, TorchComm):
-        raise CommTypeError(f"as_process_group: expected a torchcomms TorchComm, got "
-                            f"{type(comm).__name__}")
+        raise CommTypeError(
+            f"as_process_group: expected a torchcomms TorchComm, got {type(comm).__name__}"
+        )
     # Only our wrappers have get_comm, so a group found for a comm is one.
     existing = cast("_BackendWrapper | None", find_group(comm))
     if existing is not None:

@@ -22,8 +22,14 @@ def _ms(timeout: timedelta) -> int:
     return int(timeout.total_seconds() * 1000)
 
 
-def _p2p(comm: TorchComm, kind: str, tensor: torch.Tensor, peer: int,
-         timeout: timedelta | None, engine: str) -> Any:
+def _p2p(
+    comm: TorchComm,
+    kind: str,
+    tensor: torch.Tensor,
+    peer: int,
+    timeout: timedelta | None,
+    engine: str,
+) -> Any:
     """Post a send or receive on the backend; returns ``(work, profiler record)``.
 
     The backend's own work, not a ``TorchWork``: a rank that misses the barrier is what
@@ -50,16 +56,19 @@ def _wait(posted: tuple[Any, Any]) -> None:
             rec.done()
 
 
-def monitored_barrier(comm: TorchComm, timeout: timedelta, wait_all_ranks: bool,
-                      engine: str) -> None:
+def monitored_barrier(
+    comm: TorchComm, timeout: timedelta, wait_all_ranks: bool, engine: str
+) -> None:
     """Run the barrier on ``comm``; raises ``RuntimeError`` naming the ranks that failed."""
     rank, size = comm.get_rank(), comm.get_size()
     token = torch.tensor([rank], device=comm.get_device())
     if rank != 0:
         # Only rank 0 enforces the barrier's timeout, so that it is the one to report;
         # the others wait with the communicator's.
-        posted = [_p2p(comm, "send", token, 0, None, engine),
-                  _p2p(comm, "recv", token, 0, None, engine)]
+        posted = [
+            _p2p(comm, "send", token, 0, None, engine),
+            _p2p(comm, "recv", token, 0, None, engine),
+        ]
         try:
             for item in posted:
                 _wait(item)
@@ -80,23 +89,30 @@ def monitored_barrier(comm: TorchComm, timeout: timedelta, wait_all_ranks: bool,
             # use up the time of the ranks after it.
             left = limit if wait_all_ranks else limit - (time.monotonic() - start)
             if not wait_all_ranks and left < 0:
-                done = (f"Successfully processed ranks: {', '.join(map(str, processed))}"
-                        if processed else "No ranks successfully processed in monitoredBarrier.")
-                raise RuntimeError(f"Rank {rank} timed out in monitoredBarrier after "
-                                   f"{_ms(timeout)} ms.\n{done}")
+                done = (
+                    f"Successfully processed ranks: {', '.join(map(str, processed))}"
+                    if processed
+                    else "No ranks successfully processed in monitoredBarrier."
+                )
+                raise RuntimeError(
+                    f"Rank {rank} timed out in monitoredBarrier after {_ms(timeout)} ms.\n{done}"
+                )
             try:
                 _wait(_p2p(comm, kind, tensor, peer, timedelta(seconds=left), engine))
             except Exception as exc:
-                error = (f"[Rank 0]: Rank {peer} failed to pass monitoredBarrier in "
-                         f"{_ms(timeout)} ms")
+                error = (
+                    f"[Rank 0]: Rank {peer} failed to pass monitoredBarrier in {_ms(timeout)} ms"
+                )
                 if not wait_all_ranks:
                     raise RuntimeError(f"{error}\n Original exception: \n{exc}") from exc
                 continue
             processed.append(peer)
         if wait_all_ranks and len(processed) != size - 1:
             failed = [r for r in range(1, size) if r not in processed]
-            raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass "
-                               f"monitoredBarrier in {_ms(timeout)} ms")
+            raise RuntimeError(
+                f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass "
+                f"monitoredBarrier in {_ms(timeout)} ms"
+            )
 
     # Each receive is posted when its turn comes, with the time left as its timeout.
     wait_loop("recv", torch.zeros_like(token))

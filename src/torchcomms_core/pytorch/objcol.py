@@ -72,8 +72,10 @@ def _reference_order(fn: _F) -> _F:
     that shows the order to use.
     """
     sig = inspect.signature(fn)
-    plain = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default}"
-                      for p in sig.parameters.values())
+    plain = ", ".join(
+        p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default}"
+        for p in sig.parameters.values()
+    )
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -97,8 +99,9 @@ def _check_root(root: Any, n: int, where: str) -> int:
             f"the object lists"
         )
     if not 0 <= root < n:
-        raise CommInputError(f"{where}: root {root} is not a rank of this communicator "
-                             f"(0..{n - 1})")
+        raise CommInputError(
+            f"{where}: root {root} is not a rank of this communicator (0..{n - 1})"
+        )
     return root
 
 
@@ -137,7 +140,7 @@ def _unpack(blob: torch.Tensor, count: int, peer: int, where: str) -> list[torch
         )
     out, offset = [], head
     for s in sizes:
-        out.append(blob[offset:offset + s])
+        out.append(blob[offset : offset + s])
         offset += s
     return out
 
@@ -160,8 +163,9 @@ def _decode(data: torch.Tensor, weights_only: bool, peer: int, where: str) -> An
             )
         return pickle.loads(raw)
     try:
-        return torch.load(io.BytesIO(raw), weights_only=weights_only and not plain_pickle,
-                          map_location="cpu")
+        return torch.load(
+            io.BytesIO(raw), weights_only=weights_only and not plain_pickle, map_location="cpu"
+        )
     except pickle.UnpicklingError as exc:
         if not weights_only or plain_pickle:
             raise
@@ -175,8 +179,9 @@ def _decode(data: torch.Tensor, weights_only: bool, peer: int, where: str) -> An
 
 def _check_comm(comm: Any, where: str) -> TorchComm:
     if not isinstance(comm, TorchComm):
-        raise CommTypeError(f"{where}: expected a TorchComm as first argument, got "
-                            f"{type(comm).__name__}")
+        raise CommTypeError(
+            f"{where}: expected a TorchComm as first argument, got {type(comm).__name__}"
+        )
     return comm
 
 
@@ -184,15 +189,18 @@ def _check_list(value: Any, where: str, arg: str, length: int | None = None) -> 
     if not isinstance(value, list):
         raise CommTypeError(f"{where}: {arg} must be a list, got {type(value).__name__}")
     if length is not None and len(value) != length:
-        raise CommInputError(f"{where}: {arg} has {len(value)} entries but must have one per "
-                             f"rank ({length})")
+        raise CommInputError(
+            f"{where}: {arg} has {len(value)} entries but must have one per rank ({length})"
+        )
     return value
 
 
-def _header(count: int, error: BaseException | None, nbytes: int, limit: int,
-            device: torch.device) -> torch.Tensor:
-    return torch.tensor([count, _REFUSED if error else _OK, nbytes, limit], dtype=torch.int64,
-                        device=device)
+def _header(
+    count: int, error: BaseException | None, nbytes: int, limit: int, device: torch.device
+) -> torch.Tensor:
+    return torch.tensor(
+        [count, _REFUSED if error else _OK, nbytes, limit], dtype=torch.int64, device=device
+    )
 
 
 def _exchange(comm: TorchComm, header: torch.Tensor, timeout: timedelta | None) -> list[list[int]]:
@@ -202,8 +210,9 @@ def _exchange(comm: TorchComm, header: torch.Tensor, timeout: timedelta | None) 
     return table.view(-1, _HEADER).tolist()
 
 
-def _settle(table: list[list[int]], error: BaseException | None, where: str,
-            receivers: Iterable[int]) -> None:
+def _settle(
+    table: list[list[int]], error: BaseException | None, where: str, receivers: Iterable[int]
+) -> None:
     """Raise the same refusal on every rank if any rank refused or a payload is too large.
 
     Every rank decides from the same table, so they all raise or all go on together.
@@ -234,13 +243,18 @@ def _settle(table: list[list[int]], error: BaseException | None, where: str,
 
 def _padded(data: torch.Tensor, length: int, device: torch.device) -> torch.Tensor:
     out = torch.zeros(length, dtype=torch.uint8, device=device)
-    out[:data.numel()] = data.to(device)
+    out[: data.numel()] = data.to(device)
     return out
 
 
 @_reference_order
-def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any,
-                      timeout: timedelta | None = None, weights_only: bool = True) -> None:
+def all_gather_object(
+    comm: TorchComm,
+    object_list: list[Any],
+    obj: Any,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
     """Fill ``object_list`` (one slot per rank) with every rank's ``obj``.
 
     Raises:
@@ -266,13 +280,18 @@ def all_gather_object(comm: TorchComm, object_list: list[Any], obj: Any,
     gathered = torch.zeros(n * width, dtype=torch.uint8, device=device)
     comm.all_gather_single(gathered, _padded(data, width, device), timeout=timeout)
     for r in range(n):
-        object_list[r] = _decode(gathered[r * width:r * width + sizes[r]], safe, r, where)
+        object_list[r] = _decode(gathered[r * width : r * width + sizes[r]], safe, r, where)
 
 
 @_reference_order
-def gather_object(comm: TorchComm, obj: Any, root: int,
-                  object_gather_list: list[Any] | None = None,
-                  timeout: timedelta | None = None, weights_only: bool = True) -> None:
+def gather_object(
+    comm: TorchComm,
+    obj: Any,
+    root: int,
+    object_gather_list: list[Any] | None = None,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
     """On ``root``, fill ``object_gather_list`` (one slot per rank); others pass ``None``."""
     where = "gather_object"
     comm = _check_comm(comm, where)
@@ -297,12 +316,17 @@ def gather_object(comm: TorchComm, obj: Any, root: int,
     if me == root:
         assert object_gather_list is not None
         for r in range(n):
-            object_gather_list[r] = _decode(out[r * width:r * width + sizes[r]], safe, r, where)
+            object_gather_list[r] = _decode(out[r * width : r * width + sizes[r]], safe, r, where)
 
 
 @_reference_order
-def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int,
-                          timeout: timedelta | None = None, weights_only: bool = True) -> None:
+def broadcast_object_list(
+    comm: TorchComm,
+    object_list: list[Any],
+    root: int,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
     """Replace every rank's ``object_list`` entries with ``root``'s (same length on all).
 
     Raises:
@@ -350,9 +374,14 @@ def broadcast_object_list(comm: TorchComm, object_list: list[Any], root: int,
 
 
 @_reference_order
-def scatter_object_list(comm: TorchComm, root: int, scatter_object_output_list: list[Any],
-                        scatter_object_input_list: list[Any] | None = None,
-                        timeout: timedelta | None = None, weights_only: bool = True) -> None:
+def scatter_object_list(
+    comm: TorchComm,
+    root: int,
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
     """Put ``root``'s ``scatter_object_input_list[r]`` into rank r's output list slot 0.
 
     Raises:
@@ -373,8 +402,7 @@ def scatter_object_list(comm: TorchComm, root: int, scatter_object_output_list: 
             raise CommInputError(f"{where}: scatter_object_output_list needs at least one slot")
         safe = _weights_only(weights_only)
         if me == root:
-            inputs = _check_list(scatter_object_input_list, where, "scatter_object_input_list",
-                                 n)
+            inputs = _check_list(scatter_object_input_list, where, "scatter_object_input_list", n)
             plain = _use_pickle()
             chunks = [_pack([_encode(o, plain)]) for o in inputs]
     except Exception as exc:
@@ -389,15 +417,18 @@ def scatter_object_list(comm: TorchComm, root: int, scatter_object_output_list: 
     # Each chunk is padded to the widest: its own size prefix says where it ends.
     size = int(out[:_INT64].cpu().clone().view(torch.int64)) if width >= _INT64 else -1
     if not 0 <= size <= width - _INT64:
-        raise CommOperationError(f"{where}: rank {root} sent a chunk that declares {size} bytes "
-                                 f"in {width}; run the same torchcomms version on every rank")
-    (data,) = _unpack(out[:_INT64 + size], 1, root, where)
+        raise CommOperationError(
+            f"{where}: rank {root} sent a chunk that declares {size} bytes "
+            f"in {width}; run the same torchcomms version on every rank"
+        )
+    (data,) = _unpack(out[: _INT64 + size], 1, root, where)
     scatter_object_output_list[0] = _decode(data, safe, root, where)
 
 
 @_reference_order
-def send_object_list(comm: TorchComm, object_list: list[Any], dst: int,
-                     timeout: timedelta | None = None) -> None:
+def send_object_list(
+    comm: TorchComm, object_list: list[Any], dst: int, timeout: timedelta | None = None
+) -> None:
     """Send ``object_list`` to ``dst``, which calls ``recv_object_list`` with as many slots.
 
     The count and size go first and ``dst`` answers before any payload moves, so a
@@ -442,8 +473,13 @@ def send_object_list(comm: TorchComm, object_list: list[Any], dst: int,
 
 
 @_reference_order
-def recv_object_list(comm: TorchComm, object_list: list[Any], src: int,
-                     timeout: timedelta | None = None, weights_only: bool = True) -> None:
+def recv_object_list(
+    comm: TorchComm,
+    object_list: list[Any],
+    src: int,
+    timeout: timedelta | None = None,
+    weights_only: bool = True,
+) -> None:
     """Fill ``object_list`` with the objects ``src`` sent with ``send_object_list``.
 
     Raises:
@@ -467,8 +503,10 @@ def recv_object_list(comm: TorchComm, object_list: list[Any], src: int,
     if status != _OK:  # the sender raised right after its header and waits for nothing
         if error is not None:
             raise error
-        raise CommInputError(f"{where}: rank {src} refused its send_object_list arguments, so "
-                             f"nothing was received; the error on rank {src} says what to fix")
+        raise CommInputError(
+            f"{where}: rank {src} refused its send_object_list arguments, so "
+            f"nothing was received; the error on rank {src} says what to fix"
+        )
     if error is not None:
         code, detail = _RECEIVER_REFUSED, 0
     elif count != len(object_list):
@@ -477,8 +515,7 @@ def recv_object_list(comm: TorchComm, object_list: list[Any], src: int,
         code, detail = _TOO_LARGE, limit
     else:
         code, detail = _GO, 0
-    comm.send(torch.tensor([code, detail], dtype=torch.int64, device=device), src,
-              timeout=timeout)
+    comm.send(torch.tensor([code, detail], dtype=torch.int64, device=device), src, timeout=timeout)
     if error is not None:
         raise error
     if code == _WRONG_COUNT:

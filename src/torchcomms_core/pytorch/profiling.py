@@ -63,9 +63,12 @@ def is_enabled() -> bool:
     return torch._C._autograd._profiler_enabled()
 
 
-def begin(op_name: str | None, op_inputs: Sequence[Any],
-          works: Sequence[tuple[str, Sequence[torch.Tensor]]],
-          quiet: bool = True) -> CallRecord | None:
+def begin(
+    op_name: str | None,
+    op_inputs: Sequence[Any],
+    works: Sequence[tuple[str, Sequence[torch.Tensor]]],
+    quiet: bool = True,
+) -> CallRecord | None:
     """Open the records of one call, or return ``None`` when no profiler is running.
 
     ``op_inputs`` mirror the dispatcher op's arguments (tensors where it takes a tensor,
@@ -76,8 +79,7 @@ def begin(op_name: str | None, op_inputs: Sequence[Any],
     """
     if not _profiler_enabled():
         return None
-    op = (_record_function_with_args_enter(op_name, *op_inputs)
-          if op_name is not None else None)
+    op = _record_function_with_args_enter(op_name, *op_inputs) if op_name is not None else None
     work = [_record_function_with_args_enter(name, *inputs) for name, inputs in works]
     if quiet:
         # What torchcomms runs underneath must not add engine records of its own shape.

@@ -15,8 +15,9 @@ from .._comm import TorchComm
 from .._reduce_op import RedOpType, ReduceOp
 
 
-def sparse_all_reduce(comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp,
-                      timeout: timedelta | None) -> torch.Tensor:
+def sparse_all_reduce(
+    comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp, timeout: timedelta | None
+) -> torch.Tensor:
     """Return the coalesced sum over all ranks of ``tensors`` (summed locally first)."""
     if op.type is not RedOpType.SUM:
         raise RuntimeError(
@@ -24,17 +25,22 @@ def sparse_all_reduce(comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp
             f"sparse tensors only works with ReduceOp.SUM; got {op.type.name})"
         )
     if any(t.layout != torch.sparse_coo for t in tensors):
-        raise RuntimeError("ProcessGroupGloo::allreduce: input tensors must all be sparse "
-                           "COO tensors or all dense; convert them with .to_sparse() or "
-                           ".to_dense()")
+        raise RuntimeError(
+            "ProcessGroupGloo::allreduce: input tensors must all be sparse "
+            "COO tensors or all dense; convert them with .to_sparse() or "
+            ".to_dense()"
+        )
     local = tensors[0]
     for t in tensors[1:]:
         local = local + t
     local = local.coalesce()
     n, device = comm.get_size(), local.device
     indices, values = local.indices(), local.values()
-    meta = torch.tensor([local.sparse_dim(), local.dense_dim(), indices.shape[1],
-                         *local.shape], dtype=torch.int64, device=device)
+    meta = torch.tensor(
+        [local.sparse_dim(), local.dense_dim(), indices.shape[1], *local.shape],
+        dtype=torch.int64,
+        device=device,
+    )
     metas = meta.new_empty(n * meta.numel())
     comm.all_gather_single(metas, meta, timeout=timeout)
     metas = metas.view(n, -1)
@@ -49,16 +55,26 @@ def sparse_all_reduce(comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp
     counts = [int(c) for c in metas[:, 2].tolist()]
     most = max(counts)
     padded_idx = indices.new_zeros((indices.shape[0], most))
-    padded_idx[:, :counts[comm.get_rank()]] = indices
+    padded_idx[:, : counts[comm.get_rank()]] = indices
     padded_val = values.new_zeros((most, *values.shape[1:]))
-    padded_val[:counts[comm.get_rank()]] = values
+    padded_val[: counts[comm.get_rank()]] = values
     all_idx = padded_idx.new_empty((n, *padded_idx.shape))
     all_val = padded_val.new_empty((n, *padded_val.shape))
     comm.all_gather_single(all_idx, padded_idx, timeout=timeout)
     comm.all_gather_single(all_val, padded_val, timeout=timeout)
-    out = torch.sparse_coo_tensor(all_idx[0, :, :counts[0]], all_val[0, :counts[0]],
-                                  local.shape, dtype=local.dtype, device=device)
+    out = torch.sparse_coo_tensor(
+        all_idx[0, :, : counts[0]],
+        all_val[0, : counts[0]],
+        local.shape,
+        dtype=local.dtype,
+        device=device,
+    )
     for r in range(1, n):
-        out = out + torch.sparse_coo_tensor(all_idx[r, :, :counts[r]], all_val[r, :counts[r]],
-                                            local.shape, dtype=local.dtype, device=device)
+        out = out + torch.sparse_coo_tensor(
+            all_idx[r, :, : counts[r]],
+            all_val[r, : counts[r]],
+            local.shape,
+            dtype=local.dtype,
+            device=device,
+        )
     return out.coalesce()

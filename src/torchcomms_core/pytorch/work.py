@@ -26,9 +26,14 @@ class CommWork(Work):
     for a receive from any source); ``record`` is the profiler record ended on completion.
     """
 
-    def __init__(self, works: Sequence[Any], result: Any,
-                 then: Callable[[], None] | None = None,
-                 source_rank: int | Callable[[], int] = -1, record: Any = None) -> None:
+    def __init__(
+        self,
+        works: Sequence[Any],
+        result: Any,
+        then: Callable[[], None] | None = None,
+        source_rank: int | Callable[[], int] = -1,
+        record: Any = None,
+    ) -> None:
         super().__init__()
         self._works: Sequence[Any] = works
         self._result = result
@@ -173,8 +178,7 @@ class _Completer:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[CommWork] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="torchcomms-futures",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._run, name="torchcomms-futures", daemon=True)
         self._thread.start()
 
     def submit(self, work: CommWork) -> None:

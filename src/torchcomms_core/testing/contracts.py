@@ -85,15 +85,18 @@ def body_every_op(backend: str, device: str, dtype_name: str, count: int) -> int
         check(f"reduce_scatter {op}", out, reference([blocks[k][r] for k in range(n)], op))
         out = torch.empty(count, dtype=dtype, device=dev)
         comm.reduce_scatter_single(out, torch.cat(blocks[r]), op)
-        check(f"reduce_scatter_single {op}", out,
-              reference([blocks[k][r] for k in range(n)], op))
+        check(f"reduce_scatter_single {op}", out, reference([blocks[k][r] for k in range(n)], op))
     if dtype.is_floating_point:
         out = torch.empty(count, dtype=dtype, device=dev)
         comm.reduce_scatter_single(out, torch.cat(blocks[r]), ReduceOp.AVG)
-        check("reduce_scatter_single AVG", out,
-              reference([blocks[k][r] for k in range(n)], ReduceOp.AVG))
-    v_blocks = {k: [values(k, count + j, dtype, salt=j).to(dev) for j in range(n)]
-                for k in range(n)}
+        check(
+            "reduce_scatter_single AVG",
+            out,
+            reference([blocks[k][r] for k in range(n)], ReduceOp.AVG),
+        )
+    v_blocks = {
+        k: [values(k, count + j, dtype, salt=j).to(dev) for j in range(n)] for k in range(n)
+    }
     out = torch.empty(count + r, dtype=dtype, device=dev)
     comm.reduce_scatter_v(out, v_blocks[r], ReduceOp.SUM)
     check("reduce_scatter_v", out, reference([v_blocks[k][r] for k in range(n)], ReduceOp.SUM))
@@ -196,8 +199,12 @@ def body_timeout(backend: str, device: str, seconds: float) -> dict[str, Any]:
     result: dict[str, Any] = {"rank": r}
     if r == 0:
         start = time.monotonic()
-        work = comm.recv(torch.empty(1, device=comm.get_device()), 1, async_op=True,
-                         timeout=timedelta(seconds=seconds))
+        work = comm.recv(
+            torch.empty(1, device=comm.get_device()),
+            1,
+            async_op=True,
+            timeout=timedelta(seconds=seconds),
+        )
         try:
             work.wait()
         except CommTimeoutError:
@@ -224,14 +231,26 @@ def body_bad_inputs(backend: str, device: str) -> list[str]:
     calls: list[tuple[Callable[[], object], type[Exception]]] = [
         (lambda: comm.all_reduce(not_a_tensor, ReduceOp.SUM), CommTypeError),
         (lambda: comm.broadcast(torch.ones(2, device=dev), n), CommInputError),
-        (lambda: comm.all_gather([torch.empty(2, device=dev)] * (n + 1),
-                                 torch.ones(2, device=dev)), CommInputError),
-        (lambda: comm.all_gather_single(torch.empty(2 * n + 1, device=dev),
-                                        torch.ones(2, device=dev)), CommInputError),
-        (lambda: comm.reduce_scatter_single(torch.empty(2, device=dev),
-                                            torch.ones(2 * n, dtype=torch.float64,
-                                                       device=dev), ReduceOp.SUM),
-         CommInputError),
+        (
+            lambda: comm.all_gather(
+                [torch.empty(2, device=dev)] * (n + 1), torch.ones(2, device=dev)
+            ),
+            CommInputError,
+        ),
+        (
+            lambda: comm.all_gather_single(
+                torch.empty(2 * n + 1, device=dev), torch.ones(2, device=dev)
+            ),
+            CommInputError,
+        ),
+        (
+            lambda: comm.reduce_scatter_single(
+                torch.empty(2, device=dev),
+                torch.ones(2 * n, dtype=torch.float64, device=dev),
+                ReduceOp.SUM,
+            ),
+            CommInputError,
+        ),
         (lambda: comm.all_reduce(torch.ones(2, device="meta"), ReduceOp.SUM), CommInputError),
         (lambda: comm.split([0, 0], "dup"), CommInputError),
     ]

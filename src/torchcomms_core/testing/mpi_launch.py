@@ -24,9 +24,18 @@ _RANK_MODULE = "torchcomms_core.testing._mpi_rank"
 __all__ = ["MpiRank", "find_mpiexec", "mpiexec_unavailable", "start"]
 
 #: Launcher variables the ranks must not inherit: their rank and size come from mpiexec.
-_FOREIGN_RANK_VARS = ("TORCHCOMM_RANK", "TORCHCOMM_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-                      "TORCHCOMM_LOCAL_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-                      "SLURM_PROCID", "SLURM_NTASKS")
+_FOREIGN_RANK_VARS = (
+    "TORCHCOMM_RANK",
+    "TORCHCOMM_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "TORCHCOMM_LOCAL_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+)
 
 
 def mpiexec_unavailable() -> str | None:
@@ -82,8 +91,9 @@ class MpiRank:
             pass
 
 
-def start(world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 120.0
-          ) -> tuple[list[MpiRank], list[Any], list[str]]:
+def start(
+    world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 120.0
+) -> tuple[list[MpiRank], list[Any], list[str]]:
     """Launch ``world_size`` ranks under mpiexec; return ranks, connections and stack files."""
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -100,9 +110,18 @@ def start(world_size: int, env: dict[str, str], tmpdir: str, timeout: float = 12
     # MPICH over UCX warns about every RMA key still cached at exit; keep test logs readable.
     child_env.setdefault("UCX_LOG_LEVEL", "error")
     job = subprocess.Popen(
-        [mpiexec, "-n", str(world_size), sys.executable, "-m", _RANK_MODULE, f"{host}:{port}",
-         tmpdir],
-        env=child_env, start_new_session=True,
+        [
+            mpiexec,
+            "-n",
+            str(world_size),
+            sys.executable,
+            "-m",
+            _RANK_MODULE,
+            f"{host}:{port}",
+            tmpdir,
+        ],
+        env=child_env,
+        start_new_session=True,
     )
     hellos: list[tuple[int, int, Any]] = []
 

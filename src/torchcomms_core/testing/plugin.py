@@ -33,26 +33,46 @@ from .pool import RankPool
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchcomms", "torchcomms backend conformance suite")
-    group.addoption("--torchcomms-backend", default=None, metavar="NAME",
-                    help="backend to check with `pytest --pyargs torchcomms_core.testing`")
-    group.addoption("--torchcomms-world-size", type=int, default=2, metavar="N",
-                    help="ranks to spawn (default 2)")
-    group.addoption("--torchcomms-device", default="cpu", metavar="DEVICE",
-                    help="device type the communicators use (default cpu)")
-    group.addoption("--torchcomms-timeout", type=float, default=120.0, metavar="SECONDS",
-                    help="time limit of one contract body on all ranks (default 120)")
-    group.addoption("--torchcomms-launcher", choices=("auto", "spawn", "mpiexec"),
-                    default="auto",
-                    help="how ranks start: spawned processes, or MPI processes under mpiexec; "
-                         "auto (default) uses what the backend declares (mpi: mpiexec)")
+    group.addoption(
+        "--torchcomms-backend",
+        default=None,
+        metavar="NAME",
+        help="backend to check with `pytest --pyargs torchcomms_core.testing`",
+    )
+    group.addoption(
+        "--torchcomms-world-size",
+        type=int,
+        default=2,
+        metavar="N",
+        help="ranks to spawn (default 2)",
+    )
+    group.addoption(
+        "--torchcomms-device",
+        default="cpu",
+        metavar="DEVICE",
+        help="device type the communicators use (default cpu)",
+    )
+    group.addoption(
+        "--torchcomms-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="time limit of one contract body on all ranks (default 120)",
+    )
+    group.addoption(
+        "--torchcomms-launcher",
+        choices=("auto", "spawn", "mpiexec"),
+        default="auto",
+        help="how ranks start: spawned processes, or MPI processes under mpiexec; "
+        "auto (default) uses what the backend declares (mpi: mpiexec)",
+    )
 
 
 #: Every pool handed out in this session, by (ranks, launcher, communicator timeout).
 _pools: dict[tuple[int, str, float], RankPool] = {}
 
 
-def shared_pool(size: int, *, launcher: str = "spawn", comm_timeout_s: float = 30.0
-                ) -> RankPool:
+def shared_pool(size: int, *, launcher: str = "spawn", comm_timeout_s: float = 30.0) -> RankPool:
     """The session's pool of ``size`` ranks started by ``launcher``, created on first use.
 
     It lives until the session ends; a body that fails recycles its ranks (see
@@ -150,14 +170,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     name = config.getoption("--torchcomms-backend", default=None)
     if not name:
         return None
-    return [f"torchcomms conformance: backend {name!r}, "
-            f"{config.getoption('--torchcomms-world-size')} ranks, "
-            f"device {config.getoption('--torchcomms-device')}, "
-            f"launcher {config.getoption('--torchcomms-launcher')}"]
+    return [
+        f"torchcomms conformance: backend {name!r}, "
+        f"{config.getoption('--torchcomms-world-size')} ranks, "
+        f"device {config.getoption('--torchcomms-device')}, "
+        f"launcher {config.getoption('--torchcomms-launcher')}"
+    ]
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config
-                            ) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     name = config.getoption("--torchcomms-backend", default=None)
     if not name:
         return
@@ -171,8 +192,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     support = method_support(cls)
     size = config.getoption("--torchcomms-world-size")
-    terminalreporter.section(f"torchcomms backend {name!r} at {size} ranks: native vs derived "
-                             f"methods")
+    terminalreporter.section(
+        f"torchcomms backend {name!r} at {size} ranks: native vs derived methods"
+    )
     for kind in ("native", "derived", "unsupported"):
         names = sorted(m for m, v in support.items() if v == kind)
         terminalreporter.write_line(f"{kind:>11}: {', '.join(names) if names else '-'}")

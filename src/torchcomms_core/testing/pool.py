@@ -119,8 +119,9 @@ def serve(conn: Any, stack_file: str) -> None:
         try:
             conn.send(reply)
         except Exception as exc:  # an unpicklable result must still be reported
-            conn.send(("error", f"result could not be sent back: {exc!r}", type(exc).__name__,
-                       str(exc)))
+            conn.send(
+                ("error", f"result could not be sent back: {exc!r}", type(exc).__name__, str(exc))
+            )
 
 
 #: How a pool starts its ranks: spawned Python processes, or MPI processes under mpiexec.
@@ -136,14 +137,21 @@ class RankPool:
     (for backends such as mpi); ``mpi_launch.mpiexec_unavailable()`` says if it can run.
     """
 
-    def __init__(self, world_size: int, *, env: dict[str, str] | None = None,
-                 comm_timeout_s: float = 30.0, grace_s: float = 5.0,
-                 launcher: str = "spawn") -> None:
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        env: dict[str, str] | None = None,
+        comm_timeout_s: float = 30.0,
+        grace_s: float = 5.0,
+        launcher: str = "spawn",
+    ) -> None:
         if world_size < 1:
             raise ValueError(f"RankPool: world_size must be >= 1, got {world_size}")
         if launcher not in LAUNCHERS:
-            raise ValueError(f"RankPool: launcher must be one of {', '.join(LAUNCHERS)}, got "
-                             f"{launcher!r}")
+            raise ValueError(
+                f"RankPool: launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}"
+            )
         self.launcher = launcher
         self.world_size = world_size
         self.grace_s = grace_s
@@ -161,8 +169,9 @@ class RankPool:
     def _start(self) -> None:
         from torch._C._distributed_c10d import TCPStore
 
-        self._store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60),
-                               wait_for_workers=False)
+        self._store = TCPStore(
+            "127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False
+        )
         env = {
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(self._store.port),
@@ -180,14 +189,18 @@ class RankPool:
             from . import mpi_launch
 
             self._procs, self._conns, self._stack_files = mpi_launch.start(
-                self.world_size, env, tmpdir)
+                self.world_size, env, tmpdir
+            )
             return
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
             stack_file = os.path.join(tmpdir, f"rank{rank}.stacks")
-            proc = ctx.Process(target=_worker_main, daemon=True,
-                               args=(rank, self.world_size, env, child, stack_file),
-                               name=f"torchcomms-rank{rank}")
+            proc = ctx.Process(
+                target=_worker_main,
+                daemon=True,
+                args=(rank, self.world_size, env, child, stack_file),
+                name=f"torchcomms-rank{rank}",
+            )
             proc.start()
             child.close()
             self._procs.append(proc)
@@ -225,8 +238,9 @@ class RankPool:
 
     # -- running ---------------------------------------------------------------------
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
-            **kwargs: Any) -> list[Any]:
+    def run(
+        self, fn: Callable[..., Any], *args: Any, timeout: float = 60.0, **kwargs: Any
+    ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` on every rank; return the per-rank results.
 
         Raises :class:`RankFailure` (with every rank's traceback) if any rank fails.
@@ -236,8 +250,9 @@ class RankPool:
             raise RankFailure(getattr(fn, "__qualname__", repr(fn)), outcomes)
         return [o.value for o in outcomes]
 
-    def run_outcomes(self, fn: Callable[..., Any], *args: Any, timeout: float = 60.0,
-                     **kwargs: Any) -> list[Outcome]:
+    def run_outcomes(
+        self, fn: Callable[..., Any], *args: Any, timeout: float = 60.0, **kwargs: Any
+    ) -> list[Outcome]:
         """Run ``fn`` on every rank and return what happened on each, failures included."""
         if not self._procs:
             self._start()
@@ -277,8 +292,9 @@ class RankPool:
                         if reply[0] == "ok":
                             outcomes[r] = Outcome(r, "ok", value=reply[1])
                         else:
-                            outcomes[r] = Outcome(r, "error", error=reply[1], exc_type=reply[2],
-                                                  message=reply[3])
+                            outcomes[r] = Outcome(
+                                r, "error", error=reply[1], exc_type=reply[2], message=reply[3]
+                            )
                 else:
                     self._procs[r].join(1)
                     outcomes[r] = Outcome(r, "died", exitcode=self._procs[r].exitcode)

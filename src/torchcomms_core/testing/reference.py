@@ -35,7 +35,7 @@ def product_values(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
     """Values in {1, 2} so products over 4 ranks fit int8."""
     i = torch.arange(count, dtype=torch.int64)
     if dtype == torch.bool:
-        return ((i + rank) % 3 != 0)
+        return (i + rank) % 3 != 0
     return (1 + (i + rank) % 2).to(dtype)
 
 

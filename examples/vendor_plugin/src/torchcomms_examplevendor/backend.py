@@ -19,8 +19,9 @@ from torchcomms_core import CommOptions, TorchCommBackend
 class _PendingRecv:
     """A receive that completes when the peer's message is in the store."""
 
-    def __init__(self, backend: ExampleVendorBackend, tensor: torch.Tensor, key: str,
-                 timeout: timedelta) -> None:
+    def __init__(
+        self, backend: ExampleVendorBackend, tensor: torch.Tensor, key: str, timeout: timedelta
+    ) -> None:
         self._backend, self._tensor, self._key, self._timeout = backend, tensor, key, timeout
         self._done = False
 
@@ -67,8 +68,15 @@ class ExampleVendorBackend(TorchCommBackend):
     def get_comm_name(self) -> str:
         return self.comm_name
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         seq = self._sent[dst]
         self._sent[dst] = seq + 1
         nbytes = tensor.numel() * tensor.element_size()
@@ -76,12 +84,20 @@ class ExampleVendorBackend(TorchCommBackend):
         self._store.set(f"msg/{self._rank}->{dst}/{seq}", payload)
         return None  # the store holds the message: the send is complete
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         seq = self._received[src]
         self._received[src] = seq + 1
-        pending = _PendingRecv(self, tensor, f"msg/{src}->{self._rank}/{seq}",
-                               timeout or self._timeout)
+        pending = _PendingRecv(
+            self, tensor, f"msg/{src}->{self._rank}/{seq}", timeout or self._timeout
+        )
         if async_op:
             return pending
         pending.wait()
@@ -93,7 +109,9 @@ class ExampleVendorBackend(TorchCommBackend):
         self._store.delete_key(key)
         expected = tensor.numel() * tensor.element_size()
         if len(payload) != expected:
-            raise RuntimeError(f"examplevendor: received {len(payload)} bytes into a buffer "
-                               f"of {expected}; the ranks called mismatched operations")
+            raise RuntimeError(
+                f"examplevendor: received {len(payload)} bytes into a buffer "
+                f"of {expected}; the ranks called mismatched operations"
+            )
         if expected:
             ctypes.memmove(tensor.data_ptr(), payload, expected)

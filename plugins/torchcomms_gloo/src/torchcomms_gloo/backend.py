@@ -43,8 +43,15 @@ class GlooBackend(C10dBackend):
             return False, "this PyTorch build has no Gloo support"
         return True, "ok"
 
-    def create_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
-                      device: torch.device, options: CommOptions) -> Any:
+    def create_engine(
+        self,
+        store: Any,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        device: torch.device,
+        options: CommOptions,
+    ) -> Any:
         from torch.distributed import ProcessGroupGloo
 
         if size == 1:  # no peers, no connections to close on abort
@@ -62,8 +69,9 @@ class GlooBackend(C10dBackend):
         teardown.shut_down(getattr(self, "_sockets", {}))
         super().abort()
 
-    def reconfigure_engine(self, store: Any, rank: int, size: int, timeout: timedelta,
-                           options: CommOptions) -> None:
+    def reconfigure_engine(
+        self, store: Any, rank: int, size: int, timeout: timedelta, options: CommOptions
+    ) -> None:
         """A fresh ``ProcessGroupGloo`` over the uuid-scoped store the core passes."""
         self._rank, self._size = rank, size
         self._opts_cache.clear()
@@ -72,9 +80,14 @@ class GlooBackend(C10dBackend):
     def get_backend_name(self) -> str:
         return "gloo"
 
-    def recv_anysource(self, tensor: torch.Tensor, async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def recv_anysource(
+        self,
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         """Gloo's own any-source receive; the work's ``source_rank()`` names the sender."""
         from .anysource import AnySourceWork
 
@@ -89,50 +102,95 @@ class GlooBackend(C10dBackend):
 
     # -- pairwise all-gather and reduce-scatter (fast_paths), above the crossover size --
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if output.nbytes < fast_paths.ALL_GATHER_MIN_BYTES:
-            return super().all_gather_single(output, input, async_op, timeout=timeout,
-                                             hints=hints)
+            return super().all_gather_single(output, input, async_op, timeout=timeout, hints=hints)
         outputs = output.view(-1).chunk(self._size)
-        work = fast_paths.all_gather(self._engine, self._rank, self._size, outputs,
-                                     input.view(-1), timeout)
+        work = fast_paths.all_gather(
+            self._engine, self._rank, self._size, outputs, input.view(-1), timeout
+        )
         return self._settle_pairwise(work, async_op)
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool, *, timeout: timedelta | None = None,
-                   hints: dict[str, str] | None = None) -> Any:
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         if tensor.nbytes * self._size < fast_paths.ALL_GATHER_MIN_BYTES:
-            return super().all_gather(tensor_list, tensor, async_op, timeout=timeout,
-                                      hints=hints)
+            return super().all_gather(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
         outputs = [t.view(-1) for t in tensor_list]
-        work = fast_paths.all_gather(self._engine, self._rank, self._size, outputs,
-                                     tensor.view(-1), timeout)
+        work = fast_paths.all_gather(
+            self._engine, self._rank, self._size, outputs, tensor.view(-1), timeout
+        )
         return self._settle_pairwise(work, async_op)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool, *, timeout: timedelta | None = None,
-                              hints: dict[str, str] | None = None) -> Any:
-        if (input.nbytes < fast_paths.REDUCE_SCATTER_MIN_BYTES
-                or not fast_paths.reduces_natively(op, input.dtype)):
-            return super().reduce_scatter_single(output, input, op, async_op, timeout=timeout,
-                                                 hints=hints)
-        work = fast_paths.reduce_scatter(self._engine, self._rank, self._size, output.view(-1),
-                                         input.view(-1).chunk(self._size), op, timeout,
-                                         self._scratch)
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        if input.nbytes < fast_paths.REDUCE_SCATTER_MIN_BYTES or not fast_paths.reduces_natively(
+            op, input.dtype
+        ):
+            return super().reduce_scatter_single(
+                output, input, op, async_op, timeout=timeout, hints=hints
+            )
+        work = fast_paths.reduce_scatter(
+            self._engine,
+            self._rank,
+            self._size,
+            output.view(-1),
+            input.view(-1).chunk(self._size),
+            op,
+            timeout,
+            self._scratch,
+        )
         return self._settle_pairwise(work, async_op)
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
-                       async_op: bool, *, timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
-        if (output.nbytes * self._size < fast_paths.REDUCE_SCATTER_MIN_BYTES
-                or not fast_paths.reduces_natively(op, output.dtype)):
-            return super().reduce_scatter(output, input_list, op, async_op, timeout=timeout,
-                                          hints=hints)
-        work = fast_paths.reduce_scatter(self._engine, self._rank, self._size, output.view(-1),
-                                         [t.view(-1) for t in input_list], op, timeout,
-                                         self._scratch)
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        if (
+            output.nbytes * self._size < fast_paths.REDUCE_SCATTER_MIN_BYTES
+            or not fast_paths.reduces_natively(op, output.dtype)
+        ):
+            return super().reduce_scatter(
+                output, input_list, op, async_op, timeout=timeout, hints=hints
+            )
+        work = fast_paths.reduce_scatter(
+            self._engine,
+            self._rank,
+            self._size,
+            output.view(-1),
+            [t.view(-1) for t in input_list],
+            op,
+            timeout,
+            self._scratch,
+        )
         return self._settle_pairwise(work, async_op)
 
     @property

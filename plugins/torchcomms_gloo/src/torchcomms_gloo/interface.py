@@ -31,9 +31,11 @@ def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> A
         else:
             device = ProcessGroupGloo.create_device(hostname=hostname)
     except RuntimeError as exc:
-        what = (f"interface {interface!r} ({_env.GLOO_INTERFACE} or hint 'interface')"
-                if interface is not None
-                else f"hostname {hostname!r} ({_env.GLOO_HOSTNAME} or hint 'hostname')")
+        what = (
+            f"interface {interface!r} ({_env.GLOO_INTERFACE} or hint 'interface')"
+            if interface is not None
+            else f"hostname {hostname!r} ({_env.GLOO_HOSTNAME} or hint 'hostname')"
+        )
         raise CommInputError(
             f"gloo cannot bind to {what}: {exc}; name an interface with an IPv4 address "
             f"(`ip -brief address` lists them) or a hostname that resolves to this host, or "

@@ -64,7 +64,7 @@ class _Segment:
         self.counters = raw[: 8 * nranks].view(torch.int64)
         # The counters as Python ints: reading or bumping one costs tens of nanoseconds.
         self.words = memoryview(self.map)[: 8 * nranks].cast("q")
-        self.data = raw[8 * nranks:]
+        self.data = raw[8 * nranks :]
 
     def close(self) -> None:
         self.words.release()
@@ -113,8 +113,10 @@ class GlooWindowEngine:
                 f"hosts"
             )
         if not os.path.isdir(SHM_DIR):
-            raise CommStateError(f"new_window: gloo windows need {SHM_DIR} (Linux shared "
-                                 f"memory); use the mpi backend here")
+            raise CommStateError(
+                f"new_window: gloo windows need {SHM_DIR} (Linux shared "
+                f"memory); use the mpi backend here"
+            )
         nbytes = tensor.numel() * tensor.element_size()
         mine = _Segment(path, nbytes, self._size, create=True)
         mine.counters.zero_()
@@ -125,12 +127,18 @@ class GlooWindowEngine:
         self._mine, self._tensor = mine, tensor
         self._waited = [0] * self._size
         self._barrier(timeout)  # every segment exists and is zeroed
-        self._peers = [mine if r == self._rank else
-                       _Segment(info["path"], info["numel"] * tensor.element_size(),
-                                self._size, create=False)
-                       for r, info in enumerate(peers)]
-        self._views = [seg.data[: info["numel"] * tensor.element_size()].view(tensor.dtype)
-                       for seg, info in zip(self._peers, peers, strict=True)]
+        self._peers = [
+            mine
+            if r == self._rank
+            else _Segment(
+                info["path"], info["numel"] * tensor.element_size(), self._size, create=False
+            )
+            for r, info in enumerate(peers)
+        ]
+        self._views = [
+            seg.data[: info["numel"] * tensor.element_size()].view(tensor.dtype)
+            for seg, info in zip(self._peers, peers, strict=True)
+        ]
         self._bases = [view.data_ptr() for view in self._views]
         self._barrier(timeout)  # everyone mapped everyone: the files can go
         os.unlink(path)
@@ -158,12 +166,14 @@ class GlooWindowEngine:
 
     # -- one-sided operations ----------------------------------------------------------
 
-    def put(self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool,
-            timeout: timedelta) -> Any:
+    def put(
+        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
+    ) -> Any:
         # One memcpy into the peer's mapping: no tensor views made per call.
         size = tensor.element_size()
-        ctypes.memmove(self._bases[dst_rank] + offset * size, tensor.data_ptr(),
-                       tensor.numel() * size)
+        ctypes.memmove(
+            self._bases[dst_rank] + offset * size, tensor.data_ptr(), tensor.numel() * size
+        )
         return None
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
@@ -173,8 +183,13 @@ class GlooWindowEngine:
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
-        work = _CounterWait(self._mine.words, peer_rank,  # type: ignore[union-attr]
-                            self._waited[peer_rank], timeout.total_seconds(), self._rank)
+        work = _CounterWait(
+            self._mine.words,
+            peer_rank,  # type: ignore[union-attr]
+            self._waited[peer_rank],
+            timeout.total_seconds(),
+            self._rank,
+        )
         if async_op:
             return work
         work.wait()
@@ -192,8 +207,9 @@ class _CounterWait:
 
     __slots__ = ("_counters", "_peer", "_target", "_deadline", "_seconds", "_rank")
 
-    def __init__(self, counters: memoryview, peer: int, target: int, seconds: float,
-                 rank: int) -> None:
+    def __init__(
+        self, counters: memoryview, peer: int, target: int, seconds: float, rank: int
+    ) -> None:
         self._counters, self._peer, self._target = counters, peer, target
         self._seconds, self._rank = seconds, rank
         self._deadline = time.monotonic() + seconds

@@ -160,8 +160,9 @@ class MpiBackend(TorchCommBackend):
         self._td, self._ts = timeout, seconds
         return seconds
 
-    def _finish(self, what: str, async_op: bool, timeout: timedelta | None, req: Any,
-                keep: Any) -> Any:
+    def _finish(
+        self, what: str, async_op: bool, timeout: timedelta | None, req: Any, keep: Any
+    ) -> Any:
         """An issued request: a work for ``async_op``, else completed here (``None``)."""
         if async_op:
             return self._work(what, timeout, [req], keep)
@@ -169,27 +170,54 @@ class MpiBackend(TorchCommBackend):
             self._complete([req], self._seconds(timeout), what)
         return None
 
-    def _work(self, what: str, timeout: timedelta | None, reqs: list[Any], keep: Any = None,
-              then: Any = None) -> Any:
+    def _work(
+        self,
+        what: str,
+        timeout: timedelta | None,
+        reqs: list[Any],
+        keep: Any = None,
+        then: Any = None,
+    ) -> Any:
         from .work import MpiWork
 
         return MpiWork(reqs, self._seconds(timeout), what, keep, self._pending, then)
 
     # -- point to point ---------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, dst: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        return self._finish("send", async_op, timeout,
-                            self._comm.Isend(self._b.buf(tensor), dst), tensor)
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self._finish(
+            "send", async_op, timeout, self._comm.Isend(self._b.buf(tensor), dst), tensor
+        )
 
-    def recv(self, tensor: torch.Tensor, src: int, async_op: bool, *,
-             timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        return self._finish("recv", async_op, timeout,
-                            self._comm.Irecv(self._b.buf(tensor), src), tensor)
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self._finish(
+            "recv", async_op, timeout, self._comm.Irecv(self._b.buf(tensor), src), tensor
+        )
 
-    def batch_op_issue(self, ops: Sequence[BatchOp], async_op: bool, *,
-                       timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
+    def batch_op_issue(
+        self,
+        ops: Sequence[BatchOp],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         comm, buf = self._comm, self._b.buf
         reqs, keep = [], []
         for kind, tensor, peer in ops:
@@ -204,8 +232,15 @@ class MpiBackend(TorchCommBackend):
 
     # -- collectives ------------------------------------------------------------------
 
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp, async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         dtype = tensor.dtype
         b = [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[dtype]]
         mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
@@ -214,23 +249,41 @@ class MpiBackend(TorchCommBackend):
             return self._work("all_reduce", timeout, [req], tensor)
         # Completion inline: at small sizes the per-call cost is what shows.
         if not self._test(req):
-            self._complete([req], self._ts if timeout is self._td else self._seconds(timeout),
-                           "all_reduce")
+            self._complete(
+                [req], self._ts if timeout is self._td else self._seconds(timeout), "all_reduce"
+            )
         return None
 
-    def broadcast(self, tensor: torch.Tensor, root: int, async_op: bool, *,
-                  timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
-        req = self._comm.Ibcast([self._fa(tensor.data_ptr(), tensor.nbytes),
-                                 self._types[tensor.dtype]], root)
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        req = self._comm.Ibcast(
+            [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[tensor.dtype]], root
+        )
         if async_op:
             return self._work("broadcast", timeout, [req], tensor)
         if not self._test(req):  # inline: at small sizes the per-call cost is what shows
-            self._complete([req], self._ts if timeout is self._td else self._seconds(timeout),
-                           "broadcast")
+            self._complete(
+                [req], self._ts if timeout is self._td else self._seconds(timeout), "broadcast"
+            )
         return None
 
-    def reduce(self, tensor: torch.Tensor, root: int, op: ReduceOp, async_op: bool, *,
-               timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b.buf(tensor)
         mop = self._b.mpi_op(op, tensor.dtype)
         comm = self._comm
@@ -240,56 +293,103 @@ class MpiBackend(TorchCommBackend):
             args = (b, None, mop, root)
         return self._finish("reduce", async_op, timeout, comm.Ireduce(*args), tensor)
 
-    def barrier(self, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self._finish("barrier", async_op, timeout, self._comm.Ibarrier(), None)
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         recv = b.blocked(output)
         if input.numel() and input.data_ptr() == output.data_ptr() + self._rank * input.nbytes:
             send: Any = self._MPI.IN_PLACE  # the input already sits in this rank's slot
         else:
             send = b.buf(input)
-        return self._collective("all_gather_single", async_op, timeout,
-                                "Iallgather", (send, recv), (output, input))
+        return self._collective(
+            "all_gather_single", async_op, timeout, "Iallgather", (send, recv), (output, input)
+        )
 
-    def all_gather_v(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                     async_op: bool, *, timeout: timedelta | None = None,
-                     hints: dict[str, str] | None = None) -> Any:
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         recv = self._b.scattered(tensor_list)
         mine = tensor_list[self._rank]
         if self._b.same_memory(mine, tensor):
             send: Any = self._MPI.IN_PLACE
         elif self._b.overlaps(mine, tensor):
-            raise CommInputError(f"all_gather: tensor_list[{self._rank}] partly overlaps the "
-                                 f"input tensor; pass the same tensor or separate memory")
+            raise CommInputError(
+                f"all_gather: tensor_list[{self._rank}] partly overlaps the "
+                f"input tensor; pass the same tensor or separate memory"
+            )
         else:
             send = [self._b.buf(tensor)[0], tensor.nbytes, self._MPI.BYTE]
-        return self._collective("all_gather", async_op, timeout, "Iallgatherv",
-                                (send, recv), (tensor_list, tensor))
+        return self._collective(
+            "all_gather", async_op, timeout, "Iallgatherv", (send, recv), (tensor_list, tensor)
+        )
 
-    def all_gather(self, tensor_list: list[torch.Tensor], tensor: torch.Tensor,
-                   async_op: bool, *, timeout: timedelta | None = None,
-                   hints: dict[str, str] | None = None) -> Any:
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, op: ReduceOp,
-                              async_op: bool, *, timeout: timedelta | None = None,
-                              hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         if b.overlaps(output, input):
             input = input.clone()  # MPI refuses aliased buffers; the result goes elsewhere
         mop = b.mpi_op(op, output.dtype)
         send, recv = b.blocked(input), b.buf(output)
-        return self._collective("reduce_scatter_single", async_op, timeout, "Ireduce_scatter_block",
-                                (send, recv, mop), (output, input))
+        return self._collective(
+            "reduce_scatter_single",
+            async_op,
+            timeout,
+            "Ireduce_scatter_block",
+            (send, recv, mop),
+            (output, input),
+        )
 
-    def reduce_scatter_v(self, output: torch.Tensor, input_list: list[torch.Tensor],
-                         op: ReduceOp, async_op: bool, *, timeout: timedelta | None = None,
-                         hints: dict[str, str] | None = None) -> Any:
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         counts = [t.numel() for t in input_list]
         # MPI_Reduce_scatter takes one send buffer: blocks that are not already one run of
@@ -300,18 +400,36 @@ class MpiBackend(TorchCommBackend):
         mop = b.mpi_op(op, output.dtype)
         send = b.buf(flat)
         recv = b.first(output, counts[self._rank])
-        return self._collective("reduce_scatter", async_op, timeout,
-                                "Ireduce_scatter", (send, recv, counts, mop), (output, flat))
+        return self._collective(
+            "reduce_scatter",
+            async_op,
+            timeout,
+            "Ireduce_scatter",
+            (send, recv, counts, mop),
+            (output, flat),
+        )
 
-    def reduce_scatter(self, output: torch.Tensor, input_list: list[torch.Tensor], op: ReduceOp,
-                       async_op: bool, *, timeout: timedelta | None = None,
-                       hints: dict[str, str] | None = None) -> Any:
-        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout,
-                                     hints=hints)
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, async_op: bool, *,
-                          timeout: timedelta | None = None,
-                          hints: dict[str, str] | None = None) -> Any:
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         fa, mpi_type = self._fa, self._types[output.dtype]
         o, i, nbytes = output.data_ptr(), input.data_ptr(), output.nbytes
         recv = [fa(o, nbytes), mpi_type]  # no count: mpi4py splits it into one block per rank
@@ -327,14 +445,24 @@ class MpiBackend(TorchCommBackend):
         if async_op:
             return self._work("all_to_all_single", timeout, [req], (output, input))
         if not self._test(req):
-            self._complete([req], self._ts if timeout is self._td else self._seconds(timeout),
-                           "all_to_all_single")
+            self._complete(
+                [req],
+                self._ts if timeout is self._td else self._seconds(timeout),
+                "all_to_all_single",
+            )
         return None
 
-    def all_to_all_v_single(self, output: torch.Tensor, input: torch.Tensor,
-                            output_split_sizes: list[int], input_split_sizes: list[int],
-                            async_op: bool, *, timeout: timedelta | None = None,
-                            hints: dict[str, str] | None = None) -> Any:
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         if b.overlaps(output, input):
             input = input.clone()
@@ -345,24 +473,39 @@ class MpiBackend(TorchCommBackend):
         rc = [s * row_out for s in output_split_sizes]
         send = [b.buf(input)[0], sc, _displs(sc), mpi_t]
         recv = [b.buf(output)[0], rc, _displs(rc), mpi_t]
-        return self._collective("all_to_all_v_single", async_op, timeout,
-                                "Ialltoallv", (send, recv), (output, input))
+        return self._collective(
+            "all_to_all_v_single", async_op, timeout, "Ialltoallv", (send, recv), (output, input)
+        )
 
-    def all_to_all(self, output_tensor_list: list[torch.Tensor],
-                   input_tensor_list: list[torch.Tensor], async_op: bool, *,
-                   timeout: timedelta | None = None, hints: dict[str, str] | None = None) -> Any:
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         ins = list(input_tensor_list)
         for i, t in enumerate(ins):
             if any(b.overlaps(t, o) for o in output_tensor_list):
                 ins[i] = t.clone()
         send, recv = b.scattered(ins), b.scattered(output_tensor_list)
-        return self._collective("all_to_all", async_op, timeout, "Ialltoallv",
-                                (send, recv), (output_tensor_list, ins))
+        return self._collective(
+            "all_to_all", async_op, timeout, "Ialltoallv", (send, recv), (output_tensor_list, ins)
+        )
 
-    def scatter(self, output_tensor: torch.Tensor, input_tensor_list: list[torch.Tensor],
-                root: int, async_op: bool, *, timeout: timedelta | None = None,
-                hints: dict[str, str] | None = None) -> Any:
+    def scatter(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor_list: list[torch.Tensor],
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         recv: Any = [b.buf(output_tensor)[0], output_tensor.nbytes, self._MPI.BYTE]
         send: Any = None
@@ -373,12 +516,25 @@ class MpiBackend(TorchCommBackend):
                 recv = self._MPI.IN_PLACE
             elif b.overlaps(mine, output_tensor):
                 send = b.scattered([t.clone() for t in input_tensor_list])
-        return self._collective("scatter", async_op, timeout, "Iscatterv",
-                                (send, recv, root), (output_tensor, input_tensor_list))
+        return self._collective(
+            "scatter",
+            async_op,
+            timeout,
+            "Iscatterv",
+            (send, recv, root),
+            (output_tensor, input_tensor_list),
+        )
 
-    def gather(self, output_tensor_list: list[torch.Tensor], input_tensor: torch.Tensor,
-               root: int, async_op: bool, *, timeout: timedelta | None = None,
-               hints: dict[str, str] | None = None) -> Any:
+    def gather(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         send: Any = [b.buf(input_tensor)[0], input_tensor.nbytes, self._MPI.BYTE]
         recv: Any = None
@@ -390,12 +546,25 @@ class MpiBackend(TorchCommBackend):
             elif b.overlaps(mine, input_tensor):
                 input_tensor = input_tensor.clone()
                 send = [b.buf(input_tensor)[0], input_tensor.nbytes, self._MPI.BYTE]
-        return self._collective("gather", async_op, timeout, "Igatherv",
-                                (send, recv, root), (output_tensor_list, input_tensor))
+        return self._collective(
+            "gather",
+            async_op,
+            timeout,
+            "Igatherv",
+            (send, recv, root),
+            (output_tensor_list, input_tensor),
+        )
 
-    def gather_single(self, output: torch.Tensor, input: torch.Tensor, root: int,
-                      async_op: bool, *, timeout: timedelta | None = None,
-                      hints: dict[str, str] | None = None) -> Any:
+    def gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
         b = self._b
         send: Any = b.buf(input)
         recv: Any = None
@@ -406,11 +575,19 @@ class MpiBackend(TorchCommBackend):
             elif b.overlaps(output, input):
                 input = input.clone()
                 send = b.buf(input)
-        return self._collective("gather_single", async_op, timeout, "Igather",
-                                (send, recv, root), (output, input))
+        return self._collective(
+            "gather_single", async_op, timeout, "Igather", (send, recv, root), (output, input)
+        )
 
-    def _collective(self, what: str, async_op: bool, timeout: timedelta | None,
-                    nonblocking: str, args: tuple[Any, ...], keep: Any) -> Any:
+    def _collective(
+        self,
+        what: str,
+        async_op: bool,
+        timeout: timedelta | None,
+        nonblocking: str,
+        args: tuple[Any, ...],
+        keep: Any,
+    ) -> Any:
         req = getattr(self._comm, nonblocking)(*args)
         return self._finish(what, async_op, timeout, req, keep)
 

@@ -51,8 +51,11 @@ _BASIC_OPS: dict[RedOpType, Any] = {
     RedOpType.BXOR: MPI.BXOR,
 }
 # torch reduces bool as logic: SUM is "or", PRODUCT is "and"; on 0/1 bytes that is BOR/BAND.
-_BOOL_OPS: dict[RedOpType, Any] = {**_BASIC_OPS, RedOpType.SUM: MPI.BOR,
-                                   RedOpType.PRODUCT: MPI.BAND}
+_BOOL_OPS: dict[RedOpType, Any] = {
+    **_BASIC_OPS,
+    RedOpType.SUM: MPI.BOR,
+    RedOpType.PRODUCT: MPI.BAND,
+}
 
 #: dtypes MPI cannot reduce natively: reduced by the user-defined ops below.
 EMULATED: frozenset[torch.dtype] = frozenset(
@@ -96,7 +99,9 @@ def _writable(buf: Any) -> Any:
 #: (dtype, reduction) -> MPI op for every pair MPI reduces natively: one lookup per call.
 _OPS: dict[tuple[torch.dtype, RedOpType], Any] = {
     (dtype, t): (_BOOL_OPS if dtype is torch.bool else _BASIC_OPS)[t]
-    for dtype in MPI_TYPES if dtype not in EMULATED for t in _BASIC_OPS
+    for dtype in MPI_TYPES
+    if dtype not in EMULATED
+    for t in _BASIC_OPS
 }
 
 
@@ -161,8 +166,7 @@ def contiguous_run(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     ptr = first.data_ptr()
     home = first.untyped_storage().data_ptr()
     for t in tensors:
-        if (t.data_ptr() != ptr or t.dtype != first.dtype
-                or t.untyped_storage().data_ptr() != home):
+        if t.data_ptr() != ptr or t.dtype != first.dtype or t.untyped_storage().data_ptr() != home:
             return None
         ptr += t.numel() * t.element_size()
     total = sum(t.numel() for t in tensors)

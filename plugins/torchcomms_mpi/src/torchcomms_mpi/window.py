@@ -148,12 +148,12 @@ class MpiWindowEngine:
         if self in self._backend._windows:
             self._backend._windows.remove(self)
 
-    def put(self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool,
-            timeout: timedelta) -> Any:
+    def put(
+        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
+    ) -> Any:
         if not tensor.numel():
             return None
-        origin = [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes),
-                  MPI_TYPES[tensor.dtype]]
+        origin = [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), MPI_TYPES[tensor.dtype]]
         win = self._data
         win.Put(origin, dst_rank, (offset, tensor.numel(), MPI_TYPES[tensor.dtype]))
         work = _FlushWork(win, dst_rank, tensor)
@@ -171,8 +171,7 @@ class MpiWindowEngine:
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
-        work = _SignalWaitWork(self, peer_rank, self._waited[peer_rank],
-                               timeout.total_seconds())
+        work = _SignalWaitWork(self, peer_rank, self._waited[peer_rank], timeout.total_seconds())
         if async_op:
             return work
         work.wait()

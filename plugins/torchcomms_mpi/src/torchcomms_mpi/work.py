@@ -54,8 +54,15 @@ class MpiWork:
 
     __slots__ = ("_reqs", "_seconds", "_what", "_keep", "_owner", "_then", "_done")
 
-    def __init__(self, reqs: list[Any], seconds: float, what: str, keep: Any,
-                 owner: set[MpiWork], then: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        reqs: list[Any],
+        seconds: float,
+        what: str,
+        keep: Any,
+        owner: set[MpiWork],
+        then: Callable[[], None] | None = None,
+    ) -> None:
         self._reqs = reqs
         self._seconds = seconds
         self._what = what

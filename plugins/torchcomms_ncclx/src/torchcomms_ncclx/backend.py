@@ -34,8 +34,10 @@ class NCCLXBackend(NcclEngineBackend):
     def is_available(cls) -> tuple[bool, str]:
         hip = rocm_version()
         if hip is not None:
-            return False, (f"this is a ROCm build of PyTorch (torch.version.hip={hip!r}); "
-                           f"use the rccl backend: pip install torchcomms-rccl")
+            return False, (
+                f"this is a ROCm build of PyTorch (torch.version.hip={hip!r}); "
+                f"use the rccl backend: pip install torchcomms-rccl"
+            )
         reason = cuda_unavailable_reason()
         if reason is not None:
             return False, reason

@@ -23,8 +23,9 @@ _OUTPUT_ROUNDING: dict[torch.dtype, tuple[float, float]] = {
 }
 
 
-def all_reduce_block_absmax(x: torch.Tensor, world_size: int, block_size: int = 256
-                            ) -> torch.Tensor:
+def all_reduce_block_absmax(
+    x: torch.Tensor, world_size: int, block_size: int = 256
+) -> torch.Tensor:
     """max|x| of every block ``quantized_all_reduce`` forms from ``x`` (float64, 1-D)."""
     numel = x.numel()
     cols = padded_cols(numel, world_size, block_size)
@@ -33,8 +34,9 @@ def all_reduce_block_absmax(x: torch.Tensor, world_size: int, block_size: int = 
     return flat.view(-1, block_size).amax(dim=1)
 
 
-def reduce_scatter_block_absmax(input: torch.Tensor, world_size: int, block_size: int = 256
-                                ) -> torch.Tensor:
+def reduce_scatter_block_absmax(
+    input: torch.Tensor, world_size: int, block_size: int = 256
+) -> torch.Tensor:
     """max|x| of every block ``quantized_reduce_scatter`` forms: ``(world_size, blocks)``.
 
     Row ``r`` covers the chunk of ``input`` that rank ``r`` receives.
@@ -46,9 +48,14 @@ def reduce_scatter_block_absmax(input: torch.Tensor, world_size: int, block_size
     return padded.view(world_size, -1, block_size).amax(dim=2)
 
 
-def all_reduce_error_bound(absmax_sum: torch.Tensor, exact: torch.Tensor, op: ReduceOp,
-                           world_size: int, dtype: torch.dtype, block_size: int = 256
-                           ) -> torch.Tensor:
+def all_reduce_error_bound(
+    absmax_sum: torch.Tensor,
+    exact: torch.Tensor,
+    op: ReduceOp,
+    world_size: int,
+    dtype: torch.dtype,
+    block_size: int = 256,
+) -> torch.Tensor:
     """Per-element bound on ``|quantized_all_reduce(x) - exact|`` (float64, ``exact``'s shape).
 
     ``absmax_sum`` is the sum over ranks of :func:`all_reduce_block_absmax`; ``exact`` is
@@ -58,9 +65,14 @@ def all_reduce_error_bound(absmax_sum: torch.Tensor, exact: torch.Tensor, op: Re
     return _bound(per_block, exact, op, world_size, dtype, block_size, flushes=world_size + 1)
 
 
-def reduce_scatter_error_bound(absmax_sum: torch.Tensor, exact: torch.Tensor, op: ReduceOp,
-                               world_size: int, dtype: torch.dtype, block_size: int = 256
-                               ) -> torch.Tensor:
+def reduce_scatter_error_bound(
+    absmax_sum: torch.Tensor,
+    exact: torch.Tensor,
+    op: ReduceOp,
+    world_size: int,
+    dtype: torch.dtype,
+    block_size: int = 256,
+) -> torch.Tensor:
     """Per-element bound on one rank's ``|quantized_reduce_scatter output - exact|``.
 
     ``absmax_sum`` is that rank's row of the sum over ranks of
@@ -70,8 +82,15 @@ def reduce_scatter_error_bound(absmax_sum: torch.Tensor, exact: torch.Tensor, op
     return _bound(per_block, exact, op, world_size, dtype, block_size, flushes=world_size)
 
 
-def _bound(per_block: torch.Tensor, exact: torch.Tensor, op: ReduceOp, world_size: int,
-           dtype: torch.dtype, block_size: int, flushes: int) -> torch.Tensor:
+def _bound(
+    per_block: torch.Tensor,
+    exact: torch.Tensor,
+    op: ReduceOp,
+    world_size: int,
+    dtype: torch.dtype,
+    block_size: int,
+    flushes: int,
+) -> torch.Tensor:
     if op.type is RedOpType.AVG:
         per_block = per_block / world_size
     per_block = per_block + flushes * FLUSH_BELOW

@@ -61,8 +61,9 @@ PIECE_ELEMENTS = 1 << 20
 MAX_PIECES = 16
 
 
-def piece_bounds(cols: int, block_size: int, rows: int, device: torch.device
-                 ) -> list[tuple[int, int]]:
+def piece_bounds(
+    cols: int, block_size: int, rows: int, device: torch.device
+) -> list[tuple[int, int]]:
     """Column ranges ``[a, b)`` of whole blocks the ``(rows, cols)`` matrix is cut into.
 
     One piece off CPU, where every torch op is a kernel launch anyway.
@@ -79,8 +80,16 @@ class _Pipeline:
     """Buffers of one quantized collective: per piece, the packed messages; one shared
     float32 accumulator; all carved from one reused workspace buffer."""
 
-    def __init__(self, backend: TorchCommBackend, n: int, cols: int, block_size: int,
-                 device: torch.device, gathers: bool, staged: int) -> None:
+    def __init__(
+        self,
+        backend: TorchCommBackend,
+        n: int,
+        cols: int,
+        block_size: int,
+        device: torch.device,
+        gathers: bool,
+        staged: int,
+    ) -> None:
         self.backend = backend
         self.bounds = piece_bounds(cols, block_size, n, device)
         self.layouts = [Layout(n, b - a, block_size) for a, b in self.bounds]
@@ -96,10 +105,14 @@ class _Pipeline:
         shape = [(n, lay.width) for lay in self.layouts]
         self.send = [arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
         self.recv = [arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
-        self.gathered = ([arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape]
-                         if gathers else [])
-        self.part = ([arena.tensor(lay.width, torch.int8).view(1, lay.width)
-                      for lay in self.singles] if gathers else [])
+        self.gathered = (
+            [arena.tensor(n * w, torch.int8).view(n, w) for n, w in shape] if gathers else []
+        )
+        self.part = (
+            [arena.tensor(lay.width, torch.int8).view(1, lay.width) for lay in self.singles]
+            if gathers
+            else []
+        )
         self.acc = arena.tensor(widest, torch.float32)
         self.staged = arena.tensor(staged, torch.float32)
 
@@ -112,10 +125,17 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
-def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: ReduceOp,
-                         async_op: bool, *, timeout: timedelta | None = None,
-                         hints: dict[str, str] | None = None, block_size: int = 256,
-                         dtype: torch.dtype = torch.int8) -> Any:
+def quantized_all_reduce(
+    backend: TorchCommBackend,
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    async_op: bool,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+    block_size: int = 256,
+    dtype: torch.dtype = torch.int8,
+) -> Any:
     """All-reduce ``tensor`` in place with int8 traffic: about a quarter of float32's bytes.
 
     On CPU the tensor goes in pieces, pipelined: piece ``k + 1`` is quantized and sent while
@@ -147,8 +167,9 @@ def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: Re
     def start(k: int) -> None:
         a, b = bounds[k]
         pipe.layouts[k].quantize_into(x[:, a:b], pipe.send[k])
-        a2a[k] = backend.all_to_all_single(pipe.recv[k].view(-1), pipe.send[k].view(-1), True,
-                                           timeout=timeout, hints=hints)
+        a2a[k] = backend.all_to_all_single(
+            pipe.recv[k].view(-1), pipe.send[k].view(-1), True, timeout=timeout, hints=hints
+        )
 
     def reduce(k: int) -> None:
         a, b = bounds[k]
@@ -157,8 +178,9 @@ def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: Re
         pipe.layouts[k].sum_rows(pipe.recv[k], acc)
         _finish_reduction(acc, op, n)
         pipe.singles[k].quantize_into(acc.view(1, b - a), pipe.part[k])
-        gather[k] = backend.all_gather_single(pipe.gathered[k].view(-1), pipe.part[k].view(-1),
-                                              True, timeout=timeout, hints=hints)
+        gather[k] = backend.all_gather_single(
+            pipe.gathered[k].view(-1), pipe.part[k].view(-1), True, timeout=timeout, hints=hints
+        )
 
     def finish(k: int) -> None:
         a, b = bounds[k]
@@ -187,11 +209,18 @@ def quantized_all_reduce(backend: TorchCommBackend, tensor: torch.Tensor, op: Re
     return None
 
 
-def quantized_reduce_scatter(backend: TorchCommBackend, output: torch.Tensor,
-                             input: torch.Tensor, op: ReduceOp, async_op: bool, *,
-                             timeout: timedelta | None = None,
-                             hints: dict[str, str] | None = None, block_size: int = 256,
-                             dtype: torch.dtype = torch.int8) -> Any:
+def quantized_reduce_scatter(
+    backend: TorchCommBackend,
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: ReduceOp,
+    async_op: bool,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+    block_size: int = 256,
+    dtype: torch.dtype = torch.int8,
+) -> Any:
     """Reduce-scatter ``input`` into ``output`` with int8 all-to-alls (fully asynchronous).
 
     On CPU the chunks go in pieces: quantizing piece ``k + 1`` overlaps sending piece ``k``,
@@ -217,8 +246,11 @@ def quantized_reduce_scatter(backend: TorchCommBackend, output: torch.Tensor,
     works = []
     for k, (a, b) in enumerate(pipe.bounds):
         pipe.layouts[k].quantize_into(x[:, a:b], pipe.send[k])
-        works.append(backend.all_to_all_single(pipe.recv[k].view(-1), pipe.send[k].view(-1),
-                                               True, timeout=timeout, hints=hints))
+        works.append(
+            backend.all_to_all_single(
+                pipe.recv[k].view(-1), pipe.send[k].view(-1), True, timeout=timeout, hints=hints
+            )
+        )
 
     def reduce_into_output() -> None:
         for k, (a, b) in enumerate(pipe.bounds):

@@ -133,8 +133,9 @@ def _check(t: torch.Tensor, dtype: torch.dtype, name: str) -> None:
         raise ValueError(f"{name} must be contiguous along its last dimension")
 
 
-def quantize(x: torch.Tensor, block_size: int, q_out: torch.Tensor,
-             scales_out: torch.Tensor) -> None:
+def quantize(
+    x: torch.Tensor, block_size: int, q_out: torch.Tensor, scales_out: torch.Tensor
+) -> None:
     """Fused absmax + scale + int8 quantization of float32 ``x`` (blocks along the last dim)."""
     cupy, quantize_kernel, _ = _kernels()
     _check(x, torch.float32, "x")
@@ -151,16 +152,27 @@ def quantize(x: torch.Tensor, block_size: int, q_out: torch.Tensor,
 
     with cupy.cuda.Device(x.device.index), _stream(cupy, x.device):
         quantize_kernel(
-            (min(nblocks, _MAX_GRID),), (_THREADS,),
-            (_ptr(x), _ptr(q_out), _ptr(scales_out), np.int64(nblocks),
-             np.int64(blocks_per_row), np.int32(block_size), np.int64(x_stride),
-             np.int64(q_stride), np.int64(s_stride), np.float32(QMAX),
-             np.float32(FLUSH_BELOW)),
+            (min(nblocks, _MAX_GRID),),
+            (_THREADS,),
+            (
+                _ptr(x),
+                _ptr(q_out),
+                _ptr(scales_out),
+                np.int64(nblocks),
+                np.int64(blocks_per_row),
+                np.int32(block_size),
+                np.int64(x_stride),
+                np.int64(q_stride),
+                np.int64(s_stride),
+                np.float32(QMAX),
+                np.float32(FLUSH_BELOW),
+            ),
         )
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor,
-               accumulate: bool) -> None:
+def dequantize(
+    q: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor, accumulate: bool
+) -> None:
     """``out = q * scale`` per block (``out += ...`` with ``accumulate``); ``out`` contiguous."""
     cupy, _, dequantize_kernel = _kernels()
     _check(q, torch.int8, "q")
@@ -176,10 +188,19 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, block_size: int, out: torc
     grid = min(-(-total // _THREADS), _MAX_GRID)
     with cupy.cuda.Device(q.device.index), _stream(cupy, q.device):
         dequantize_kernel(
-            (grid,), (_THREADS,),
-            (_ptr(q), _ptr(scales), _ptr(out), np.int64(rows), np.int64(cols),
-             np.int32(block_size), np.int64(q_stride), np.int64(s_stride),
-             np.int32(1 if accumulate else 0)),
+            (grid,),
+            (_THREADS,),
+            (
+                _ptr(q),
+                _ptr(scales),
+                _ptr(out),
+                np.int64(rows),
+                np.int64(cols),
+                np.int32(block_size),
+                np.int64(q_stride),
+                np.int64(s_stride),
+                np.int32(1 if accumulate else 0),
+            ),
         )
 
 

@@ -19,9 +19,14 @@ FLUSH_BELOW = 2.0**-100
 CPU_SLICE = 1 << 17
 
 
-def quantize_blocks(x: torch.Tensor, block_size: int, *, q_out: torch.Tensor | None = None,
-                    scales_out: torch.Tensor | None = None, fused: bool | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(
+    x: torch.Tensor,
+    block_size: int,
+    *,
+    q_out: torch.Tensor | None = None,
+    scales_out: torch.Tensor | None = None,
+    fused: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize float32 ``x`` in blocks of ``block_size`` along its last dimension.
 
     Per block: ``scale = max|x| / 127`` and ``q = round(x / scale)`` (to nearest, ties
@@ -37,13 +42,14 @@ def quantize_blocks(x: torch.Tensor, block_size: int, *, q_out: torch.Tensor | N
     """
     rows, nblocks = _check_blocks(x, block_size, "x")
     if x.dtype != torch.float32:
-        raise ValueError(f"x must be float32, got {x.dtype}; convert it with .float() "
-                         f"(exact for bfloat16 and float16)")
+        raise ValueError(
+            f"x must be float32, got {x.dtype}; convert it with .float() "
+            f"(exact for bfloat16 and float16)"
+        )
     if q_out is None:
         q_out = torch.empty(x.shape, dtype=torch.int8, device=x.device)
     if scales_out is None:
-        scales_out = torch.empty(x.shape[:-1] + (nblocks,), dtype=torch.float32,
-                                 device=x.device)
+        scales_out = torch.empty(x.shape[:-1] + (nblocks,), dtype=torch.float32, device=x.device)
     if _use_fused(x, fused):
         from . import cuda_kernels
 
@@ -87,9 +93,15 @@ def _scales_and_inverses(absmax: torch.Tensor, scales: torch.Tensor) -> torch.Te
     return torch.where(small, 0.0, torch.div(qmax, absmax))
 
 
-def dequantize_blocks(q: torch.Tensor, scales: torch.Tensor, block_size: int, *,
-                      out: torch.Tensor | None = None, accumulate: bool = False,
-                      fused: bool | None = None) -> torch.Tensor:
+def dequantize_blocks(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    block_size: int,
+    *,
+    out: torch.Tensor | None = None,
+    accumulate: bool = False,
+    fused: bool | None = None,
+) -> torch.Tensor:
     """Return ``q * scale`` per block as float32; with ``accumulate``, add it to ``out``.
 
     The product is rounded before the addition (no fused multiply-add), on every path,
@@ -106,24 +118,44 @@ def dequantize_blocks(q: torch.Tensor, scales: torch.Tensor, block_size: int, *,
     return out
 
 
-def dequantize_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int, out: torch.Tensor,
-                    accumulate: bool = False) -> None:
+def dequantize_rows(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    block_size: int,
+    out: torch.Tensor,
+    accumulate: bool = False,
+) -> None:
     """:func:`dequantize_blocks` with torch ops into ``out`` of ``q``'s shape, float32, whose
     last dimension is contiguous (rows may be strided: a column range of a larger tensor)."""
     rows, nblocks = _check_blocks(q, block_size, "q")
     q3 = q.reshape(rows, nblocks, block_size)
     s2 = scales.reshape(rows, nblocks)
-    o3 = out.view(rows, nblocks, block_size) if out.is_contiguous() else (
-        torch.unflatten(out, -1, (nblocks, block_size)).reshape(rows, nblocks, block_size))
+    o3 = (
+        out.view(rows, nblocks, block_size)
+        if out.is_contiguous()
+        else (torch.unflatten(out, -1, (nblocks, block_size)).reshape(rows, nblocks, block_size))
+    )
     slices = _slices(q, rows, nblocks, block_size)
-    work = (torch.empty(min(nblocks, _slice_blocks(block_size)) * block_size,
-                        dtype=torch.float32, device=q.device) if accumulate else None)
+    work = (
+        torch.empty(
+            min(nblocks, _slice_blocks(block_size)) * block_size,
+            dtype=torch.float32,
+            device=q.device,
+        )
+        if accumulate
+        else None
+    )
     for part in slices:
         _dequantize_slice(q3[part], s2[part], o3[part], accumulate, work)
 
 
-def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
-                         out: torch.Tensor, fused: bool | None = None) -> torch.Tensor:
+def sum_dequantized_rows(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    block_size: int,
+    out: torch.Tensor,
+    fused: bool | None = None,
+) -> torch.Tensor:
     """``out = sum over r of q[r] * scales[r]`` in float32, adding rows in order 0, 1, ...
 
     ``q`` is ``(rows, cols)``; the result has the bits of dequantizing row 0 and then
@@ -133,12 +165,13 @@ def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
     if q.dim() != 2:
         raise ValueError(f"q must be 2-D (rows, cols), got shape {tuple(q.shape)}")
     if out.shape != q.shape[1:] or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor of shape "
-                         f"{tuple(q.shape[1:])}, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be a contiguous float32 tensor of shape "
+            f"{tuple(q.shape[1:])}, got {out.dtype} {tuple(out.shape)}"
+        )
     if q.device.type != "cpu":
         for r in range(rows):
-            dequantize_blocks(q[r], scales[r], block_size, out=out, accumulate=r > 0,
-                              fused=fused)
+            dequantize_blocks(q[r], scales[r], block_size, out=out, accumulate=r > 0, fused=fused)
         return out
     q3 = q.view(rows, nblocks, block_size)
     o2 = out.view(nblocks, block_size)
@@ -150,8 +183,13 @@ def sum_dequantized_rows(q: torch.Tensor, scales: torch.Tensor, block_size: int,
     return out
 
 
-def _dequantize_slice(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
-                      accumulate: bool, work: torch.Tensor | None) -> None:
+def _dequantize_slice(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    accumulate: bool,
+    work: torch.Tensor | None,
+) -> None:
     # Convert into float32 memory first (exact), then multiply in place: faster than a
     # mixed int8-by-float32 multiply, and the product is rounded before any addition.
     if not accumulate:
@@ -165,8 +203,9 @@ def _dequantize_slice(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor,
     out.add_(values)
 
 
-def _slices(t: torch.Tensor, rows: int, nblocks: int, block_size: int
-            ) -> list[tuple[int | slice, slice]]:
+def _slices(
+    t: torch.Tensor, rows: int, nblocks: int, block_size: int
+) -> list[tuple[int | slice, slice]]:
     """``(rows, blocks)`` indices of the pieces to work on, in order.
 
     On CPU: cache-sized runs of blocks within one row. Elsewhere: everything at once,
@@ -175,8 +214,9 @@ def _slices(t: torch.Tensor, rows: int, nblocks: int, block_size: int
     if t.device.type != "cpu":
         return [(slice(None), slice(None))]
     step = _slice_blocks(block_size)
-    return [(r, slice(a, min(a + step, nblocks)))
-            for r in range(rows) for a in range(0, nblocks, step)]
+    return [
+        (r, slice(a, min(a + step, nblocks))) for r in range(rows) for a in range(0, nblocks, step)
+    ]
 
 
 def _slice_blocks(block_size: int) -> int:
@@ -186,28 +226,39 @@ def _slice_blocks(block_size: int) -> int:
 def _check_blocks(t: torch.Tensor, block_size: int, name: str) -> tuple[int, int]:
     """``(rows, blocks per row)`` of ``t`` seen as rows of blocks along its last dimension."""
     if t.dim() == 0 or t.shape[-1] % block_size:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}; its last dimension must be a "
-                         f"multiple of block_size={block_size} (pad it first)")
+        raise ValueError(
+            f"{name} has shape {tuple(t.shape)}; its last dimension must be a "
+            f"multiple of block_size={block_size} (pad it first)"
+        )
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(f"{name} must be contiguous along its last dimension")
     cols = t.shape[-1]
     return (t.numel() // cols if cols else 0), cols // block_size
 
 
-def _check_dequantize_args(q: torch.Tensor, scales: torch.Tensor, block_size: int,
-                           nblocks: int, out: torch.Tensor | None, accumulate: bool
-                           ) -> torch.Tensor:
+def _check_dequantize_args(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    block_size: int,
+    nblocks: int,
+    out: torch.Tensor | None,
+    accumulate: bool,
+) -> torch.Tensor:
     expected = q.shape[:-1] + (nblocks,)
     if tuple(scales.shape) != tuple(expected):
-        raise ValueError(f"scales has shape {tuple(scales.shape)} but q of shape "
-                         f"{tuple(q.shape)} in blocks of {block_size} needs {tuple(expected)}")
+        raise ValueError(
+            f"scales has shape {tuple(scales.shape)} but q of shape "
+            f"{tuple(q.shape)} in blocks of {block_size} needs {tuple(expected)}"
+        )
     if out is None:
         if accumulate:
             raise ValueError("accumulate=True needs out=")
         return torch.empty(q.shape, dtype=torch.float32, device=q.device)
     if out.shape != q.shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous float32 tensor of shape {tuple(q.shape)}, "
-                         f"got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"out must be a contiguous float32 tensor of shape {tuple(q.shape)}, "
+            f"got {out.dtype} {tuple(out.shape)}"
+        )
     return out
 
 
@@ -221,9 +272,11 @@ def _use_fused(t: torch.Tensor, fused: bool | None) -> bool:
     if cuda_kernels.available():
         return True
     if fused:
-        raise RuntimeError(f"fused=True but the CuPy kernels cannot be used: "
-                           f"{cuda_kernels.unavailable_reason()}; install "
-                           f"torchcomms-quantized[cuda]")
+        raise RuntimeError(
+            f"fused=True but the CuPy kernels cannot be used: "
+            f"{cuda_kernels.unavailable_reason()}; install "
+            f"torchcomms-quantized[cuda]"
+        )
     return False
 
 
@@ -264,18 +317,25 @@ class Layout:
     def payload(self, packed: torch.Tensor) -> torch.Tensor:
         """The int8 payload of every row, ``(rows, cols)``, a view of ``packed``."""
         start = 4 * self.blocks_per_row
-        return packed[:, start:start + self.cols]
+        return packed[:, start : start + self.cols]
 
     def quantize_into(self, x: torch.Tensor, packed: torch.Tensor) -> None:
         """Quantize float32 ``x`` of shape ``(rows, cols)`` into ``packed``."""
-        quantize_blocks(x, self.block_size, q_out=self.payload(packed),
-                        scales_out=self.scales(packed))
+        quantize_blocks(
+            x, self.block_size, q_out=self.payload(packed), scales_out=self.scales(packed)
+        )
 
-    def dequantize_row(self, packed: torch.Tensor, row: int, out: torch.Tensor,
-                       accumulate: bool) -> None:
+    def dequantize_row(
+        self, packed: torch.Tensor, row: int, out: torch.Tensor, accumulate: bool
+    ) -> None:
         """Write (or add) row ``row`` of ``packed``, dequantized, into float32 ``out``."""
-        dequantize_blocks(self.payload(packed)[row], self.scales(packed)[row], self.block_size,
-                          out=out, accumulate=accumulate)
+        dequantize_blocks(
+            self.payload(packed)[row],
+            self.scales(packed)[row],
+            self.block_size,
+            out=out,
+            accumulate=accumulate,
+        )
 
     def dequantize_into(self, packed: torch.Tensor, out: torch.Tensor) -> None:
         """Dequantize every row of ``packed`` into float32 ``out`` of shape ``(rows, cols)``,

@@ -20,8 +20,9 @@ QUANTIZED_DTYPES = (torch.int8,)
 _OPTIONS = ("block_size", "dtype")
 
 
-def validate_all_reduce(comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str, Any]
-                        ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def validate_all_reduce(
+    comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Check ``quantized_all_reduce(tensor, op, *, block_size, dtype)``."""
     name = "quantized_all_reduce"
     tensor, op = args
@@ -31,8 +32,9 @@ def validate_all_reduce(comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str
     return (tensor, red), _options(comm, name, kwargs)
 
 
-def validate_reduce_scatter(comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str, Any]
-                            ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def validate_reduce_scatter(
+    comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Check ``quantized_reduce_scatter(output, input, op, *, block_size, dtype)``."""
     name = "quantized_reduce_scatter"
     output, input, op = args
@@ -42,8 +44,13 @@ def validate_reduce_scatter(comm: TorchComm, args: tuple[Any, ...], kwargs: dict
     _floating(name, "input", input)
     check.same_dtype(name, "output", output, "input", input)
     size = comm.get_size()
-    check.numel(name, "input", input, output.numel() * size,
-                f"output.numel() * size = {output.numel()} * {size}")
+    check.numel(
+        name,
+        "input",
+        input,
+        output.numel() * size,
+        f"output.numel() * size = {output.numel()} * {size}",
+    )
     red = _reduce_op(comm, name, op, input.dtype)
     return (output, input, red), _options(comm, name, kwargs)
 
@@ -81,19 +88,21 @@ def _options(comm: TorchComm, name: str, kwargs: dict[str, Any]) -> dict[str, An
     try:
         block_size = operator.index(block_size)
     except TypeError:
-        raise CommTypeError(f"{name}: block_size must be a positive int, got "
-                            f"{block_size!r} ({type(block_size).__name__})") from None
+        raise CommTypeError(
+            f"{name}: block_size must be a positive int, got "
+            f"{block_size!r} ({type(block_size).__name__})"
+        ) from None
     if block_size < 1:
         raise CommInputError(f"{name}: block_size must be a positive int, got {block_size}")
     dtype = kwargs.get("dtype", torch.int8)
     if not isinstance(dtype, torch.dtype):
         raise CommTypeError(f"{name}: dtype must be a torch.dtype (torch.int8), got {dtype!r}")
     if dtype not in QUANTIZED_DTYPES:
-        raise CommInputError(f"{name}: dtype must be torch.int8, the only quantized type "
-                             f"supported, got {dtype}")
+        raise CommInputError(
+            f"{name}: dtype must be torch.int8, the only quantized type supported, got {dtype}"
+        )
     backend = comm.get_backend_impl()
-    if (not callable(getattr(backend, name, None))
-            and dtype not in type(backend).supported_dtypes):
+    if not callable(getattr(backend, name, None)) and dtype not in type(backend).supported_dtypes:
         raise CommInputError(
             f"{name}: backend {comm.get_backend()!r} cannot transfer {_short(dtype)} tensors, "
             f"which the portable {name} sends; use the exact collective on this backend"

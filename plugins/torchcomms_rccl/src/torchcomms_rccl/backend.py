@@ -11,8 +11,10 @@ import torch
 
 from torchcomms_core.engines.cuda_support import NcclEngineBackend, nccl_available, rocm_version
 
-NOT_ROCM_REASON = ("needs a ROCm build of PyTorch (torch.version.hip is None); install torch "
-                   "for ROCm or use torchcomms-ncclx on NVIDIA GPUs")
+NOT_ROCM_REASON = (
+    "needs a ROCm build of PyTorch (torch.version.hip is None); install torch "
+    "for ROCm or use torchcomms-ncclx on NVIDIA GPUs"
+)
 
 
 class RCCLBackend(NcclEngineBackend):
@@ -29,11 +31,15 @@ class RCCLBackend(NcclEngineBackend):
         if rocm_version() is None:
             return False, NOT_ROCM_REASON
         if not torch.cuda.is_available():
-            return False, ("no ROCm GPU: torch.cuda.is_available() is False; check "
-                           "HIP_VISIBLE_DEVICES and the driver (rocm-smi)")
+            return False, (
+                "no ROCm GPU: torch.cuda.is_available() is False; check "
+                "HIP_VISIBLE_DEVICES and the driver (rocm-smi)"
+            )
         if not nccl_available():
-            return False, ("this PyTorch ROCm build has no RCCL "
-                           "(torch.distributed.is_nccl_available() is False)")
+            return False, (
+                "this PyTorch ROCm build has no RCCL "
+                "(torch.distributed.is_nccl_available() is False)"
+            )
         return True, "ok"
 
     def get_backend_name(self) -> str:
