@@ -512,10 +512,10 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (tensor, root, op, timeout) form; Python code
     # (distributed_c10d) calls (tensors, opts), which this takes.
-    def reduce(
+    def reduce(  # type: ignore[override]
         self,
         tensors: Any,
-        opts: Any = None,  # type: ignore[override]
+        opts: Any = None,
         op: Any = None,
     ) -> CommWork:
         """``reduce(tensors, ReduceOptions)`` or ``reduce(tensor, root, op)``."""
@@ -623,9 +623,9 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (tensor, list, op, timeout) form; Python code
     # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self,
-        output_tensors: Any,  # type: ignore[override]
+        output_tensors: Any,
         input_lists: Any,
         opts: Any = None,
     ) -> CommWork:
@@ -765,9 +765,9 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (list, tensor, root, timeout) form; Python code
     # (distributed_c10d) calls (output_lists, inputs, opts), which this takes.
-    def gather(
+    def gather(  # type: ignore[override]
         self,
-        output_tensors: Any,  # type: ignore[override]
+        output_tensors: Any,
         input_tensors: Any,
         opts: Any = None,
     ) -> CommWork:
@@ -790,9 +790,9 @@ class _BackendWrapper(ProcessGroup):
 
     # The stub's overloads add c10d's C++-only (tensor, list, root, timeout) form; Python code
     # (distributed_c10d) calls (outputs, input_lists, opts), which this takes.
-    def scatter(
+    def scatter(  # type: ignore[override]
         self,
-        output_tensors: Any,  # type: ignore[override]
+        output_tensors: Any,
         input_tensors: Any,
         opts: Any = None,
     ) -> CommWork:
@@ -815,9 +815,9 @@ class _BackendWrapper(ProcessGroup):
 
     # Takes both stub overloads, barrier(opts) and barrier(timeout=...), but they name
     # their first argument differently, which no one signature can match.
-    def barrier(
+    def barrier(  # type: ignore[override]
         self,
-        opts: Any = None,  # type: ignore[override]
+        opts: Any = None,
         timeout: timedelta | None = None,
     ) -> CommWork:
         def issue() -> CommWork:

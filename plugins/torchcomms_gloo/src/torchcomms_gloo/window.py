@@ -184,8 +184,8 @@ class GlooWindowEngine:
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
         work = _CounterWait(
-            self._mine.words,
-            peer_rank,  # type: ignore[union-attr]
+            self._mine.words,  # type: ignore[union-attr]
+            peer_rank,
             self._waited[peer_rank],
             timeout.total_seconds(),
             self._rank,
