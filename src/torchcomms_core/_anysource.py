@@ -61,7 +61,7 @@ def recv_anysource(
 
     # Read the sender before the core drops the backend's work.
     call.then(lambda: sender.append(issued[0].source_rank()), first=True)
-    work = comm._issue(call, issue, (buf,), async_op, (tensor, ANY_SOURCE))
+    work = comm._issue(call, (buf,), async_op, (tensor, ANY_SOURCE), issue)
 
     def source_rank() -> int:
         if not sender:

@@ -87,8 +87,8 @@ def make_method(coll: Collective) -> Callable[..., Any]:
             args, kwargs = validate(self, args, kwargs)
         native = getattr(self._backend, name, None)
         if native is not None:
-            return self._issue(call, native, args, bool(async_op), args, kwargs)
-        return self._issue(call, impl, (self._backend, *args), bool(async_op), args, kwargs)
+            return self._issue(call, args, bool(async_op), args, native, extra=kwargs)
+        return self._issue(call, (self._backend, *args), bool(async_op), args, impl, extra=kwargs)
 
     method.__name__ = name
     method.__qualname__ = f"TorchComm.{name}"

@@ -7,19 +7,18 @@ the backend call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from ._batch import BatchSendRecv, P2POp
-from ._collectives import Collective, make_method
 from ._comm_base import CommBase, _in
 from ._errors import CommInputError, CommStateError, CommTypeError, TorchCommError
 from ._handles import PersistentAllGather, owned
 from ._names import check_name, claim_name, release_name
-from ._plugins import PluginError, attach_collective_host, call_lifecycle
+from ._plugins import attach_collective_host, call_lifecycle
 from ._reduce_op import ReduceOp
 from ._states import OK
 from ._validation import check_hints, check_timeout, split_sizes
@@ -54,7 +53,7 @@ class TorchComm(CommBase):
         call = self._call("send", timeout, hints)
         self._check.tensor("send", "tensor", tensor)
         dst = self._check.peer("send", "dst", dst, allow_self=False)
-        return self._issue(call, self._backend.send, (_in(tensor), dst), async_op, (tensor, dst))
+        return self._issue(call, (_in(tensor), dst), async_op, (tensor, dst))
 
     def recv(
         self,
@@ -68,9 +67,7 @@ class TorchComm(CommBase):
         call = self._call("recv", timeout, hints)
         self._check.tensor("recv", "tensor", tensor)
         src = self._check.peer("recv", "src", src, allow_self=False)
-        return self._issue(
-            call, self._backend.recv, (call.out(tensor), src), async_op, (tensor, src)
-        )
+        return self._issue(call, (call.out(tensor), src), async_op, (tensor, src))
 
     def batch_op_create(self) -> BatchSendRecv:
         """Start a batch of sends and receives, issued together by its ``issue()``."""
@@ -98,7 +95,7 @@ class TorchComm(CommBase):
             prepared.append((kind, _in(tensor) if kind == "send" else call.out(tensor), peer))
         if not prepared:
             return TorchWork(None, None, self, "batch_op_issue")
-        return self._issue(call, self._backend.batch_op_issue, (prepared,), async_op, (list(ops),))
+        return self._issue(call, (prepared,), async_op, (list(ops),))
 
     # -- collectives -----------------------------------------------------------------
 
@@ -114,13 +111,7 @@ class TorchComm(CommBase):
         call = self._call("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
         root = self._check.peer("broadcast", "root", root)
-        return self._issue(
-            call,
-            self._backend.broadcast,
-            (call.out(tensor, keep=True), root),
-            async_op,
-            (tensor, root),
-        )
+        return self._issue(call, (call.out(tensor, keep=True), root), async_op, (tensor, root))
 
     def all_reduce(
         self,
@@ -139,14 +130,12 @@ class TorchComm(CommBase):
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
         if red._type in self._native_ops and tensor.is_contiguous():  # the common case, lean
-            return self._issue(
-                call, self._backend.all_reduce, (tensor, red), async_op, (tensor, red)
-            )
+            return self._issue(call, (tensor, red), async_op, (tensor, red))
         buf = call.out(tensor, keep=True)
         bop, factor = call.lower(red, self._native_ops, buf, self._size)
         if factor is not None:
             buf.mul_(factor)
-        return self._issue(call, self._backend.all_reduce, (buf, bop), async_op, (tensor, red))
+        return self._issue(call, (buf, bop), async_op, (tensor, red))
 
     def reduce(
         self,
@@ -172,9 +161,7 @@ class TorchComm(CommBase):
                 buf.mul_(factor)
         else:
             bop, (buf,) = self._reduced(call, red, None, [_in(tensor)])
-        return self._issue(
-            call, self._backend.reduce, (buf, root, bop), async_op, (tensor, root, red)
-        )
+        return self._issue(call, (buf, root, bop), async_op, (tensor, root, red))
 
     def all_gather(
         self,
@@ -187,20 +174,9 @@ class TorchComm(CommBase):
         """Gather every rank's ``tensor`` into ``tensor_list`` (one same-sized entry per rank)."""
         call = self._call("all_gather", timeout, hints)
         self._check.tensor("all_gather", "tensor", tensor)
-        outs = self._check.blocks(
-            "all_gather",
-            "tensor_list",
-            tensor_list,
-            "tensor",
-            tensor,
-            "the same as the input tensor",
-        )
+        outs = self._check.blocks("all_gather", "tensor_list", tensor_list, "tensor", tensor)
         return self._issue(
-            call,
-            self._backend.all_gather,
-            ([call.out(t) for t in outs], _in(tensor)),
-            async_op,
-            (tensor_list, tensor),
+            call, ([call.out(t) for t in outs], _in(tensor)), async_op, (tensor_list, tensor)
         )
 
     def all_gather_v(
@@ -218,20 +194,10 @@ class TorchComm(CommBase):
         call = self._call("all_gather_v", timeout, hints)
         self._check.tensor("all_gather_v", "tensor", tensor)
         outs = self._check.blocks(
-            "all_gather_v",
-            "tensor_list",
-            tensor_list,
-            "tensor",
-            tensor,
-            "this rank's own entry receives its input tensor",
-            self._rank,
+            "all_gather_v", "tensor_list", tensor_list, "tensor", tensor, self._rank
         )
         return self._issue(
-            call,
-            self._backend.all_gather_v,
-            ([call.out(t) for t in outs], _in(tensor)),
-            async_op,
-            (tensor_list, tensor),
+            call, ([call.out(t) for t in outs], _in(tensor)), async_op, (tensor_list, tensor)
         )
 
     def all_gather_single(
@@ -246,13 +212,7 @@ class TorchComm(CommBase):
         call = self._call("all_gather_single", timeout, hints)
         self._check.pair("all_gather_single", output, input)
         self._check.times_size("all_gather_single", "output", output, "input", input)
-        return self._issue(
-            call,
-            self._backend.all_gather_single,
-            (call.out(output), _in(input)),
-            async_op,
-            (output, input),
-        )
+        return self._issue(call, (call.out(output), _in(input)), async_op, (output, input))
 
     def reduce_scatter(
         self,
@@ -265,15 +225,7 @@ class TorchComm(CommBase):
     ) -> TorchWork:
         """Reduce ``input_list[r]`` over every rank with ``op`` into rank ``r``'s ``output``."""
         return self._reduce_scatter_lists(
-            "reduce_scatter",
-            self._backend.reduce_scatter,
-            output,
-            input_list,
-            op,
-            async_op,
-            hints,
-            timeout,
-            None,
+            "reduce_scatter", output, input_list, op, async_op, hints, timeout
         )
 
     def reduce_scatter_v(
@@ -287,38 +239,27 @@ class TorchComm(CommBase):
     ) -> TorchWork:
         """:meth:`reduce_scatter` with per-rank block sizes (``input_list[r]`` fits rank r)."""
         return self._reduce_scatter_lists(
-            "reduce_scatter_v",
-            self._backend.reduce_scatter_v,
-            output,
-            input_list,
-            op,
-            async_op,
-            hints,
-            timeout,
-            self._rank,
+            "reduce_scatter_v", output, input_list, op, async_op, hints, timeout
         )
 
     def _reduce_scatter_lists(
         self,
         name: str,
-        method: Callable[..., Any],
         output: torch.Tensor,
         input_list: list[torch.Tensor],
         op: ReduceOp,
         async_op: bool,
         hints: dict[str, str] | None,
         timeout: timedelta | None,
-        only: int | None,
     ) -> TorchWork:
         call = self._call(name, timeout, hints)
         self._check.tensor(name, "output", output)
-        ins = self._check.blocks(
-            name, "input_list", input_list, "output", output, "the same as the output tensor", only
-        )
+        only = self._rank if name == "reduce_scatter_v" else None  # _v: blocks may differ
+        ins = self._check.blocks(name, "input_list", input_list, "output", output, only)
         red = self._check.reduce_op(name, op, output.dtype)
         out = call.out(output)
         bop, bins = self._reduced(call, red, out, [_in(t) for t in ins])
-        return self._issue(call, method, (out, bins, bop), async_op, (output, input_list, red))
+        return self._issue(call, (out, bins, bop), async_op, (output, input_list, red))
 
     def reduce_scatter_single(
         self,
@@ -336,13 +277,7 @@ class TorchComm(CommBase):
         red = self._check.reduce_op("reduce_scatter_single", op, output.dtype)
         out = call.out(output)
         bop, (bin_,) = self._reduced(call, red, out, [_in(input)])
-        return self._issue(
-            call,
-            self._backend.reduce_scatter_single,
-            (out, bin_, bop),
-            async_op,
-            (output, input, red),
-        )
+        return self._issue(call, (out, bin_, bop), async_op, (output, input, red))
 
     def all_to_all(
         self,
@@ -376,7 +311,6 @@ class TorchComm(CommBase):
         )
         return self._issue(
             call,
-            self._backend.all_to_all,
             ([call.out(t) for t in outs], [_in(t) for t in ins]),
             async_op,
             (output_tensor_list, input_tensor_list),
@@ -406,13 +340,7 @@ class TorchComm(CommBase):
                 f"all_to_all_single: input dim 0 ({rows}) must be divisible by the communicator "
                 f"size {self._size}; use all_to_all_v_single for uneven splits"
             )
-        return self._issue(
-            call,
-            self._backend.all_to_all_single,
-            (call.out(output), _in(input)),
-            async_op,
-            (output, input),
-        )
+        return self._issue(call, (call.out(output), _in(input)), async_op, (output, input))
 
     def all_to_all_v_single(
         self,
@@ -448,7 +376,6 @@ class TorchComm(CommBase):
             )
         return self._issue(
             call,
-            self._backend.all_to_all_v_single,
             (call.out(output), _in(input), osz, isz),
             async_op,
             (output, input, list(osz), list(isz)),
@@ -462,7 +389,7 @@ class TorchComm(CommBase):
     ) -> TorchWork:
         """Complete once every rank has called ``barrier``."""
         call = self._call("barrier", timeout, hints)
-        return self._issue(call, self._backend.barrier, (), async_op, ())
+        return self._issue(call, (), async_op, ())
 
     def scatter(
         self,
@@ -490,12 +417,10 @@ class TorchComm(CommBase):
                     input_tensor_list,
                     "output_tensor",
                     output_tensor,
-                    "the same as output_tensor",
                 )
             ]
         return self._issue(
             call,
-            self._backend.scatter,
             (call.out(output_tensor), bins, root),
             async_op,
             (output_tensor, input_tensor_list, root),
@@ -522,17 +447,11 @@ class TorchComm(CommBase):
             bouts = [
                 call.out(t)
                 for t in self._check.blocks(
-                    "gather",
-                    "output_tensor_list",
-                    output_tensor_list,
-                    "input_tensor",
-                    input_tensor,
-                    "the same as input_tensor",
+                    "gather", "output_tensor_list", output_tensor_list, "input_tensor", input_tensor
                 )
             ]
         return self._issue(
             call,
-            self._backend.gather,
             (bouts, _in(input_tensor), root),
             async_op,
             (output_tensor_list, input_tensor, root),
@@ -556,13 +475,7 @@ class TorchComm(CommBase):
             self._check.pair("gather_single", output, input)
             self._check.times_size("gather_single", "output", output, "input", input)
             out = call.out(output)
-        return self._issue(
-            call,
-            self._backend.gather_single,
-            (out, _in(input), root),
-            async_op,
-            (output, input, root),
-        )
+        return self._issue(call, (out, _in(input), root), async_op, (output, input, root))
 
     # -- windows and persistent all-gather ---------------------------------------------
 
@@ -664,23 +577,6 @@ class TorchComm(CommBase):
         self._post_plain(hook_args)
         call_lifecycle("torchcomms_comm_created", comm=comm, parent=self)
         return comm
-
-    # -- plugin collectives ------------------------------------------------------------
-
-    @classmethod
-    def _add_collective(cls, coll: Collective) -> None:
-        """Install a plugin collective as a method (the plugin host calls this)."""
-        if coll.name in cls.__dict__ or hasattr(cls, coll.name):
-            raise PluginError(
-                f"{coll.provider} registers collective {coll.name!r}, which is "
-                f"already a built-in TorchComm method; pick another name"
-            )
-        setattr(cls, coll.name, make_method(coll))
-
-    @classmethod
-    def _remove_collective(cls, name: str) -> None:
-        if getattr(cls.__dict__.get(name), "_plugin_collective", False):
-            delattr(cls, name)
 
 
 attach_collective_host(TorchComm._add_collective, TorchComm._remove_collective)

@@ -21,16 +21,13 @@ import torch
 
 from . import _env
 from ._calling import adapt_backend
+from ._collectives import Collective, make_method
 from ._consistency import verify_call
 from ._errors import CommStateError
 from ._handles import RemovableHandle
 from ._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
 from ._options import CommOptions
-from ._plugins import (
-    call_lifecycle,
-    failed_plugins,
-    load_plugins,
-)
+from ._plugins import PluginError, call_lifecycle, failed_plugins, load_plugins
 from ._reduce_op import RedOpType, ReduceOp
 from ._registry import backend_version, get_mem_allocator
 from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
@@ -500,6 +497,23 @@ class CommBase:
             work._start(None, None)
             self._run_post_hooks(args, work)
 
+    # -- plugin collectives ------------------------------------------------------------
+
+    @classmethod
+    def _add_collective(cls, coll: Collective) -> None:
+        """Install a plugin collective as a method (the plugin host calls this)."""
+        if coll.name in cls.__dict__ or hasattr(cls, coll.name):
+            raise PluginError(
+                f"{coll.provider} registers collective {coll.name!r}, which is "
+                f"already a built-in TorchComm method; pick another name"
+            )
+        setattr(cls, coll.name, make_method(coll))
+
+    @classmethod
+    def _remove_collective(cls, name: str) -> None:
+        if getattr(cls.__dict__.get(name), "_plugin_collective", False):
+            delattr(cls, name)
+
     # -- issuing ---------------------------------------------------------------------
 
     def _call(self, op: str, timeout: Any, hints: Any) -> _Call:
@@ -519,14 +533,17 @@ class CommBase:
     def _issue(
         self,
         call: _Call,
-        method: Callable[..., Any],
         bargs: tuple[Any, ...],
         async_op: bool,
         values: tuple[Any, ...],
+        method: Callable[..., Any] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> TorchWork:
-        """Run hooks, call the backend and wrap what it returns; ``values`` are for hooks."""
+        """Run hooks, call ``method`` (default: the backend's method named like the
+        operation) with ``bargs`` and wrap what it returns; ``values`` are for hooks."""
         name, timeout, hints = call.op, call.timeout, call.hints
+        if method is None:
+            method = getattr(self._backend, name)
         args = None
         if self._pre_hooks or self._post_hooks:
             args = self._run_pre_hooks(name, values, async_op, timeout, hints)

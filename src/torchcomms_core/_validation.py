@@ -118,7 +118,6 @@ class Checker:
         ts: Any,
         ref_arg: str,
         ref: torch.Tensor,
-        why: str,
         only: int | None = None,
     ) -> list[torch.Tensor]:
         """One tensor per rank, each of ``ref``'s dtype and element count.
@@ -126,6 +125,7 @@ class Checker:
         With ``only`` set, just that entry must match ``ref``'s element count (the ``_v``
         forms, where other ranks' blocks may differ).
         """
+        why = f"the same as {ref_arg}" if only is None else f"this rank's own entry, as {ref_arg}"
         checked = self.tensor_list(op, arg, ts, self.size)
         for i, t in enumerate(checked):
             self.same_dtype(op, f"{arg}[{i}]", t, ref_arg, ref)
