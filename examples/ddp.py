@@ -9,6 +9,7 @@ hook is installed explicitly, so gradients travel through ``Work.get_future()``.
 from __future__ import annotations
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
@@ -62,7 +63,12 @@ def main() -> None:
             f"ddp over torchcomms matches the reference: {ok} (worst rel.diff {worst:.2e})",
             flush=True,
         )
+    # Tear down in order while every rank is here: the model (DDP's reducer holds the
+    # group), then the groups, then their engines (left for interpreter exit, an engine can
+    # abort it).
+    del model, opt, pg
     dist.destroy_process_group()
+    gc.collect()
     if not ok:
         raise SystemExit(f"losses differ from the reference by up to {worst:.2e}")
 

@@ -9,6 +9,7 @@ over torchcomms and over a plain gloo process group, step for step in turn.
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import torch
@@ -49,6 +50,43 @@ def step(
     return loss.detach()
 
 
+def timing(
+    ours: nn.Module,
+    ours_opt: torch.optim.Optimizer,
+    timing_steps: int,
+    rank: int,
+    size: int,
+    group: dist.ProcessGroup,
+) -> None:
+    """Time ``ours`` against the same model over a plain gloo group, step for step in turn."""
+    plain_mesh = DeviceMesh.from_group(
+        dist.new_group(backend="gloo"), "cpu", mesh_dim_names=("dp",)
+    )
+    plain, plain_opt = sharded(plain_mesh)
+    data = batches(timing_steps + 2)
+    t_ours = t_plain = 0.0
+    # Interleave the two so that machine load hits both alike.
+    for i, (x, y) in enumerate(data):
+        dist.barrier()
+        start = time.perf_counter()
+        step(ours, ours_opt, x, y, rank, size)
+        middle = time.perf_counter()
+        step(plain, plain_opt, x, y, rank, size)
+        end = time.perf_counter()
+        if i >= 2:  # the first steps warm caches and allocators
+            t_ours += middle - start
+            t_plain += end - middle
+    times = torch.tensor([t_ours, t_plain], dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    n = timing_steps
+    if rank == 0:
+        print(
+            f"per-step time: torchcomms {1e3 * times[0] / n:.2f} ms, plain gloo "
+            f"{1e3 * times[1] / n:.2f} ms, ratio {times[0] / times[1]:.2f}",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=5)
@@ -82,35 +120,13 @@ def main() -> None:
         )
 
     if args.timing_steps > 0:
-        plain_mesh = DeviceMesh.from_group(
-            dist.new_group(backend="gloo"), "cpu", mesh_dim_names=("dp",)
-        )
-        ours, ours_opt = model, opt
-        plain, plain_opt = sharded(plain_mesh)
-        data = batches(args.timing_steps + 2)
-        t_ours = t_plain = 0.0
-        # Interleave the two so that machine load hits both alike.
-        for i, (x, y) in enumerate(data):
-            dist.barrier()
-            start = time.perf_counter()
-            step(ours, ours_opt, x, y, rank, size)
-            middle = time.perf_counter()
-            step(plain, plain_opt, x, y, rank, size)
-            end = time.perf_counter()
-            if i >= 2:  # the first steps warm caches and allocators
-                t_ours += middle - start
-                t_plain += end - middle
-        times = torch.tensor([t_ours, t_plain], dtype=torch.float64)
-        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-        n = args.timing_steps
-        if rank == 0:
-            print(
-                f"per-step time: torchcomms {1e3 * times[0] / n:.2f} ms, plain gloo "
-                f"{1e3 * times[1] / n:.2f} ms, ratio {times[0] / times[1]:.2f}",
-                flush=True,
-            )
-
+        timing(model, opt, args.timing_steps, rank, size, group)
+    # Tear down in order while every rank is here: the models (their FSDP state holds the
+    # groups), then the groups, then their engines. Engines left for interpreter exit can
+    # abort it (a C++ thread destroyed while the runtime is going away).
+    del model, opt, mesh, group
     dist.destroy_process_group()
+    gc.collect()
     if not ok:
         raise SystemExit(f"losses differ from the reference by up to {worst:.2e}")
 
