@@ -16,6 +16,7 @@ import torch
 
 from ._optable import DERIVED, names
 from ._reduce_op import RedOpType, ReduceOp
+from ._window import WindowEngine as WindowEngine  # what new_window() returns
 
 if TYPE_CHECKING:
     from ._options import CommOptions
@@ -473,7 +474,7 @@ class TorchCommBackend(abc.ABC):
         )
 
     def new_window(self) -> Any:
-        """Return a window engine (``torchcomms_core._window.WindowEngine``) (optional).
+        """Return a window engine (``torchcomms_core.spec.WindowEngine``) (optional).
 
         The core's ``TorchCommWindow`` does the checks and bookkeeping around it.
         """
