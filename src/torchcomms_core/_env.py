@@ -188,17 +188,6 @@ def master_addr_port() -> tuple[str, int] | None:
         raise ValueError(f"{MASTER_PORT}={port!r} is not a port number") from None
 
 
-def gloo_hostname() -> str | None:
-    """Return the address from ``TORCHCOMM_GLOO_HOSTNAME``, or ``None`` if unset."""
-    return os.environ.get(GLOO_HOSTNAME, "").strip() or None
-
-
-def gloo_interface() -> str | None:
-    """Return the interface name from ``TORCHCOMM_GLOO_INTERFACE``, or ``None`` if unset."""
-    raw = os.environ.get(GLOO_INTERFACE, "").strip()
-    return raw or None
-
-
 def use_agent_store() -> bool:
     return parse_bool(os.environ.get(USE_AGENT_STORE, "")) is True
 

@@ -5,10 +5,20 @@ Multi-host runs (and the network-namespace bench harness) name the interface exp
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
-from torchcomms_core import CommInputError, _env
+from torchcomms_core import CommInputError
+
+#: The interface (``eth0``) the engine binds to; wins over the hostname.
+GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
+#: An address or hostname of this host the engine binds to.
+GLOO_HOSTNAME = "TORCHCOMM_GLOO_HOSTNAME"
+
+
+def _variable(name: str) -> str | None:
+    return os.environ.get(name, "").strip() or None
 
 
 def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> Any:
@@ -21,8 +31,8 @@ def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> A
     from torch.distributed import ProcessGroupGloo
 
     hints = hints or {}
-    interface = hints.get("interface") or _env.gloo_interface()
-    hostname = hints.get("hostname") or _env.gloo_hostname()
+    interface = hints.get("interface") or _variable(GLOO_INTERFACE)
+    hostname = hints.get("hostname") or _variable(GLOO_HOSTNAME)
     if interface is None and hostname is None:
         return timeout
     try:
@@ -32,9 +42,9 @@ def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> A
             device = ProcessGroupGloo.create_device(hostname=hostname)
     except RuntimeError as exc:
         what = (
-            f"interface {interface!r} ({_env.GLOO_INTERFACE} or hint 'interface')"
+            f"interface {interface!r} ({GLOO_INTERFACE} or hint 'interface')"
             if interface is not None
-            else f"hostname {hostname!r} ({_env.GLOO_HOSTNAME} or hint 'hostname')"
+            else f"hostname {hostname!r} ({GLOO_HOSTNAME} or hint 'hostname')"
         )
         raise CommInputError(
             f"gloo cannot bind to {what}: {exc}; name an interface with an IPv4 address "
