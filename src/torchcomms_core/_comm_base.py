@@ -502,7 +502,7 @@ class CommBase:
     @classmethod
     def _add_collective(cls, coll: Collective) -> None:
         """Install a plugin collective as a method (the plugin host calls this)."""
-        if coll.name in cls.__dict__ or hasattr(cls, coll.name):
+        if hasattr(cls, coll.name):
             raise PluginError(
                 f"{coll.provider} registers collective {coll.name!r}, which is "
                 f"already a built-in TorchComm method; pick another name"
