@@ -25,6 +25,15 @@ from ._validation import check_hints, check_timeout, split_sizes
 from ._window import TorchCommWindow, create_window
 from ._work import TorchWork
 
+_Tensor = torch.Tensor
+_STRIDED = torch.strided
+_completed = TorchWork.completed
+
+
+def _plain(t: Any) -> bool:
+    """A tensor the lean lane passes to the backend as is: dense, contiguous, on the CPU."""
+    return type(t) is _Tensor and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+
 
 class TorchComm(CommBase):
     """An eagerly initialised communicator over one backend and one device.
@@ -108,6 +117,28 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Copy rank ``root``'s ``tensor`` into ``tensor`` on every rank."""
+        if (
+            not async_op
+            and timeout is None
+            and hints is None
+            and type(root) is int
+            and 0 <= root < self._size
+            and self._lean
+            and type(tensor) is _Tensor
+            and tensor.is_cpu
+            and tensor.layout is _STRIDED
+            and tensor.is_contiguous()
+            and tensor.dtype in self._check.dtypes
+        ):
+            try:
+                inner = self._backend.broadcast(
+                    tensor, root, False, timeout=self._timeout, hints=self._hints
+                )
+            except Exception as exc:
+                self._raise_issue_error(exc, "broadcast")
+            if inner is None:
+                return _completed(self, "broadcast")
+            return self._lean_done(inner, "broadcast")
         call = self._call("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
         root = self._check.peer("broadcast", "root", root)
@@ -126,6 +157,27 @@ class TorchComm(CommBase):
         ``op`` is a :class:`ReduceOp`; AVG and PREMUL_SUM need a floating-point tensor and
         bitwise ops an integer or bool one (:class:`CommInputError` otherwise).
         """
+        if (
+            not async_op
+            and timeout is None
+            and hints is None
+            and type(op) is ReduceOp
+            and self._lean
+            and type(tensor) is _Tensor
+            and tensor.is_cpu
+            and tensor.layout is _STRIDED
+            and tensor.is_contiguous()
+            and (tensor.dtype, op._type) in self._lean_pairs
+        ):
+            try:
+                inner = self._backend.all_reduce(
+                    tensor, op, False, timeout=self._timeout, hints=self._hints
+                )
+            except Exception as exc:
+                self._raise_issue_error(exc, "all_reduce")
+            if inner is None:
+                return _completed(self, "all_reduce")
+            return self._lean_done(inner, "all_reduce")
         call = self._call("all_reduce", timeout, hints)
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
@@ -329,6 +381,28 @@ class TorchComm(CommBase):
         ``output`` receives rank r's block at position r. Raises :class:`CommInputError` when
         dim 0 is not divisible by the size (use :meth:`all_to_all_v_single`).
         """
+        if (
+            not async_op
+            and timeout is None
+            and hints is None
+            and self._lean
+            and _plain(output)
+            and _plain(input)
+            and output.dtype is input.dtype
+            and input.dtype in self._check.dtypes
+            and output.numel() == input.numel()
+            and input.dim()
+            and not input.shape[0] % self._size
+        ):
+            try:
+                inner = self._backend.all_to_all_single(
+                    output, input, False, timeout=self._timeout, hints=self._hints
+                )
+            except Exception as exc:
+                self._raise_issue_error(exc, "all_to_all_single")
+            if inner is None:
+                return _completed(self, "all_to_all_single")
+            return self._lean_done(inner, "all_to_all_single")
         call = self._call("all_to_all_single", timeout, hints)
         self._check.pair("all_to_all_single", output, input)
         self._check.numel(

@@ -15,7 +15,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -31,7 +31,7 @@ from ._plugins import PluginError, call_lifecycle, failed_plugins, load_plugins
 from ._reduce_op import RedOpType, ReduceOp
 from ._registry import backend_version, get_mem_allocator
 from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
-from ._validation import Checker, check_hints, check_timeout, writable
+from ._validation import Checker, check_hints, check_timeout, lean_pairs, writable
 from ._work import TorchWork, WorkStatus, is_engine_failure
 from .spec import TorchCommBackend, method_support
 
@@ -149,10 +149,15 @@ class CommBase:
         self._native_ops = frozenset(type(backend).supported_reduce_ops)
         self._support = method_support(type(backend))
         self._check_calls = _env.check_collectives()
+        # The lean lane (``_lean``, see ``_relean``) serves CPU communicators without call
+        # checking.
+        self._lean_static = device.type == "cpu" and not self._check_calls
+        self._lean = False
         # Fault tolerance (enable_reconfigure): this endpoint's token and the uuids used.
         self._init_handle: str | None = None
         self._reconfigure_uuids: set[str] = set()
         self._bind(backend.get_rank(), backend.get_size())
+        self._relean()
         _live.add(self)
 
     def _bind(self, rank: int, size: int) -> None:
@@ -166,6 +171,7 @@ class CommBase:
             type(self._backend).supported_dtypes,
             self._native_ops,
         )
+        self._lean_pairs = lean_pairs(type(self._backend).supported_dtypes, self._native_ops)
         self._failure = None
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is None or not finalizer.alive:  # abort() detaches it
@@ -346,6 +352,7 @@ class CommBase:
             ):
                 return False
             self._state = state
+        self._relean()
         self._finalizer.detach()
         return True
 
@@ -416,6 +423,7 @@ class CommBase:
                 return
             self._state = FAILED
             self._failure = error
+        self._relean()
         self._run_abort_hooks()
         call_lifecycle("torchcomms_comm_aborted", comm=self, reason=str(error))
         # With enable_reconfigure a failure revokes the communicator; recovery is reconfigure.
@@ -444,7 +452,7 @@ class CommBase:
         ``args`` is the operation's ``<Op>PreHookArgs``; ``args.work`` is its ``TorchWork``
         (status ``NOT_STARTED``). The handle's ``remove()`` unregisters the hook.
         """
-        return RemovableHandle(self._pre_hooks, callback, "register_pre_hook")
+        return RemovableHandle(self._pre_hooks, callback, "register_pre_hook", self._relean)
 
     def register_post_hook(self, callback: Callable[[int, Any], None]) -> RemovableHandle:
         """Call ``callback(op_id, args)`` after each operation is issued.
@@ -452,7 +460,7 @@ class CommBase:
         ``args`` is a ``CollectivePostHookArgs`` (``SplitPostHookArgs``, ...) with the
         operation's ``work``; synchronous operations have completed by then.
         """
-        return RemovableHandle(self._post_hooks, callback, "register_post_hook")
+        return RemovableHandle(self._post_hooks, callback, "register_post_hook", self._relean)
 
     def register_abort_hook(self, callback: Callable[[], None]) -> RemovableHandle:
         """Call ``callback()`` when the communicator aborts or an operation fails or times out."""
@@ -559,14 +567,7 @@ class CommBase:
             else:
                 inner = method(*bargs, async_op, timeout=timeout, hints=hints)
         except Exception as exc:
-            if not is_engine_failure(exc):
-                raise  # refused by the backend's own checks: the communicator is fine
-            # Failed while issuing (sync calls wait inside the backend): classify it and
-            # update the communicator exactly as a failed wait() would.
-            error = TorchWork.failed(exc, self, name).error
-            if error is exc:
-                raise
-            raise error from exc  # type: ignore[misc]
+            self._raise_issue_error(exc, name)
         finishers = call.finishers
         if args is None or args.work is None:
             work = TorchWork(inner, finishers, self, name)
@@ -579,6 +580,42 @@ class CommBase:
             self._inflight.add(work)
         if args is not None:
             self._run_post_hooks(args, work)
+        return work
+
+    def _raise_issue_error(self, exc: Exception, name: str) -> NoReturn:
+        """Raise for ``exc`` from a backend call issuing ``name``.
+
+        A refusal by the backend's own checks leaves the communicator fine and is raised as
+        is; an engine failure while issuing (sync calls wait inside the backend) is
+        classified and updates the communicator exactly as a failed ``wait()`` would.
+        """
+        if not is_engine_failure(exc):
+            raise exc
+        error = TorchWork.failed(exc, self, name).error
+        if error is None or error is exc:
+            raise exc
+        raise error from exc
+
+    def _relean(self) -> None:
+        """Recompute ``_lean``: whether synchronous calls may take the lean lane.
+
+        The lean lane is the general path with nothing to do left out: a synchronous call
+        with default timeout and hints checks its tensors inline (plain contiguous CPU
+        tensors of a supported dtype, a native reduction), calls the backend and returns a
+        completed work. It needs a usable CPU communicator without hooks or call checking;
+        everything else takes the general path, which also raises the errors. Called
+        whenever the state or the hooks change.
+        """
+        self._lean = (
+            self._lean_static and self._state is OK and not self._pre_hooks and not self._post_hooks
+        )
+
+    def _lean_done(self, inner: Any, name: str) -> TorchWork:
+        """The work of a lean-lane call whose backend returned ``inner``."""
+        if inner is None:
+            return TorchWork.completed(self, name)
+        work = TorchWork(inner, None, self, name)
+        work.wait()
         return work
 
     def _reduced(

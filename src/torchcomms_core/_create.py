@@ -208,6 +208,7 @@ def new_reconfigurable_comm(
     )
     comm = TorchComm(instance, device, name, options, options.store, backend)
     comm._state = UNBOUND
+    comm._relean()
     comm._init_handle = make_handle()
     return comm
 

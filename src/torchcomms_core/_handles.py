@@ -17,18 +17,29 @@ if TYPE_CHECKING:
 class RemovableHandle:
     """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
 
-    __slots__ = ("_table", "_key")
+    __slots__ = ("_table", "_key", "_changed")
     _ids = itertools.count()
 
-    def __init__(self, table: dict[int, Callable[..., Any]], fn: Any, where: str) -> None:
+    def __init__(
+        self,
+        table: dict[int, Callable[..., Any]],
+        fn: Any,
+        where: str,
+        changed: Callable[[], None] | None = None,
+    ) -> None:
         if not callable(fn):
             raise CommTypeError(f"{where}: expected a callable, got {type(fn).__name__}")
         self._table = table
         self._key = next(self._ids)
+        self._changed = changed  # told after the table changed
         table[self._key] = fn
+        if changed is not None:
+            changed()
 
     def remove(self) -> None:
         self._table.pop(self._key, None)
+        if self._changed is not None:
+            self._changed()
 
     def __enter__(self) -> RemovableHandle:
         return self

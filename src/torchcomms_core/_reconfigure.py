@@ -243,6 +243,7 @@ def reconfigure(
     with comm._lock:
         prev_state = comm._state
         comm._state = UNBOUND
+    comm._relean()
     _retire(comm, prev_state)
 
     store = comm._store
@@ -294,4 +295,5 @@ def reconfigure(
     comm._bind(rank, size)
     with comm._lock:
         comm._state = OK
+    comm._relean()
     return TorchWork(None, None, comm, op)

@@ -207,6 +207,24 @@ class Checker:
         return red
 
 
+def lean_pairs(
+    dtypes: Sequence[torch.dtype], native: frozenset[RedOpType]
+) -> frozenset[tuple[torch.dtype, RedOpType]]:
+    """``(dtype, reduction)`` pairs a reduction may pass to the backend without any check
+    or lowering: native reductions valid for the dtype (PREMUL_SUM, which carries a
+    factor to check, is left to the general path)."""
+    pairs = set()
+    for dtype in dtypes:
+        exact = not (dtype.is_floating_point or dtype.is_complex)
+        for t in native:
+            if t is RedOpType.PREMUL_SUM or (t in _BITWISE and not exact):
+                continue
+            if t is RedOpType.AVG and not dtype.is_floating_point:
+                continue
+            pairs.add((dtype, t))
+    return frozenset(pairs)
+
+
 def split_sizes(op: str, arg: str, sizes: Any, n: int, rows: int) -> list[int]:
     """Check an all_to_all_v split list: ``n`` non-negative ints summing to ``rows``."""
     if not isinstance(sizes, (list, tuple)):

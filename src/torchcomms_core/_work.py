@@ -32,6 +32,9 @@ class WorkStatus(enum.Enum):
     ERROR = 4
 
 
+_COMPLETED = WorkStatus.COMPLETED
+_new = object.__new__
+
 _TIMEOUT_MARKERS = ("timed out", "timeout", "deadline")
 
 
@@ -102,6 +105,14 @@ class TorchWork:
         work = cls(None, None, comm, op)
         work._status = WorkStatus.INPROGRESS
         work._fail(exc)
+        return work
+
+    @classmethod
+    def completed(cls, comm: TorchComm | None, op: str) -> TorchWork:
+        """A work for an operation the backend finished while it was issued."""
+        work = _new(cls)
+        work._inner = work._finishers = work._error = work._lock = None
+        work._comm, work._op, work._status = comm, op, _COMPLETED
         return work
 
     @classmethod
