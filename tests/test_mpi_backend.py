@@ -147,20 +147,32 @@ def body_half_precision_reductions() -> list[str]:
 
 
 def body_sync_and_async_mix_across_ranks(rounds: int) -> None:
-    """Ranks choose async_op independently; MPI would not match blocking with nonblocking."""
+    """Ranks choose async_op independently; MPI would not match blocking with nonblocking.
+
+    Sizes alternate around TORCHCOMM_MPI_BLOCKING_BYTES (64 KiB): small collectives are
+    blocking MPI calls and large ones nonblocking on every rank, whatever async_op says.
+    """
     comm = _comm()
     r, n = comm.get_rank(), comm.get_size()
     works = []
     tensors = []
+    sizes = (5, 16384, 16385, 40000)  # 20 B, exactly 64 KiB, just over, 160 KB
     for i in range(rounds):
-        t = torch.full((5,), float(i + r))
+        numel = sizes[i % len(sizes)]
+        t = torch.full((numel,), float(i + r))
         work = comm.all_reduce(t, ReduceOp.SUM, async_op=(i + r) % 2 == 1)
         works.append(work)
         tensors.append(t)
+        b = torch.full((numel,), float(r))
+        works.append(comm.broadcast(b, i % n, async_op=(i + r) % 3 == 0))
+        tensors.append((b, float(i % n)))
     for i, (w, t) in enumerate(zip(works, tensors, strict=True)):
         w.wait()
         assert w.is_completed()
-        assert torch.equal(t, torch.full((5,), float(n * i + sum(range(n)))))
+        if isinstance(t, tuple):
+            assert torch.equal(t[0], torch.full_like(t[0], t[1]))
+        else:
+            assert torch.equal(t, torch.full_like(t, float(n * (i // 2) + sum(range(n)))))
     comm.finalize()
 
 
@@ -260,6 +272,77 @@ def test_a_synchronous_call_times_out_instead_of_hanging(mpi_pool) -> None:
     first = mpi_pool.run(body_sync_timeout, 1.0, timeout=60)[0]
     assert "recv did not complete within 1 s" in first["message"], first
     assert 1.0 <= first["seconds"] < 5.0, first
+
+
+_STUCK = textwrap.dedent("""
+    import sys, time, torch, torchcomms
+    from datetime import timedelta
+    comm = torchcomms.new_comm("mpi", torch.device("cpu"), name="stuck",
+                               timeout=timedelta(seconds=1),
+                               abort_process_on_timeout_or_error=False)
+    t = torch.ones(4)
+    comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    if comm.get_rank() == 0:
+        start = time.monotonic()
+        try:
+            comm.all_reduce(t, torchcomms.ReduceOp.SUM)  # rank 1 never comes
+            print("RETURNED", flush=True)
+        except torchcomms.CommTimeoutError as exc:
+            print(f"RAISED after {time.monotonic() - start:.1f} s: {exc}", flush=True)
+        comm.abort()
+    else:
+        time.sleep(float(sys.argv[1]))
+        comm.abort()
+""")
+
+
+def _run_stuck(tmp_path, blocking_bytes: str | None, sleep_s: float) -> tuple[object, float]:
+    script = tmp_path / "stuck.py"
+    script.write_text(_STUCK)
+    env = _clean_env()
+    if blocking_bytes is not None:
+        env["TORCHCOMM_MPI_BLOCKING_BYTES"] = blocking_bytes
+    start = time.monotonic()
+    res = subprocess.run(
+        [find_mpiexec(), "-n", "2", sys.executable, str(script), str(sleep_s)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    return res, time.monotonic() - start
+
+
+def test_a_small_collective_past_its_timeout_is_aborted_by_the_watchdog(tmp_path) -> None:
+    # Blocking MPI cannot raise: the watchdog reports the call and aborts the job, well
+    # before the peer's 60 s sleep ends.
+    res, took = _run_stuck(tmp_path, None, 60.0)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "RETURNED" not in res.stdout and "RAISED" not in res.stdout
+    assert "torchcomms-mpi watchdog: all_reduce on communicator 'stuck'" in res.stderr
+    assert "did not complete within 1 s" in res.stderr
+    assert "TORCHCOMM_MPI_BLOCKING_BYTES" in res.stderr  # says how to get exceptions instead
+    assert took < 40, took
+
+
+def test_with_blocking_off_a_collective_timeout_raises(tmp_path) -> None:
+    res, _ = _run_stuck(tmp_path, "0", 3.0)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "RAISED after" in res.stdout and "all_reduce did not complete within 1 s" in res.stdout
+    assert "watchdog" not in res.stderr
+
+
+@pytest.mark.parametrize("value", ["-1", "64K", "lots"])
+def test_a_bad_blocking_bytes_value_is_refused_with_the_fix(monkeypatch, value: str) -> None:
+    from torchcomms_mpi.backend import blocking_bytes
+
+    monkeypatch.setenv("TORCHCOMM_MPI_BLOCKING_BYTES", value)
+    with pytest.raises(torchcomms.BootstrapError, match="whole number >= 0"):
+        blocking_bytes()
+    monkeypatch.setenv("TORCHCOMM_MPI_BLOCKING_BYTES", "4096")
+    assert blocking_bytes() == 4096
+    monkeypatch.delenv("TORCHCOMM_MPI_BLOCKING_BYTES")
+    assert blocking_bytes() == 65536
 
 
 def test_bench_runs_under_mpiexec_and_compares_with_mpi4py() -> None:

@@ -1,15 +1,26 @@
 """``MpiBackend``: every torchcomms operation as one MPI call on the tensors' own memory.
 
-Every operation is nonblocking MPI (``Iallreduce``, ``Ibcast``, ``Isend``, ...): MPI does
-not match a blocking collective on one rank with a nonblocking one on another, and
-torchcomms lets each rank choose ``async_op``. Asynchronous calls return an
-:class:`~torchcomms_mpi.work.MpiWork`; synchronous ones complete the request before
-returning. Both honour the operation's timeout. Launch: ``mpiexec -n N python script.py``.
+MPI does not match a blocking collective on one rank with a nonblocking one on another,
+and torchcomms lets each rank choose ``async_op``, so the choice between the two never
+depends on ``async_op``; it depends on the size, which every rank agrees on:
+
+- collectives on at most ``TORCHCOMM_MPI_BLOCKING_BYTES`` bytes per rank (64 KiB by
+  default) are blocking MPI calls (``Allreduce``, ``Bcast``, ...), the fastest form; an
+  ``async_op=True`` call returns a completed work. MPI cannot time them out: a watchdog
+  thread (:mod:`~torchcomms_mpi.watchdog`) reports one that outlives its timeout and
+  aborts the job;
+- larger collectives, point-to-point and batches are nonblocking (``Iallreduce``,
+  ``Isend``, ...): asynchronous calls return an :class:`~torchcomms_mpi.work.MpiWork`,
+  synchronous ones complete the request before returning, and an expired timeout raises
+  ``CommTimeoutError``.
+
+Launch: ``mpiexec -n N python script.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -20,6 +31,29 @@ from torchcomms_core import BootstrapError, CommInputError, CommOptions, ReduceO
 from torchcomms_core.spec import BASIC_REDUCE_OPS, DEFAULT_DTYPES, BatchOp, TorchCommBackend
 
 _UNSET = object()
+
+#: Environment variable: collectives of at most this many bytes per rank are blocking MPI
+#: calls (0: none are).
+BLOCKING_BYTES_ENV = "TORCHCOMM_MPI_BLOCKING_BYTES"
+DEFAULT_BLOCKING_BYTES = 65536
+
+
+def blocking_bytes() -> int:
+    """``TORCHCOMM_MPI_BLOCKING_BYTES`` (default 64 KiB); must be the same on every rank."""
+    raw = os.environ.get(BLOCKING_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BLOCKING_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise BootstrapError(
+            f"{BLOCKING_BYTES_ENV}={raw!r} is not a byte count; set a whole number >= 0 "
+            f"(the same on every rank; 0 makes every collective nonblocking), or unset it for "
+            f"the default {DEFAULT_BLOCKING_BYTES}"
+        )
+    return value
 
 
 class MpiBackend(TorchCommBackend):
@@ -63,7 +97,7 @@ class MpiBackend(TorchCommBackend):
     def _setup(self, comm: Any, name: str, options: CommOptions) -> None:
         from mpi4py import MPI
 
-        from . import buffers, work
+        from . import buffers, watchdog, work
 
         # The all_reduce fast path's lookups (mpi4py is imported here, not at module import,
         # because importing mpi4py.MPI initialises MPI).
@@ -82,6 +116,12 @@ class MpiBackend(TorchCommBackend):
         self._complete = work.complete
         self._test = MPI.Request.Test
         self._windows: list[Any] = []
+        # Collectives on at most this many bytes per rank are blocking MPI calls; the
+        # watchdog reads ``_watch``, ``(operation, seconds)`` while one runs.
+        self._small = blocking_bytes()
+        self._watch: tuple[str, float] | None = None
+        if self._small:
+            watchdog.watch(self)
 
     def finalize(self) -> None:
         self._release(abort=False)
@@ -241,9 +281,19 @@ class MpiBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        dtype = tensor.dtype
-        b = [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[dtype]]
+        dtype, nbytes = tensor.dtype, tensor.nbytes
+        b = [self._fa(tensor.data_ptr(), nbytes), self._types[dtype]]
         mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
+        if nbytes <= self._small:
+            self._watch = (
+                "all_reduce",
+                self._ts if timeout is self._td else self._seconds(timeout),
+            )
+            try:
+                self._comm.Allreduce(self._MPI.IN_PLACE, b, mop)
+            finally:
+                self._watch = None
+            return None
         req = self._comm.Iallreduce(self._MPI.IN_PLACE, b, mop)
         if async_op:
             return self._work("all_reduce", timeout, [req], tensor)
@@ -263,9 +313,16 @@ class MpiBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        req = self._comm.Ibcast(
-            [self._fa(tensor.data_ptr(), tensor.nbytes), self._types[tensor.dtype]], root
-        )
+        nbytes = tensor.nbytes
+        b = [self._fa(tensor.data_ptr(), nbytes), self._types[tensor.dtype]]
+        if nbytes <= self._small:
+            self._watch = ("broadcast", self._ts if timeout is self._td else self._seconds(timeout))
+            try:
+                self._comm.Bcast(b, root)
+            finally:
+                self._watch = None
+            return None
+        req = self._comm.Ibcast(b, root)
         if async_op:
             return self._work("broadcast", timeout, [req], tensor)
         if not self._test(req):  # inline: at small sizes the per-call cost is what shows
@@ -291,6 +348,8 @@ class MpiBackend(TorchCommBackend):
             args: tuple[Any, ...] = (self._MPI.IN_PLACE, b, mop, root)
         else:
             args = (b, None, mop, root)
+        if tensor.nbytes <= self._small:
+            return self._blocking("reduce", timeout, comm.Reduce, args)
         return self._finish("reduce", async_op, timeout, comm.Ireduce(*args), tensor)
 
     def barrier(
@@ -300,6 +359,8 @@ class MpiBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        if self._small:
+            return self._blocking("barrier", timeout, self._comm.Barrier, ())
         return self._finish("barrier", async_op, timeout, self._comm.Ibarrier(), None)
 
     def all_gather_single(
@@ -317,6 +378,8 @@ class MpiBackend(TorchCommBackend):
             send: Any = self._MPI.IN_PLACE  # the input already sits in this rank's slot
         else:
             send = b.buf(input)
+        if input.nbytes <= self._small:
+            return self._blocking("all_gather_single", timeout, self._comm.Allgather, (send, recv))
         return self._collective(
             "all_gather_single", async_op, timeout, "Iallgather", (send, recv), (output, input)
         )
@@ -371,6 +434,10 @@ class MpiBackend(TorchCommBackend):
             input = input.clone()  # MPI refuses aliased buffers; the result goes elsewhere
         mop = b.mpi_op(op, output.dtype)
         send, recv = b.blocked(input), b.buf(output)
+        if output.nbytes <= self._small:
+            return self._blocking(
+                "reduce_scatter_single", timeout, self._comm.Reduce_scatter_block, (send, recv, mop)
+            )
         return self._collective(
             "reduce_scatter_single",
             async_op,
@@ -441,6 +508,16 @@ class MpiBackend(TorchCommBackend):
                 send = self._MPI.IN_PLACE
         else:
             send = [fa(i, nbytes), mpi_type]
+        if nbytes <= self._small:
+            self._watch = (
+                "all_to_all_single",
+                self._ts if timeout is self._td else self._seconds(timeout),
+            )
+            try:
+                self._comm.Alltoall(send, recv)
+            finally:
+                self._watch = None
+            return None
         req = self._comm.Ialltoall(send, recv)
         if async_op:
             return self._work("all_to_all_single", timeout, [req], (output, input))
@@ -578,6 +655,16 @@ class MpiBackend(TorchCommBackend):
         return self._collective(
             "gather_single", async_op, timeout, "Igather", (send, recv, root), (output, input)
         )
+
+    def _blocking(
+        self, what: str, timeout: timedelta | None, call: Any, args: tuple[Any, ...]
+    ) -> None:
+        """Run the blocking MPI ``call`` under the watchdog (complete on return)."""
+        self._watch = (what, self._seconds(timeout))
+        try:
+            call(*args)
+        finally:
+            self._watch = None
 
     def _collective(
         self,
