@@ -7,9 +7,12 @@ the test feeds the dumps to ``torch.distributed.flight_recorder``'s database bui
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
+import time
+import weakref
 
 import pytest
 import torch
@@ -132,6 +135,44 @@ def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, t
     with open(out, "rb") as f:
         _, pickled_db = pickle.load(f)
     assert len(pickled_db.collectives) == 6
+
+
+def body_sizes_at_record_time() -> list:
+    comm = _comm()
+    recorder = FlightRecorderHook(max_entries=8, isolated=True).register_with_comm(comm)
+    n = comm.get_size()
+    t = torch.ones(4)
+    comm.all_reduce(t, ReduceOp.SUM)
+    out, inp = torch.empty(2 * n), torch.ones(2)
+    comm.all_gather_single(out, inp)
+    gathered = [torch.empty(3) for _ in range(n)]
+    comm.all_gather(gathered, torch.ones(3))
+    # Resized after the operations: the dump still shows the sizes they ran with.
+    t.resize_(7)
+    inp.resize_(1, 5)
+    out.resize_(0)
+    gathered[0].resize_(9)
+    refs = [weakref.ref(x) for x in (t, inp, out, *gathered)]
+    del t, inp, out, gathered
+    # The recorder holds no tensor (gloo may take a moment to drop its own references).
+    deadline = time.monotonic() + 10
+    while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    alive = sum(ref() is not None for ref in refs)
+    entries = json.loads(recorder.dump_json())["entries"]
+    comm.finalize()
+    return [[[e["input_sizes"], e["output_sizes"], e["input_dtypes"]] for e in entries], alive]
+
+
+def test_dumps_show_the_sizes_at_record_time_and_keep_no_tensor(pool2) -> None:
+    for sizes, alive in pool2.run(body_sizes_at_record_time):
+        assert sizes == [
+            [[[4]], [[4]], ["Float"]],
+            [[[2]], [[4]], ["Float"]],
+            [[[3]], [[2, 3]], ["Float"]],
+        ]
+        assert alive == 0
 
 
 def body_zero_entries() -> tuple:

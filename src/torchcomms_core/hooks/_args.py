@@ -18,11 +18,16 @@ _OUTPUT_NAMES = ("output", "output_tensor_list", "output_tensor")
 
 
 def fields(args: Any) -> dict[str, Any]:
-    """The argument object's fields as a dict (``as_dict()`` where it has one)."""
+    """The argument object's fields as a dict (``as_dict()`` where it has one).
+
+    Read it, do not change it: it may be the dict ``as_dict()`` returned (a fresh copy
+    for the core's argument objects).
+    """
     as_dict = getattr(args, "as_dict", None)
     if callable(as_dict):
         try:
-            return dict(as_dict())
+            found = as_dict()
+            return found if type(found) is dict else dict(found)
         except Exception:  # a foreign argument object: fall back to attribute reads
             pass
     names = (
@@ -55,8 +60,8 @@ def _first(f: dict[str, Any], names: tuple[str, ...]) -> Any:
 
 def raw_io(op: str, f: dict[str, Any]) -> tuple[Any, Any]:
     """``(input, output)`` of one operation: a tensor, a list of tensors, or ``None``."""
-    if op in ("all_gather", "all_gather_v") and "tensor_list" in f:  # earlier names
-        return f.get("tensor"), f.get("tensor_list")
+    if "tensor_list" in f and op in ("all_gather", "all_gather_v"):  # earlier names
+        return f.get("tensor"), f["tensor_list"]
     if "tensor" in f:
         t = f["tensor"]
         if op == "send":
@@ -64,7 +69,10 @@ def raw_io(op: str, f: dict[str, Any]) -> tuple[Any, Any]:
         if op == "recv":
             return None, t
         return t, t
-    return _first(f, _INPUT_NAMES), _first(f, _OUTPUT_NAMES)
+    # The first names are the common ones (looked up inline: hooks call this per operation).
+    inp = f["input"] if "input" in f else _first(f, _INPUT_NAMES)
+    out = f["output"] if "output" in f else _first(f, _OUTPUT_NAMES)
+    return inp, out
 
 
 def tensors(value: Any) -> list[torch.Tensor]:

@@ -3,12 +3,16 @@
 Dumps use the fields of c10d's own flight recorder, so PyTorch's analyzer
 (``torch.distributed.flight_recorder``) can match operations across ranks. Hooks share
 one process-wide recorder unless made ``isolated``, as in Meta's torchcomms.
+
+Recording runs on every operation, so it keeps raw values only (shapes, dtypes, a stack
+captured in C++, counters); dumps turn them into c10d's dicts.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import pickle
@@ -84,46 +88,81 @@ def _scalar_name(dtype: torch.dtype) -> str:
     return _SCALAR_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _stacked(tensors: Any) -> tuple[list[list[int]], list[str]]:
-    """Sizes of a per-rank tensor list as c10d reports them: one stacked shape when uniform."""
-    items = [t for t in tensors if isinstance(t, torch.Tensor)]
-    if not items:
-        return [], []
-    shapes = {tuple(t.shape) for t in items}
-    if len(shapes) == 1:
-        return [[len(items), *items[0].shape]], [_scalar_name(items[0].dtype)]
-    return [list(t.shape) for t in items], [_scalar_name(t.dtype) for t in items]
+# -- recording: compact, taken at record time ---------------------------------------------
+#
+# An operation's tensors are kept as ``(shape, dtype)`` pairs (``torch.Size`` is an
+# immutable tuple, so a tensor resized later does not change what was recorded) in a
+# tagged tuple: ``(_ONE, shape, dtype)`` for one tensor, ``(_STACK, pairs)`` for a per-rank
+# list that c10d reports as one stacked shape when uniform, ``(_EACH, pairs)`` for tensors
+# reported one by one, ``None`` for no tensor. :func:`_render` makes c10d's lists at dump.
+
+_ONE, _STACK, _EACH = 0, 1, 2
+_Desc = tuple[Any, ...] | None
+_Tensor = torch.Tensor
+# Operations whose one ``tensor`` c10d reports as both input and output.
+_ONE_TENSOR_OPS = frozenset({"all_reduce", "broadcast", "reduce", "send", "recv"})
 
 
-def _sizes(*tensors: Any) -> tuple[list[list[int]], list[str]]:
-    items = [t for t in tensors if isinstance(t, torch.Tensor)]
-    return [list(t.shape) for t in items], [_scalar_name(t.dtype) for t in items]
+def _pairs(values: Any) -> tuple[tuple[torch.Size, torch.dtype], ...]:
+    return tuple((t.shape, t.dtype) for t in values if isinstance(t, _Tensor))
 
 
-def _describe(op: str, value: Any) -> tuple[list[list[int]], list[str]]:
+def _desc(op: str, value: Any) -> _Desc:
+    if isinstance(value, _Tensor):
+        return (_ONE, value.shape, value.dtype)
     if isinstance(value, (list, tuple)):
-        return _sizes(*value) if op == "all_to_all" else _stacked(value)
-    return _sizes(value)
+        return (_EACH if op == "all_to_all" else _STACK, _pairs(value))
+    return None
 
 
-def _io(op: str, fields: dict[str, Any]) -> tuple[Any, Any]:
-    """``((input_sizes, input_dtypes), (output_sizes, output_dtypes))`` of one operation."""
-    if op in ("all_reduce", "broadcast", "reduce", "send", "recv"):
-        s = _sizes(fields.get("tensor"))
-        return s, s
+def _io(op: str, fields: dict[str, Any]) -> tuple[_Desc, _Desc]:
+    """``(input, output)`` descriptions of one operation's tensors, as they are now.
+
+    The in-place operations and send/recv return the same object twice (c10d reports
+    one tensor as both input and output).
+    """
+    if op in _ONE_TENSOR_OPS:
+        t = fields.get("tensor")
+        one = (_ONE, t.shape, t.dtype) if isinstance(t, _Tensor) else None
+        return one, one
     inp, out = _args.raw_io(op, fields)
     if inp is None and out is None:
-        tensors = [v for v in fields.values() if isinstance(v, torch.Tensor)]
-        return _sizes(*tensors), _sizes(*tensors)
-    return _describe(op, inp), _describe(op, out)
+        pairs = _pairs(fields.values())
+        return (_EACH, pairs), (_EACH, pairs)
+    # One tensor each way is the common case: described inline.
+    return (
+        (_ONE, inp.shape, inp.dtype) if isinstance(inp, _Tensor) else _desc(op, inp),
+        (_ONE, out.shape, out.dtype) if isinstance(out, _Tensor) else _desc(op, out),
+    )
 
 
-def _frames() -> list[tuple[str, str, int]]:
-    """The caller's Python stack, innermost first, without torchcomms' own frames.
+def _render(desc: _Desc) -> tuple[list[list[int]], list[str]]:
+    """c10d's ``(sizes, dtypes)`` of a description made by :func:`_io`."""
+    if desc is None:
+        return [], []
+    if desc[0] == _ONE:
+        return [list(desc[1])], [_scalar_name(desc[2])]
+    pairs = desc[1]
+    if desc[0] == _STACK and pairs and len({shape for shape, _ in pairs}) == 1:
+        return [[len(pairs), *pairs[0][0]]], [_scalar_name(pairs[0][1])]
+    return [list(shape) for shape, _ in pairs], [_scalar_name(dtype) for _, dtype in pairs]
 
-    Kept as tuples while recording (cheap); :func:`_frame_dicts` makes c10d's layout at
-    dump time.
-    """
+
+# The caller's stack is captured by torch's C++ traceback gatherer (code objects and
+# instruction offsets, no frame objects, so no tensor of the caller is kept alive) and
+# symbolized at dump time, where torchcomms' own frames are left out. torch's symbolizer
+# imports torch._inductor the first time it runs (to map compiled code to its source),
+# so a process's first dump takes a second or so longer unless torch.compile was used.
+try:
+    from torch._C._profiler import gather_traceback as _gather_traceback
+    from torch._C._profiler import symbolize_tracebacks as _symbolize_tracebacks
+except ImportError:  # pragma: no cover - torch builds without the profiler bindings
+    _gather_traceback = None  # type: ignore[assignment]
+    _symbolize_tracebacks = None  # type: ignore[assignment]
+
+
+def _walk_stack() -> list[tuple[str, str, int]]:
+    """The stack as ``(name, filename, line)``, innermost first, without our frames."""
     out: list[tuple[str, str, int]] = []
     frame: FrameType | None = sys._getframe(1)
     here = _HERE
@@ -135,22 +174,68 @@ def _frames() -> list[tuple[str, str, int]]:
     return out
 
 
-def _frame_dicts(frames: list[tuple[str, str, int]]) -> list[dict[str, Any]]:
-    return [{"name": name, "filename": filename, "line": line} for name, filename, line in frames]
+def _frames() -> Any:
+    """The caller's Python stack, cheaply; :func:`_frame_lists` makes c10d's frames of it."""
+    if _gather_traceback is not None:
+        return _gather_traceback(True, False, False)
+    return _walk_stack()
+
+
+def _frame_lists(captured: list[Any]) -> list[list[dict[str, Any]]]:
+    """c10d's ``frames`` (innermost first, at most 32, without torchcomms' own frames) of
+    each stack :func:`_frames` returned."""
+    if _symbolize_tracebacks is None:
+        return [[{"name": n, "filename": f, "line": ln} for n, f, ln in c] for c in captured]
+    here = _HERE
+    out = []
+    for frames in _symbolize_tracebacks(captured):
+        kept = []
+        for frame in frames:
+            filename = frame["filename"]
+            if not filename.startswith(here):
+                kept.append({"name": frame["name"], "filename": filename, "line": frame["line"]})
+                if len(kept) == _MAX_FRAMES:
+                    break
+        out.append(kept)
+    return out
+
+
+# Operation names as hooks pass them (``OpName`` members, or a plugin collective's
+# name) -> the plain names recorded.
+_OP_NAMES: dict[Any, str] = {}
+
+
+def _op_str(name: Any) -> str:
+    op = _OP_NAMES.get(name)
+    if op is None:
+        op = str(getattr(name, "name", name))
+        if len(_OP_NAMES) < 1024:
+            _OP_NAMES[name] = op
+    return op
 
 
 class _Track:
     """What a recorder knows of one communicator: its id, counters, open entries, hooks."""
 
-    __slots__ = ("pg_id", "comm", "collective_seq", "p2p_seq", "op_seq", "open", "handles")
+    __slots__ = (
+        "pg_id",
+        "comm",
+        "backend",
+        "collective_seq",
+        "p2p_seq",
+        "op_seq",
+        "open",
+        "handles",
+    )
 
     def __init__(self, pg_id: int, comm: TorchComm) -> None:
         self.pg_id = pg_id
         self.comm = weakref.ref(comm)
+        self.backend = comm.get_backend()
         self.collective_seq = 0
         self.p2p_seq = 0
         self.op_seq = 0
-        self.open: dict[int, list[dict[str, Any]]] = {}
+        self.open: dict[int, list[list[Any]]] = {}
         self.handles: list[RemovableHandle] = []
 
     def remove(self) -> None:
@@ -159,14 +244,50 @@ class _Track:
         self.handles = []
 
 
+# An entry, as recorded: a list (cheapest to build) with these fields. Dumps turn it into
+# c10d's dict; the profiling name, sizes, dtypes, frames and timeout are made then.
+(
+    _RECORD_ID,
+    _TRACK,
+    _COLLECTIVE_SEQ,
+    _P2P_SEQ,
+    _OP_SEQ,
+    _KIND,  # the operation ("send", "all_reduce", ...)
+    _ME,  # this rank, for send/recv labels
+    _PEER,  # the peer of a send/recv
+    _CREATED,
+    _INPUT,  # descriptions of the tensors (see _io)
+    _OUTPUT,
+    _STATE,
+    _STARTED,
+    _COMPLETED,
+    _RETIRED,
+    _TIMEOUT,  # a timedelta, or None
+    _IS_P2P,
+    _THREAD_ID,  # an int
+    _THREAD_NAME,
+    _FRAMES,  # what _frames returned
+    _WORK,  # the operation's work until it is seen finished
+) = range(21)
+
+
+def _profiling_name(entry: list[Any]) -> str:
+    kind = entry[_KIND]
+    if kind == "send":
+        label = f"send {entry[_ME]}->{entry[_PEER]}"
+    elif kind == "recv":
+        label = f"recv {entry[_ME]}<-{entry[_PEER]}"
+    else:
+        label = _PROFILING_NAMES.get(kind, kind)
+    return f"{entry[_TRACK].backend}:{label}"
+
+
 class _Recorder:
     """A ring buffer of operations and the communicators that feed it."""
 
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
-        self.entries: collections.deque[dict[str, Any]] = collections.deque(
-            maxlen=max_entries or None
-        )
+        self.entries: collections.deque[list[Any]] = collections.deque(maxlen=max_entries or None)
         self.tracks: list[_Track] = []
         self.next_pg_id = 0
         self.record_ids = 0
@@ -183,8 +304,8 @@ class _Recorder:
         track = _Track(self.next_pg_id, comm)
         self.next_pg_id += 1
         track.handles = [
-            comm.register_pre_hook(lambda name, op_id, args: self.pre(track, name, op_id, args)),
-            comm.register_post_hook(lambda op_id, args: self.post(track, op_id, args)),
+            comm.register_pre_hook(functools.partial(self.pre, track)),
+            comm.register_post_hook(functools.partial(self.post, track)),
         ]
         self.tracks.append(track)
         return track
@@ -204,64 +325,105 @@ class _Recorder:
     # -- recording -------------------------------------------------------------------
 
     def pre(self, track: _Track, name: Any, op_id: int, args: Any) -> None:
-        op = str(getattr(name, "name", name))
+        op = _OP_NAMES.get(name) or _op_str(name)
         now = time.time_ns()
         frames = _frames()
         timeout = getattr(args, "timeout", None)
         comm = track.comm()
         if timeout is None and comm is not None:
             timeout = comm.get_timeout()
-        timeout_ms = int(timeout.total_seconds() * 1000) if timeout is not None else 0
+        thread_id = threading.get_ident()
+        thread_name = threading.current_thread().name
         fields = _args.fields(args)
-        batch = _args.batch_ops(args) if op == "batch_op_issue" else None
-        if batch is not None:
-            items = [(kind, {"tensor": t}, peer) for kind, t, peer in batch]
-        else:
-            items = [(op, fields, _args.peer(fields))]
+        if op == "batch_op_issue":
+            batch = _args.batch_ops(args)
+            if batch is not None:
+                self._record_batch(
+                    track, op_id, batch, comm, now, timeout, thread_id, thread_name, frames
+                )
+                return
+        inp, out = _io(op, fields)
+        p2p = op in ("send", "recv", "batch_op_issue")
+        me = peer = None
+        if op == "send" or op == "recv":
+            me = comm.get_rank() if comm is not None else -1
+            peer = _args.peer(fields)
+        with self.lock:
+            seq = track.op_seq = track.op_seq + 1
+            if p2p:
+                track.p2p_seq += 1
+            else:
+                track.collective_seq += 1
+            entry = [
+                self.record_ids,
+                track,
+                track.collective_seq,
+                track.p2p_seq,
+                seq,
+                op,
+                me,
+                peer,
+                now,
+                inp,
+                out,
+                "scheduled",
+                0,
+                0,
+                False,
+                timeout,
+                p2p,
+                thread_id,
+                thread_name,
+                frames,
+                None,
+            ]
+            self.record_ids += 1
+            self.entries.append(entry)
+            track.open[op_id] = [entry]
+
+    def _record_batch(
+        self,
+        track: _Track,
+        op_id: int,
+        batch: list[tuple[str, Any, Any]],
+        comm: TorchComm | None,
+        now: int,
+        timeout: Any,
+        thread_id: int,
+        thread_name: str,
+        frames: Any,
+    ) -> None:
+        """One entry per send/recv of a batch, sharing one point-to-point sequence id as
+        c10d's coalesced groups do."""
         me = comm.get_rank() if comm is not None else -1
-        backend = comm.get_backend() if comm is not None else "gloo"
+        ios = [_io(kind, {"tensor": t}) for kind, t, _ in batch]
         entries = []
         with self.lock:
-            # The sends and receives of one batch share a sequence id, as c10d's
-            # coalesced point-to-point groups do.
-            if op == "batch_op_issue":
-                track.p2p_seq += 1
-            for kind, kind_fields, peer in items:
-                (in_sizes, in_types), (out_sizes, out_types) = _io(kind, kind_fields)
-                p2p = kind in ("send", "recv", "batch_op_issue")
+            track.p2p_seq += 1
+            for (kind, _, peer), io in zip(batch, ios, strict=True):
                 track.op_seq += 1
-                if kind in ("send", "recv"):
-                    if op != "batch_op_issue":
-                        track.p2p_seq += 1
-                    label = f"send {me}->{peer}" if kind == "send" else f"recv {me}<-{peer}"
-                elif p2p:
-                    label = kind
-                else:
-                    track.collective_seq += 1
-                    label = _PROFILING_NAMES.get(kind, kind)
-                entry = {
-                    "record_id": self.record_ids,
-                    "pg_id": track.pg_id,
-                    "collective_seq_id": track.collective_seq,
-                    "p2p_seq_id": track.p2p_seq,
-                    "op_id": track.op_seq,
-                    "profiling_name": f"{backend}:{label}",
-                    "time_created_ns": now,
-                    "input_sizes": in_sizes,
-                    "input_dtypes": in_types,
-                    "output_sizes": out_sizes,
-                    "output_dtypes": out_types,
-                    "state": "scheduled",
-                    "time_discovered_started_ns": 0,
-                    "time_discovered_completed_ns": 0,
-                    "retired": False,
-                    "timeout_ms": timeout_ms,
-                    "is_p2p": p2p,
-                    "thread_id": str(threading.get_ident()),
-                    "thread_name": threading.current_thread().name,
-                    "frames": frames,
-                    "_work": None,
-                }
+                entry = [
+                    self.record_ids,
+                    track,
+                    track.collective_seq,
+                    track.p2p_seq,
+                    track.op_seq,
+                    kind,
+                    me,
+                    peer,
+                    now,
+                    *io,
+                    "scheduled",
+                    0,
+                    0,
+                    False,
+                    timeout,
+                    True,
+                    thread_id,
+                    thread_name,
+                    frames,
+                    None,
+                ]
                 self.record_ids += 1
                 self.entries.append(entry)
                 entries.append(entry)
@@ -273,26 +435,34 @@ class _Recorder:
             return
         now = time.time_ns()
         work = getattr(args, "work", None)
+        # A synchronous operation has completed by now: its work is not kept.
+        done = work is not None and work.status is WorkStatus.COMPLETED
         for entry in entries:
-            entry["state"] = "started"
-            entry["time_discovered_started_ns"] = now
-            entry["_work"] = work
-            self.settle(entry, now)
+            entry[_STARTED] = now
+            if done:
+                entry[_COMPLETED] = now
+                entry[_RETIRED] = True
+                entry[_STATE] = "completed"
+            else:
+                entry[_WORK] = work
+                entry[_STATE] = "started"
+                self.settle(entry, now)
 
     @staticmethod
-    def settle(entry: dict[str, Any], now: int) -> None:
-        work = entry["_work"]
+    def settle(entry: list[Any], now: int) -> None:
+        """Update a started entry from its work; drop the work once it is finished."""
+        work = entry[_WORK]
         if work is None:
             return
         status = work.status
         if status is WorkStatus.COMPLETED:
-            entry["state"] = "completed"
-            entry["retired"] = True
-            entry["time_discovered_completed_ns"] = now
-            entry["_work"] = None
+            entry[_STATE] = "completed"
+            entry[_RETIRED] = True
+            entry[_COMPLETED] = now
+            entry[_WORK] = None
         elif status is not WorkStatus.INPROGRESS:
-            entry["retired"] = True
-            entry["_work"] = None
+            entry[_RETIRED] = True
+            entry[_WORK] = None
 
     # -- dumping ---------------------------------------------------------------------
 
@@ -313,31 +483,63 @@ class _Recorder:
                 ranks = _fallback_ranks(comm)
             groups[track.pg_id] = (name, desc, ranks)
             pg_config[name] = {"name": name, "desc": desc, "ranks": str(list(ranks))}
-        out = []
+        kept = []
         for entry in entries:
             self.settle(entry, now)
-            if not entry["is_p2p"]:
+            state = entry[_STATE]
+            if not entry[_IS_P2P]:
                 status = pg_status.setdefault(
-                    str(entry["pg_id"]),
+                    str(entry[_TRACK].pg_id),
                     {
                         "last_enqueued_collective": -1,
                         "last_started_collective": -1,
                         "last_completed_collective": -1,
                     },
                 )
-                seq = entry["collective_seq_id"]
+                seq = entry[_COLLECTIVE_SEQ]
                 status["last_enqueued_collective"] = seq
-                if entry["state"] in ("started", "completed"):
+                if state in ("started", "completed"):
                     status["last_started_collective"] = seq
-                if entry["state"] == "completed":
+                if state == "completed":
                     status["last_completed_collective"] = seq
-            if not include_completed and entry["state"] == "completed":
-                continue
-            item = {k: v for k, v in entry.items() if k != "_work"}
-            item["frames"] = _frame_dicts(entry["frames"])
-            name, desc, _ = groups.get(entry["pg_id"], (str(entry["pg_id"]), "undefined", []))
-            item["process_group"] = [name, desc]
-            out.append(item)
+            if include_completed or state != "completed":
+                kept.append(entry)
+        frames = _frame_lists([entry[_FRAMES] for entry in kept])
+        out = []
+        for entry, entry_frames in zip(kept, frames, strict=True):
+            pg_id = entry[_TRACK].pg_id
+            inp, outp = entry[_INPUT], entry[_OUTPUT]
+            in_sizes, in_types = _render(inp)
+            out_sizes, out_types = (in_sizes, in_types) if outp is inp else _render(outp)
+            timeout = entry[_TIMEOUT]
+            name, desc, _ = groups.get(pg_id, (str(pg_id), "undefined", []))
+            out.append(
+                {
+                    "record_id": entry[_RECORD_ID],
+                    "pg_id": pg_id,
+                    "collective_seq_id": entry[_COLLECTIVE_SEQ],
+                    "p2p_seq_id": entry[_P2P_SEQ],
+                    "op_id": entry[_OP_SEQ],
+                    "profiling_name": _profiling_name(entry),
+                    "time_created_ns": entry[_CREATED],
+                    "input_sizes": in_sizes,
+                    "input_dtypes": in_types,
+                    "output_sizes": out_sizes,
+                    "output_dtypes": out_types,
+                    "state": entry[_STATE],
+                    "time_discovered_started_ns": entry[_STARTED],
+                    "time_discovered_completed_ns": entry[_COMPLETED],
+                    "retired": entry[_RETIRED],
+                    "timeout_ms": (
+                        int(timeout.total_seconds() * 1000) if timeout is not None else 0
+                    ),
+                    "is_p2p": entry[_IS_P2P],
+                    "thread_id": str(entry[_THREAD_ID]),
+                    "thread_name": entry[_THREAD_NAME],
+                    "frames": entry_frames,
+                    "process_group": [name, desc],
+                }
+            )
         return {
             "version": VERSION,
             "comm_lib_version": "",
