@@ -27,12 +27,6 @@ from ._work import TorchWork
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
-_completed = TorchWork.completed
-
-
-def _plain(t: Any) -> bool:
-    """A tensor the lean lane passes to the backend as is: dense, contiguous, on the CPU."""
-    return type(t) is _Tensor and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
 
 
 class TorchComm(CommBase):
@@ -137,7 +131,7 @@ class TorchComm(CommBase):
             except Exception as exc:
                 self._raise_issue_error(exc, "broadcast")
             if inner is None:
-                return _completed(self, "broadcast")
+                return self._done["broadcast"]
             return self._lean_done(inner, "broadcast")
         call = self._call("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
@@ -176,7 +170,7 @@ class TorchComm(CommBase):
             except Exception as exc:
                 self._raise_issue_error(exc, "all_reduce")
             if inner is None:
-                return _completed(self, "all_reduce")
+                return self._done["all_reduce"]
             return self._lean_done(inner, "all_reduce")
         call = self._call("all_reduce", timeout, hints)
         self._check.tensor("all_reduce", "tensor", tensor)
@@ -386,13 +380,19 @@ class TorchComm(CommBase):
             and timeout is None
             and hints is None
             and self._lean
-            and _plain(output)
-            and _plain(input)
+            and type(output) is _Tensor
+            and type(input) is _Tensor
             and output.dtype is input.dtype
             and input.dtype in self._check.dtypes
-            and output.numel() == input.numel()
-            and input.dim()
-            and not input.shape[0] % self._size
+            and input.is_cpu
+            and output.is_cpu
+            and input.layout is _STRIDED
+            and output.layout is _STRIDED
+            and input.is_contiguous()
+            and output.is_contiguous()
+            and (shape := input.shape) == output.shape
+            and shape
+            and not shape[0] % self._size
         ):
             try:
                 inner = self._backend.all_to_all_single(
@@ -401,7 +401,7 @@ class TorchComm(CommBase):
             except Exception as exc:
                 self._raise_issue_error(exc, "all_to_all_single")
             if inner is None:
-                return _completed(self, "all_to_all_single")
+                return self._done["all_to_all_single"]
             return self._lean_done(inner, "all_to_all_single")
         call = self._call("all_to_all_single", timeout, hints)
         self._check.pair("all_to_all_single", output, input)

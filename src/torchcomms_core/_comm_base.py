@@ -39,6 +39,9 @@ from .spec import TorchCommBackend, method_support
 # module teardown can abort the process (joinable C++ threads), so they go first.
 _live: weakref.WeakSet[CommBase] = weakref.WeakSet()
 
+#: The operations with a lean lane (see ``CommBase._relean``).
+LEAN_OPS = ("all_reduce", "broadcast", "all_to_all_single")
+
 
 @atexit.register
 def _release_live_at_exit() -> None:
@@ -153,6 +156,10 @@ class CommBase:
         # checking.
         self._lean_static = device.type == "cpu" and not self._check_calls
         self._lean = False
+        # What a lean call whose backend finished returns: one completed work per operation,
+        # shared (nothing about a completed work changes; it names no communicator, so it
+        # holds no reference cycle).
+        self._done = {op: TorchWork.completed(None, op) for op in LEAN_OPS}
         # Fault tolerance (enable_reconfigure): this endpoint's token and the uuids used.
         self._init_handle: str | None = None
         self._reconfigure_uuids: set[str] = set()
