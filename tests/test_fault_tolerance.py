@@ -115,7 +115,10 @@ def body_mismatch() -> dict:
     name = unique_name("ft")
     comm = _comm(name)
     r, n = current_rank(), int(os.environ["TORCHCOMM_SIZE"])
-    handles = _exchange(_store(), name, comm.get_init_handle(), r, list(range(n)))
+    # One store client for the whole body: connecting a new one while a peer polls in
+    # reconfigure can take seconds on a loaded machine, longer than the rounds' timeout.
+    store = _store()
+    handles = _exchange(store, name, comm.get_init_handle(), r, list(range(n)))
     out = {}
     # Rank 0 swaps two members: every rank must refuse, none may hang.
     mine = list(handles)
@@ -131,9 +134,9 @@ def body_mismatch() -> dict:
             out[what] = ("no error", 0.0)
         except torchcomms.TorchCommError as exc:
             out[what] = (f"{type(exc).__name__}: {exc}", time.monotonic() - start)
-        _store().set(f"{name}/done-{what}/{r}", "1")  # keep the rounds apart
+        store.set(f"{name}/done-{what}/{r}", "1")  # keep the rounds apart
         for p in range(n):
-            _store().get(f"{name}/done-{what}/{p}")
+            store.get(f"{name}/done-{what}/{p}")
     # A consistent reconfigure afterwards works.
     comm.reconfigure("m3", handles)
     out["after"] = _sum_of_ones(comm)
@@ -146,10 +149,10 @@ def test_mismatched_handles_or_uuids_fail_fast_on_every_member(pool4: RankPool) 
     for res in results:
         # Seen as a mismatch (CommInputError), not found out by the timeout.
         err, seconds = res["lists"]
-        assert err.startswith("CommInputError") and "disagree on init_handles" in err, err
+        assert err.startswith("CommInputError") and "disagree on init_handles" in err, results
         assert seconds < TIMEOUT_S + 3, res
         err, seconds = res["uuids"]
-        assert err.startswith("CommInputError") and "same uuid" in err, err
+        assert err.startswith("CommInputError") and "same uuid" in err, results
         assert seconds < TIMEOUT_S + 3, res
         assert res["after"] == pool4.world_size
 
