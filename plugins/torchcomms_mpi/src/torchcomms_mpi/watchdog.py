@@ -14,6 +14,7 @@ can never be mistaken for the old one.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -73,10 +74,13 @@ def _expire(backend: Any, call: tuple[str, float]) -> None:
         f"instead; set it to 0 to make every collective so\n"
     )
     sys.stderr.flush()
-    comm = backend._comm
-    if comm is not None:
-        comm.Abort(EXIT_CODE)
-    else:  # freed meanwhile: end the job through the world
-        from mpi4py import MPI
+    try:
+        comm = backend._comm
+        if comm is None:  # freed meanwhile: end the job through the world
+            from mpi4py import MPI
 
-        MPI.COMM_WORLD.Abort(EXIT_CODE)
+            comm = MPI.COMM_WORLD
+        comm.Abort(EXIT_CODE)
+    finally:
+        # MPI_Abort does not return; should it fail, the stuck call must still end.
+        os._exit(EXIT_CODE)
