@@ -151,6 +151,10 @@ class MpiBackend(TorchCommBackend):
             self._windows.clear()
         for window in list(self._windows):
             window.free()
+        if abort and self._watch is not None:
+            # Another thread is inside a blocking call on this communicator: freeing it
+            # under that call is undefined in MPI. It stays with MPI until it finalizes.
+            return
         try:
             comm.Free()
         except self._MPI.Exception:  # an engine that already gave up: nothing to free
