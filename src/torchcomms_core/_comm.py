@@ -27,6 +27,9 @@ from ._work import TorchWork
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
+# all_reduce, broadcast and all_to_all_single open with the lean lane (CommBase._relean):
+# its guard and backend call are written out in each, as a shared helper would add a
+# Python call to a path that costs about 1 us in all.
 
 
 class TorchComm(CommBase):

@@ -289,6 +289,8 @@ class MpiBackend(TorchCommBackend):
         b = [self._fa(tensor.data_ptr(), nbytes), self._types[dtype]]
         mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
         if nbytes <= self._small:
+            # _blocking() inlined here, in broadcast and in all_to_all_single: these three
+            # are the lean lane's, where one more Python call shows at one element.
             self._watch = (
                 "all_reduce",
                 self._ts if timeout is self._td else self._seconds(timeout),
