@@ -575,14 +575,35 @@ def test_recv_from_any_source_is_an_optional_capability(pool2) -> None:
 
 def _monitored(skip: tuple[int, ...], wait_all: bool, subgroup: bool) -> Callable[[Any], Any]:
     def check(pg: Any) -> Any:
+        # A side channel keeps load from changing the outcome: group rank 0 starts only
+        # when every rank meant to arrive is about to (a late one would be reported
+        # missing), and no rank leaves the world before all are done (gloo sends to rank 0
+        # before its try block, so a rank still sending after rank 0 tore the group down
+        # would get a bare "connection closed" instead of monitoredBarrier's message).
+        side = _store()
+        try:
+            return arrive(pg, side)
+        finally:
+            side.set(f"done{pg.rank()}", "1")
+            side.wait([f"done{r}" for r in range(pg.size())], timedelta(seconds=60))
+
+    def arrive(pg: Any, side: Any) -> Any:
         group = pg
         if subgroup:
             n = pg.size()
-            group = dist.new_group(list(range(1, n)))  # group rank 0 is global rank 1
+            # group rank 0 is global rank 1; members wait for it as long as on the world
+            group = dist.new_group(list(range(1, n)), timeout=timedelta(seconds=3))
             if pg.rank() == 0:
                 return "not a member"
-        if dist.get_rank(group) in skip:
+        me, n = dist.get_rank(group), dist.get_world_size(group)
+        if me in skip:
             return "skipped"
+        if me != 0:
+            side.set(f"arrived{me}", "1")
+        else:
+            arriving = [f"arrived{r}" for r in range(1, n) if r not in skip]
+            if arriving:
+                side.wait(arriving, timedelta(seconds=60))
         return _catch(
             dist.monitored_barrier,
             group=group,
@@ -621,6 +642,7 @@ def test_monitored_barrier_waiting_for_all_ranks_lists_every_missing_rank(pool4)
         assert "[Rank 0]: Ranks 1, 3 failed to pass monitoredBarrier in 1000 ms" in (
             results[0][world].message
         )
+        assert "Rank 2 successfully reached monitoredBarrier" in results[2][world].message
 
 
 def test_monitored_barrier_on_a_subgroup(pool4) -> None:

@@ -84,6 +84,19 @@ def monitored_barrier(
 
     def wait_loop(kind: str, tensor: torch.Tensor) -> None:
         processed: list[int] = []
+        # Waiting for every rank, all receives are posted first, each with the whole
+        # timeout (gloo counts it from the wait): gloo closes every pair of a context when
+        # one receive times out, so a receive posted after a late rank's would fail even
+        # for a rank whose message had long arrived. Otherwise the first late rank ends
+        # the barrier, and each operation is posted when its turn comes, with the time left.
+        early = (
+            {
+                peer: _p2p(comm, kind, torch.zeros_like(tensor), peer, timeout, engine)
+                for peer in range(1, size)
+            }
+            if wait_all_ranks and kind == "recv"
+            else {}
+        )
         for peer in range(1, size):
             # Waiting for every rank, each gets the whole timeout: a late rank must not
             # use up the time of the ranks after it.
@@ -98,7 +111,10 @@ def monitored_barrier(
                     f"Rank {rank} timed out in monitoredBarrier after {_ms(timeout)} ms.\n{done}"
                 )
             try:
-                _wait(_p2p(comm, kind, tensor, peer, timedelta(seconds=left), engine))
+                posted = early.get(peer) or _p2p(
+                    comm, kind, tensor, peer, timedelta(seconds=left), engine
+                )
+                _wait(posted)
             except Exception as exc:
                 error = (
                     f"[Rank 0]: Rank {peer} failed to pass monitoredBarrier in {_ms(timeout)} ms"
@@ -114,6 +130,5 @@ def monitored_barrier(
                 f"monitoredBarrier in {_ms(timeout)} ms"
             )
 
-    # Each receive is posted when its turn comes, with the time left as its timeout.
     wait_loop("recv", torch.zeros_like(token))
     wait_loop("send", token)
