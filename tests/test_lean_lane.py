@@ -215,3 +215,131 @@ def test_an_engine_failure_in_a_lean_call_fails_the_communicator(pool2) -> None:
     res = {r["rank"]: r for r in pool2.run(body_engine_failure_marks_the_communicator, timeout=60)}
     assert res[0]["error"] in ("CommTimeoutError", "CommOperationError"), res[0]
     assert res[0]["after"] == "CommStateError", res[0]
+
+
+# -- nested tensors ----------------------------------------------------------------------------
+
+
+def body_nested_tensors_are_refused() -> dict:
+    """A nested tensor is strided, contiguous and on the CPU, yet no dense buffer: refused."""
+    import warnings
+
+    comm = _comm()
+    n = comm.get_size()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nested tensors are a prototype feature
+        nested = torch.nested.nested_tensor([torch.ones(2 * n), torch.ones(2 * n)])
+    dense = torch.ones(2 * n)
+    out = {}
+    for case, call in {
+        "all_reduce": lambda: comm.all_reduce(nested, ReduceOp.SUM),
+        "all_reduce_async": lambda: comm.all_reduce(nested, ReduceOp.SUM, async_op=True),
+        "broadcast": lambda: comm.broadcast(nested, 0),
+        "a2a_input": lambda: comm.all_to_all_single(torch.empty(2 * n), nested),
+        "a2a_output": lambda: comm.all_to_all_single(nested, dense),
+        "send": lambda: comm.send(nested, (comm.get_rank() + 1) % n),
+    }.items():
+        try:
+            call()
+            out[case] = "no error"
+        except torchcomms.CommInputError as exc:
+            out[case] = "nested" in str(exc) and "unbind" in str(exc)
+    comm.all_reduce(dense, ReduceOp.SUM)
+    out["usable_after"] = dense.tolist() == [float(n)] * (2 * n)
+    comm.finalize()
+    return out
+
+
+def test_nested_tensors_are_refused_on_every_path(pool) -> None:
+    for res in pool.run(body_nested_tensors_are_refused):
+        assert res == {
+            "all_reduce": True,
+            "all_reduce_async": True,
+            "broadcast": True,
+            "a2a_input": True,
+            "a2a_output": True,
+            "send": True,
+            "usable_after": True,
+        }
+
+
+# -- a backend's own lean calls ----------------------------------------------------------------
+
+
+def body_backend_lean_calls() -> dict:
+    """A backend's ``lean_calls`` serve the lean lane, made for the current defaults."""
+    from datetime import timedelta
+
+    from torchcomms_gloo.backend import GlooBackend
+
+    made: list[tuple[float, dict]] = []
+    used: list[str] = []
+
+    class Counting(GlooBackend):
+        def lean_calls(self, timeout, hints):
+            made.append((timeout.total_seconds(), dict(hints)))
+
+            def all_reduce(tensor, op):
+                used.append("all_reduce")
+                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
+
+            def broadcast(tensor, root):
+                used.append("broadcast")
+                return self.broadcast(tensor, root, False, timeout=timeout, hints=hints)
+
+            def all_to_all_single(output, input):
+                used.append("all_to_all_single")
+                return self.all_to_all_single(output, input, False, timeout=timeout, hints=hints)
+
+            return {
+                "all_reduce": all_reduce,
+                "broadcast": broadcast,
+                "all_to_all_single": all_to_all_single,
+            }
+
+    torchcomms.register_backend("counting_gloo", Counting)
+    try:
+        comm = torchcomms.new_comm(
+            "counting_gloo", torch.device("cpu"), name=unique_name("fast"), timeout=30.0
+        )
+        r, n = comm.get_rank(), comm.get_size()
+        out: dict = {"made_at_start": list(made)}
+        got = _lean_calls(comm)
+        out["lean_ok"] = all(v == _expected(r, n)[op] for op, (_, v) in got.items())
+        out["used_lean"] = list(used)
+        used.clear()
+        # Not the defaults: the methods, not the lean calls.
+        t = torch.ones(2)
+        comm.all_reduce(t, ReduceOp.SUM, timeout=timedelta(seconds=20))
+        comm.broadcast(t, 0, hints={"k": "v"})
+        comm.all_reduce(t, ReduceOp.SUM, async_op=True).wait()
+        comm.all_reduce(t, ReduceOp.AVG)
+        out["used_off_lane"] = list(used)
+        out["off_lane_ok"] = t.tolist() == [float(n * n)] * 2
+        made.clear()
+        comm.set_timeout(timedelta(seconds=40))
+        comm.set_hints({"tag": "x"})
+        handle = comm.register_pre_hook(lambda *a: None)
+        comm.all_reduce(torch.ones(1), ReduceOp.SUM)  # hooked: general path
+        out["used_hooked"] = list(used)
+        handle.remove()
+        out["remade"] = list(made)
+        got = _lean_calls(comm)
+        out["lean_again_ok"] = all(v == _expected(r, n)[op] for op, (_, v) in got.items())
+        out["used_again"] = list(used)
+        comm.finalize()
+    finally:
+        torchcomms.unregister_backend("counting_gloo")
+    return out
+
+
+def test_a_backends_lean_calls_serve_the_lane_with_the_current_defaults(pool) -> None:
+    ops = ["all_reduce", "broadcast", "all_to_all_single"]
+    for res in pool.run(body_backend_lean_calls):
+        assert res["made_at_start"] == [(30.0, {})]
+        assert res["lean_ok"] and res["used_lean"] == ops
+        assert res["used_off_lane"] == [] and res["off_lane_ok"]
+        assert res["used_hooked"] == []
+        # remade for the new timeout, then the hints; not while a hook was registered
+        assert res["remade"] == [(40.0, {}), (40.0, {"tag": "x"}), (40.0, {"tag": "x"})]
+        assert res["lean_again_ok"] and res["used_again"] == ops

@@ -244,6 +244,66 @@ def body_sync_timeout(seconds: float) -> dict:
     return result
 
 
+def body_lean_calls_reuse_buffers_safely() -> dict:
+    """The backend's lean calls keep MPI buffer specs by address, size and dtype; every
+    result stays right when tensors come and go, share memory or pass the blocking limit."""
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    fast = [comm._fast_all_reduce, comm._fast_broadcast, comm._fast_all_to_all_single]
+    wrong: list[str] = []
+
+    def expect(what: str, got: torch.Tensor, want: list) -> None:
+        if got.tolist() != want:
+            wrong.append(f"{what}: {got.tolist()[:6]} != {want[:6]}")
+
+    t = torch.zeros(1)
+    for i in range(30):  # one tensor, new values each time
+        t.fill_(float(r + i))
+        comm.all_reduce(t, ReduceOp.SUM)
+        expect(f"same tensor {i}", t, [float(sum(k + i for k in range(n)))])
+    for i in range(60):  # fresh tensors: addresses are reused with other dtypes and sizes
+        dtype = (torch.float32, torch.int32, torch.float64, torch.bfloat16)[i % 4]
+        x = torch.full((1 + i % 3,), r + 1, dtype=dtype)
+        comm.all_reduce(x, ReduceOp.MAX if i % 2 else ReduceOp.SUM)
+        want = float(n) if i % 2 else float(n * (n + 1) // 2)
+        expect(f"fresh {i} {dtype}", x.float(), [want] * (1 + i % 3))
+        b = torch.full((2 + i % 2,), float(r * 10 + i), dtype=dtype)
+        comm.broadcast(b, i % n)
+        expect(f"bcast {i}", b.float(), [float((i % n) * 10 + i)] * (2 + i % 2))
+        del x, b
+    big = torch.arange(8 * n, dtype=torch.float32) + 1000 * r
+    for k in range(3):  # views at several offsets of one allocation
+        v = big[k * n : k * n + n]
+        comm.broadcast(v, 0)
+        expect(f"view {k}", v, [float(k * n + j) for j in range(n)])
+    # all_to_all_single: separate, identical (in place) and partly overlapping buffers
+    inp = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    want = [100.0 * s + 2 * r + j for s in range(n) for j in range(2)]
+    out = torch.empty(2 * n)
+    comm.all_to_all_single(out, inp)
+    expect("a2a", out, want)
+    same = inp.clone()
+    comm.all_to_all_single(same, same)
+    expect("a2a in place", same, want)
+    buf = torch.zeros(3 * n)
+    buf[: 2 * n] = inp
+    comm.all_to_all_single(buf[n:], buf[: 2 * n])  # input and output overlap in part
+    expect("a2a overlapping", buf[n:], want)
+    # Past the blocking limit (64 KiB) the lean calls hand over to the nonblocking methods.
+    large = torch.full((20_000 * n,), float(r + 1))
+    comm.all_reduce(large, ReduceOp.SUM)
+    expect("large all_reduce", large[:3], [float(n * (n + 1) // 2)] * 3)
+    comm.broadcast(large, n - 1)
+    expect("large broadcast", large[-2:], [float(n * (n + 1) // 2)] * 2)
+    la_in = torch.arange(20_000 * n, dtype=torch.float32) + r
+    la_out = torch.empty_like(la_in)
+    comm.all_to_all_single(la_out, la_in)
+    blk = 20_000
+    expect("large a2a", la_out[::blk], [float(s + r * blk) for s in range(n)])
+    comm.finalize()
+    return {"fast": [f is not None for f in fast], "wrong": wrong}
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -258,6 +318,11 @@ def test_ranks_may_mix_sync_and_async_calls(mpi_pool) -> None:
 
 def test_results_land_in_the_callers_tensors(mpi_pool) -> None:
     mpi_pool.run(body_zero_copy_layouts, timeout=60)
+
+
+def test_lean_calls_reuse_buffer_specs_safely(mpi_pool) -> None:
+    for res in mpi_pool.run(body_lean_calls_reuse_buffers_safely, timeout=120):
+        assert res == {"fast": [True, True, True], "wrong": []}
 
 
 def test_split_builds_disjoint_and_nested_groups(mpi_pool) -> None:

@@ -124,13 +124,18 @@ class TorchComm(CommBase):
             and type(tensor) is _Tensor
             and tensor.is_cpu
             and tensor.layout is _STRIDED
+            and not tensor.is_nested
             and tensor.is_contiguous()
             and tensor.dtype in self._check.dtypes
         ):
+            fast = self._fast_broadcast
             try:
-                inner = self._backend.broadcast(
-                    tensor, root, False, timeout=self._timeout, hints=self._hints
-                )
+                if fast is not None:
+                    inner = fast(tensor, root)
+                else:
+                    inner = self._backend.broadcast(
+                        tensor, root, False, timeout=self._timeout, hints=self._hints
+                    )
             except Exception as exc:
                 self._raise_issue_error(exc, "broadcast")
             if inner is None:
@@ -163,13 +168,18 @@ class TorchComm(CommBase):
             and type(tensor) is _Tensor
             and tensor.is_cpu
             and tensor.layout is _STRIDED
+            and not tensor.is_nested
             and tensor.is_contiguous()
             and (tensor.dtype, op._type) in self._lean_pairs
         ):
+            fast = self._fast_all_reduce
             try:
-                inner = self._backend.all_reduce(
-                    tensor, op, False, timeout=self._timeout, hints=self._hints
-                )
+                if fast is not None:
+                    inner = fast(tensor, op)
+                else:
+                    inner = self._backend.all_reduce(
+                        tensor, op, False, timeout=self._timeout, hints=self._hints
+                    )
             except Exception as exc:
                 self._raise_issue_error(exc, "all_reduce")
             if inner is None:
@@ -385,22 +395,28 @@ class TorchComm(CommBase):
             and self._lean
             and type(output) is _Tensor
             and type(input) is _Tensor
-            and output.dtype is input.dtype
-            and input.dtype in self._check.dtypes
+            and (dtype := input.dtype) is output.dtype
+            and dtype in self._check.dtypes
             and input.is_cpu
             and output.is_cpu
             and input.layout is _STRIDED
             and output.layout is _STRIDED
+            and not input.is_nested
+            and not output.is_nested
             and input.is_contiguous()
             and output.is_contiguous()
             and (shape := input.shape) == output.shape
             and shape
             and not shape[0] % self._size
         ):
+            fast = self._fast_all_to_all_single
             try:
-                inner = self._backend.all_to_all_single(
-                    output, input, False, timeout=self._timeout, hints=self._hints
-                )
+                if fast is not None:
+                    inner = fast(output, input)
+                else:
+                    inner = self._backend.all_to_all_single(
+                        output, input, False, timeout=self._timeout, hints=self._hints
+                    )
             except Exception as exc:
                 self._raise_issue_error(exc, "all_to_all_single")
             if inner is None:

@@ -284,9 +284,11 @@ class CommBase:
         self._timeout = check_timeout(timeout, "set_timeout")
         self._options.timeout = self._timeout
         self._backend.set_timeout(self._timeout)
+        self._relean()  # the backend's lean calls are made for one timeout and hints
 
     def set_hints(self, hints: dict[str, str]) -> None:
         self._hints = dict(check_hints(hints, "set_hints"))
+        self._relean()
 
     def __copy__(self) -> CommBase:
         return self  # a communicator is a live endpoint: copies are the same object
@@ -611,11 +613,18 @@ class CommBase:
         tensors of a supported dtype, a native reduction), calls the backend and returns a
         completed work. It needs a usable CPU communicator without hooks or call checking;
         everything else takes the general path, which also raises the errors. Called
-        whenever the state or the hooks change.
+        whenever the state, the hooks, the default timeout or the hints change, as the
+        backend's own entry points for the lane (``TorchCommBackend.lean_calls``) are made
+        for one timeout and one set of hints.
         """
         self._lean = (
             self._lean_static and self._state is OK and not self._pre_hooks and not self._post_hooks
         )
+        lean_calls = getattr(self._backend, "lean_calls", None)  # duck-typed backends lack it
+        fast = lean_calls(self._timeout, dict(self._hints)) if self._lean and lean_calls else {}
+        self._fast_all_reduce = fast.get("all_reduce")
+        self._fast_broadcast = fast.get("broadcast")
+        self._fast_all_to_all_single = fast.get("all_to_all_single")
 
     def _lean_done(self, inner: Any, name: str) -> TorchWork:
         """The work of a lean-lane call whose backend returned ``inner``."""

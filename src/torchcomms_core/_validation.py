@@ -81,6 +81,11 @@ class Checker:
                 f"{op}: {arg} must be a dense (strided) tensor, got {t.layout}; "
                 f"call .to_dense() first"
             )
+        if t.is_nested:
+            raise CommInputError(
+                f"{op}: {arg} is a nested tensor; collectives take one dense tensor: pass "
+                f"its components (.unbind()) or a padded copy (.to_padded_tensor(0))"
+            )
         return t
 
     def tensor_list(

@@ -473,6 +473,29 @@ class TorchCommBackend(abc.ABC):
             f"use a backend whose method_support() reports reconfigure_engine"
         )
 
+    def lean_calls(
+        self, timeout: timedelta, hints: dict[str, str]
+    ) -> dict[str, Callable[..., Any]]:
+        """The backend's own entry points for the core's lean lane (optional; none here).
+
+        Engines whose small collectives take a few microseconds (MPI) may return functions
+        under any of these keys, which the core then calls in place of the method:
+
+        - ``"all_reduce"``: ``fn(tensor, op)``
+        - ``"broadcast"``: ``fn(tensor, root)``
+        - ``"all_to_all_single"``: ``fn(output, input)``
+
+        Each call means the method with ``async_op=False`` and the ``timeout`` and ``hints``
+        given here (the communicator's defaults). The core calls them only with what its
+        lean lane has checked: plain, contiguous, strided, non-nested CPU tensors of a
+        supported dtype; for ``all_reduce`` a native reduction of that dtype (never AVG or
+        PREMUL_SUM); for ``broadcast`` a valid root; for ``all_to_all_single`` two tensors
+        of one dtype and one shape whose dim 0 divides by the size (they may overlap). They
+        return and raise what the method would. The core asks again whenever the
+        communicator's state, hooks, default timeout or hints change.
+        """
+        return {}
+
     def new_window(self) -> Any:
         """Return a window engine (``torchcomms_core.spec.WindowEngine``) (optional).
 
