@@ -53,6 +53,12 @@ def _make_opts(cls_name: str, timeout: timedelta | None, fields: dict[str, Any])
     return opts
 
 
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as one dimension: itself when it is (a view costs microseconds of autograd
+    bookkeeping, and flat buffers are what FSDP and most callers pass)."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
 class C10dWork:
     """A c10d ``Work`` waited on with the operation's timeout."""
 
@@ -288,7 +294,7 @@ class C10dBackend(TorchCommBackend):
         opts = self._opts("AllgatherOptions", timeout)
         # Engines such as gloo want the output as n copies of the input's shape; the core
         # only guarantees matching element counts, so hand them flat views.
-        work = self._engine._allgather_base(output.view(-1), input.view(-1), opts)
+        work = self._engine._allgather_base(_flat(output), _flat(input), opts)
         return self._done(work, async_op, timeout)
 
     def reduce_scatter(
@@ -317,7 +323,7 @@ class C10dBackend(TorchCommBackend):
         hints: dict[str, str] | None = None,
     ) -> Any:
         opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
-        work = self._engine._reduce_scatter_base(output.view(-1), input.view(-1), opts)
+        work = self._engine._reduce_scatter_base(_flat(output), _flat(input), opts)
         return self._done(work, async_op, timeout)
 
     def all_to_all(

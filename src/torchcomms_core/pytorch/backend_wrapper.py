@@ -62,6 +62,8 @@ def _enclosing_p2p_batch() -> list[Any] | None:
 
 def _timeout(opts: Any) -> timedelta | None:
     # c10d options carry -1 ms ("unset") unless the caller gave a timeout.
+    if opts is None:
+        return None
     timeout = opts if isinstance(opts, timedelta) else getattr(opts, "timeout", None)
     if isinstance(timeout, timedelta) and timeout > timedelta(0):
         return timeout

@@ -135,6 +135,8 @@ class CommWork(Work):
                 record, self._record = self._record, None
                 if record is not None:
                     record.done()
+            if self._future is None:  # nobody asked for one (get_future takes the lock)
+                return
         self._resolve()
 
     def _resolve(self) -> None:
