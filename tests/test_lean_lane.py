@@ -250,6 +250,57 @@ def body_nested_tensors_are_refused() -> dict:
     return out
 
 
+def body_negated_views_are_refused() -> dict:
+    """A negated view's memory holds the other sign: an engine would read and write it."""
+    comm = _comm()
+    r, n = comm.get_rank(), comm.get_size()
+    out = {}
+    for case, call in {
+        "all_reduce": lambda: comm.all_reduce(torch._neg_view(torch.ones(2)), ReduceOp.MAX),
+        "all_reduce_async": lambda: comm.all_reduce(
+            torch._neg_view(torch.ones(2)), ReduceOp.SUM, async_op=True
+        ),
+        "broadcast": lambda: comm.broadcast(torch._neg_view(torch.ones(2)), 0),
+        "a2a_input": lambda: comm.all_to_all_single(
+            torch.empty(2 * n), torch._neg_view(torch.ones(2 * n))
+        ),
+        "a2a_output": lambda: comm.all_to_all_single(
+            torch._neg_view(torch.zeros(2 * n)), torch.ones(2 * n)
+        ),
+        "all_gather_single": lambda: comm.all_gather_single(
+            torch._neg_view(torch.zeros(2 * n)), torch.ones(2)
+        ),
+        "imag_of_conj": lambda: comm.all_reduce(
+            torch.complex(torch.ones(2), torch.ones(2)).conj().imag, ReduceOp.SUM
+        ),
+    }.items():
+        try:
+            call()
+            out[case] = "no error"
+        except torchcomms.CommInputError as exc:
+            out[case] = "resolve_neg()" in str(exc)
+    # What the error suggests gives the values the view showed.
+    shown = torch._neg_view(torch.full((2,), float(r + 1))).resolve_neg()
+    comm.all_reduce(shown, ReduceOp.MAX)
+    out["resolved"] = shown.tolist() == [-1.0, -1.0]
+    comm.finalize()
+    return out
+
+
+def test_negated_views_are_refused_on_every_path(pool) -> None:
+    for res in pool.run(body_negated_views_are_refused):
+        assert res == {
+            "all_reduce": True,
+            "all_reduce_async": True,
+            "broadcast": True,
+            "a2a_input": True,
+            "a2a_output": True,
+            "all_gather_single": True,
+            "imag_of_conj": True,
+            "resolved": True,
+        }
+
+
 def test_nested_tensors_are_refused_on_every_path(pool) -> None:
     for res in pool.run(body_nested_tensors_are_refused):
         assert res == {

@@ -125,6 +125,7 @@ class TorchComm(CommBase):
             and tensor.is_cpu
             and tensor.layout is _STRIDED
             and not tensor.is_nested
+            and not tensor.is_neg()
             and tensor.is_contiguous()
             and tensor.dtype in self._check.dtypes
         ):
@@ -169,6 +170,7 @@ class TorchComm(CommBase):
             and tensor.is_cpu
             and tensor.layout is _STRIDED
             and not tensor.is_nested
+            and not tensor.is_neg()
             and tensor.is_contiguous()
             and (tensor.dtype, op._type) in self._lean_pairs
         ):
@@ -403,6 +405,8 @@ class TorchComm(CommBase):
             and output.layout is _STRIDED
             and not input.is_nested
             and not output.is_nested
+            and not input.is_neg()
+            and not output.is_neg()
             and input.is_contiguous()
             and output.is_contiguous()
             and (shape := input.shape) == output.shape

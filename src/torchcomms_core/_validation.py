@@ -86,6 +86,15 @@ class Checker:
                 f"{op}: {arg} is a nested tensor; collectives take one dense tensor: pass "
                 f"its components (.unbind()) or a padded copy (.to_padded_tensor(0))"
             )
+        if t.is_neg() or t.is_conj():
+            # An engine reads and writes memory, which holds such a view's values with the
+            # other sign (or conjugated): results would be silently wrong.
+            raise CommInputError(
+                f"{op}: {arg} is a lazily negated or conjugated view (is_neg() or "
+                f"is_conj(), e.g. the .imag of a .conj()), whose memory holds other values "
+                f"than it shows; pass t.resolve_neg() or t.resolve_conj() (a copy with the "
+                f"values it shows)"
+            )
         return t
 
     def tensor_list(
