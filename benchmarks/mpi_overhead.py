@@ -2,8 +2,8 @@
 
 Per call, interleaved on the same 1-element tensor: raw blocking mpi4py
 (``Allreduce``/``Bcast``), raw nonblocking mpi4py (``Iallreduce`` + ``Test`` loop, what the
-backend issues), the backend's method called directly and ``TorchComm`` on mpi (the
-public path); then, in the same processes, ``TorchComm`` on gloo in a loop of its own
+backend issues for large ones), the backend's method called directly, the backend's entry
+point for the core's lean lane (``lean_calls``) and ``TorchComm`` on mpi (the public path); then, in the same processes, ``TorchComm`` on gloo in a loop of its own
 (interleaving gloo's threads with MPI's busy polling on few cores would time the
 scheduler). Medians of per-call times; the ratios to raw blocking are what matter.
 
@@ -55,6 +55,8 @@ def main() -> None:
     u_out = torch.empty_like(u)
     b, b_out = u.numpy(), u_out.numpy()
     timeout = comm.get_timeout()
+    # The backend's entry points for the core's lean lane (what TorchComm calls).
+    lean = backend.lean_calls(timeout, {})
     test = MPI.Request.Test
 
     def nonblocking(start: Callable[[], object]) -> Callable[[], None]:
@@ -70,6 +72,7 @@ def main() -> None:
             "raw blocking": lambda: raw.Allreduce(MPI.IN_PLACE, a, MPI.SUM),
             "raw nonblocking": nonblocking(lambda: raw.Iallreduce(MPI.IN_PLACE, a, MPI.SUM)),
             "backend": lambda: backend.all_reduce(t, ReduceOp.SUM, False, timeout=timeout),
+            "backend lean call": lambda: lean["all_reduce"](t, ReduceOp.SUM),
             "TorchComm": lambda: comm.all_reduce(t, ReduceOp.SUM, False),
             "TorchComm gloo": lambda: gloo.all_reduce(t, ReduceOp.SUM, False),
         },
@@ -77,6 +80,7 @@ def main() -> None:
             "raw blocking": lambda: raw.Bcast(a, 0),
             "raw nonblocking": nonblocking(lambda: raw.Ibcast(a, 0)),
             "backend": lambda: backend.broadcast(t, 0, False, timeout=timeout),
+            "backend lean call": lambda: lean["broadcast"](t, 0),
             "TorchComm": lambda: comm.broadcast(t, 0, False),
             "TorchComm gloo": lambda: gloo.broadcast(t, 0, False),
         },
@@ -84,6 +88,7 @@ def main() -> None:
             "raw blocking": lambda: raw.Alltoall(b, b_out),
             "raw nonblocking": nonblocking(lambda: raw.Ialltoall(b, b_out)),
             "backend": lambda: backend.all_to_all_single(u_out, u, False, timeout=timeout),
+            "backend lean call": lambda: lean["all_to_all_single"](u_out, u),
             "TorchComm": lambda: comm.all_to_all_single(u_out, u, False),
             "TorchComm gloo": lambda: gloo.all_to_all_single(u_out, u, False),
         },
