@@ -3,7 +3,8 @@
 Per call, interleaved on the same 1-element tensor: raw blocking mpi4py
 (``Allreduce``/``Bcast``), raw nonblocking mpi4py (``Iallreduce`` + ``Test`` loop, what the
 backend issues for large ones), the backend's method called directly, the backend's entry
-point for the core's lean lane (``lean_calls``) and ``TorchComm`` on mpi (the public path); then, in the same processes, ``TorchComm`` on gloo in a loop of its own
+point for the core's lean lane (``lean_calls``) and ``TorchComm`` on mpi (the public
+path); then, in the same processes, ``TorchComm`` on gloo in a loop of its own
 (interleaving gloo's threads with MPI's busy polling on few cores would time the
 scheduler). Medians of per-call times; the ratios to raw blocking are what matter.
 
