@@ -129,14 +129,8 @@ class TorchComm(CommBase):
             and tensor.is_contiguous()
             and tensor.dtype in self._check.dtypes
         ):
-            fast = self._fast_broadcast
             try:
-                if fast is not None:
-                    inner = fast(tensor, root)
-                else:
-                    inner = self._backend.broadcast(
-                        tensor, root, False, timeout=self._timeout, hints=self._hints
-                    )
+                inner = self._fast_broadcast(tensor, root)
             except Exception as exc:
                 self._raise_issue_error(exc, "broadcast")
             if inner is None:
@@ -174,14 +168,8 @@ class TorchComm(CommBase):
             and tensor.is_contiguous()
             and (tensor.dtype, op._type) in self._lean_pairs
         ):
-            fast = self._fast_all_reduce
             try:
-                if fast is not None:
-                    inner = fast(tensor, op)
-                else:
-                    inner = self._backend.all_reduce(
-                        tensor, op, False, timeout=self._timeout, hints=self._hints
-                    )
+                inner = self._fast_all_reduce(tensor, op)
             except Exception as exc:
                 self._raise_issue_error(exc, "all_reduce")
             if inner is None:
@@ -413,14 +401,8 @@ class TorchComm(CommBase):
             and shape
             and not shape[0] % self._size
         ):
-            fast = self._fast_all_to_all_single
             try:
-                if fast is not None:
-                    inner = fast(output, input)
-                else:
-                    inner = self._backend.all_to_all_single(
-                        output, input, False, timeout=self._timeout, hints=self._hints
-                    )
+                inner = self._fast_all_to_all_single(output, input)
             except Exception as exc:
                 self._raise_issue_error(exc, "all_to_all_single")
             if inner is None:

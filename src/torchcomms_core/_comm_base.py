@@ -620,11 +620,23 @@ class CommBase:
         self._lean = (
             self._lean_static and self._state is OK and not self._pre_hooks and not self._post_hooks
         )
-        lean_calls = getattr(self._backend, "lean_calls", None)  # duck-typed backends lack it
-        fast = lean_calls(self._timeout, dict(self._hints)) if self._lean and lean_calls else {}
-        self._fast_all_reduce = fast.get("all_reduce")
-        self._fast_broadcast = fast.get("broadcast")
-        self._fast_all_to_all_single = fast.get("all_to_all_single")
+        backend, timeout, hints = self._backend, self._timeout, self._hints
+        lean_calls = getattr(backend, "lean_calls", None)  # duck-typed backends lack it
+        fast = lean_calls(timeout, dict(hints)) if self._lean and lean_calls else {}
+        # What the lane calls: the backend's entry point, else its method with the defaults.
+        self._fast_all_reduce = fast.get("all_reduce") or (
+            lambda tensor, op: backend.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
+        )
+        self._fast_broadcast = fast.get("broadcast") or (
+            lambda tensor, root: backend.broadcast(
+                tensor, root, False, timeout=timeout, hints=hints
+            )
+        )
+        self._fast_all_to_all_single = fast.get("all_to_all_single") or (
+            lambda output, input: backend.all_to_all_single(
+                output, input, False, timeout=timeout, hints=hints
+            )
+        )
 
     def _lean_done(self, inner: Any, name: str) -> TorchWork:
         """The work of a lean-lane call whose backend returned ``inner``."""

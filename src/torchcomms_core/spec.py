@@ -488,12 +488,12 @@ class TorchCommBackend(abc.ABC):
         Each call means the method with ``async_op=False`` and the ``timeout`` and ``hints``
         given here (the communicator's defaults). The core calls them only with what its
         lean lane has checked: plain, contiguous, strided CPU tensors (not nested, not
-        negated views) of a supported dtype; for ``all_reduce`` a native reduction of that
-        dtype (never AVG or PREMUL_SUM); for ``broadcast`` a valid root; for
-        ``all_to_all_single`` two tensors of one dtype and one shape whose dim 0 divides by
-        the size (they may overlap). They return and raise what the method would. The core
-        asks again whenever the communicator's state, hooks, default timeout or hints
-        change.
+        negated views) of a supported dtype; for ``all_reduce`` a reduction the backend
+        declares native and valid for that dtype (never PREMUL_SUM); for ``broadcast`` a
+        valid root; for ``all_to_all_single`` two tensors of one dtype and one shape whose
+        dim 0 divides by the size (they may overlap). They return and raise what the method
+        would. The core asks again whenever the communicator's state, hooks, default
+        timeout or hints change.
         """
         return {}
 

@@ -349,37 +349,59 @@ class _Recorder:
             me = comm.get_rank() if comm is not None else -1
             peer = _args.peer(fields)
         with self.lock:
-            seq = track.op_seq = track.op_seq + 1
             if p2p:
                 track.p2p_seq += 1
             else:
                 track.collective_seq += 1
-            entry = [
-                self.record_ids,
-                track,
-                track.collective_seq,
-                track.p2p_seq,
-                seq,
-                op,
-                me,
-                peer,
-                now,
-                inp,
-                out,
-                "scheduled",
-                0,
-                0,
-                False,
-                timeout,
-                p2p,
-                thread_id,
-                thread_name,
-                frames,
-                None,
-            ]
-            self.record_ids += 1
-            self.entries.append(entry)
+            entry = self._append(
+                track, op, me, peer, now, inp, out, timeout, p2p, thread_id, thread_name, frames
+            )
             track.open[op_id] = [entry]
+
+    def _append(
+        self,
+        track: _Track,
+        op: str,
+        me: int | None,
+        peer: int | None,
+        now: int,
+        inp: Any,
+        out: Any,
+        timeout: Any,
+        p2p: bool,
+        thread_id: int,
+        thread_name: str,
+        frames: Any,
+    ) -> list[Any]:
+        """A new scheduled entry (fields in the order of ``_RECORD_ID`` ... ``_WORK``), kept;
+        the caller holds the lock and has advanced the track's sequence ids."""
+        track.op_seq += 1
+        entry = [
+            self.record_ids,
+            track,
+            track.collective_seq,
+            track.p2p_seq,
+            track.op_seq,
+            op,
+            me,
+            peer,
+            now,
+            inp,
+            out,
+            "scheduled",
+            0,
+            0,
+            False,
+            timeout,
+            p2p,
+            thread_id,
+            thread_name,
+            frames,
+            None,
+        ]
+        self.record_ids += 1
+        self.entries.append(entry)
+        return entry
 
     def _record_batch(
         self,
@@ -400,33 +422,23 @@ class _Recorder:
         entries = []
         with self.lock:
             track.p2p_seq += 1
-            for (kind, _, peer), io in zip(batch, ios, strict=True):
-                track.op_seq += 1
-                entry = [
-                    self.record_ids,
-                    track,
-                    track.collective_seq,
-                    track.p2p_seq,
-                    track.op_seq,
-                    kind,
-                    me,
-                    peer,
-                    now,
-                    *io,
-                    "scheduled",
-                    0,
-                    0,
-                    False,
-                    timeout,
-                    True,
-                    thread_id,
-                    thread_name,
-                    frames,
-                    None,
-                ]
-                self.record_ids += 1
-                self.entries.append(entry)
-                entries.append(entry)
+            for (kind, _, peer), (inp, out) in zip(batch, ios, strict=True):
+                entries.append(
+                    self._append(
+                        track,
+                        kind,
+                        me,
+                        peer,
+                        now,
+                        inp,
+                        out,
+                        timeout,
+                        True,
+                        thread_id,
+                        thread_name,
+                        frames,
+                    )
+                )
             track.open[op_id] = entries
 
     def post(self, track: _Track, op_id: int, args: Any) -> None:
