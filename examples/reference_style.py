@@ -158,5 +158,9 @@ check(
 )
 custom.finalize()
 
+# The last operation above was point to point (the derived broadcast): a rank that tears
+# its engine down while a peer still reads from it breaks that peer's connection (gloo
+# reports "Connection closed by peer"), so wait until every rank is done first.
+comm.barrier(False)
 comm.finalize()
 print(f"rank {rank}: reference-style script done", flush=True)
