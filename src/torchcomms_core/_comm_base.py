@@ -156,6 +156,7 @@ class CommBase:
         # checking.
         self._lean_static = device.type == "cpu" and not self._check_calls
         self._lean = False
+        self._lean_bare = False  # _lean but for the hooks
         # What a lean call whose backend finished returns: one completed work per operation,
         # shared (nothing about a completed work changes; it names no communicator, so it
         # holds no reference cycle).
@@ -617,9 +618,8 @@ class CommBase:
         backend's own entry points for the lane (``TorchCommBackend.lean_calls``) are made
         for one timeout and one set of hints.
         """
-        self._lean = (
-            self._lean_static and self._state is OK and not self._pre_hooks and not self._post_hooks
-        )
+        self._lean_bare = self._lean_static and self._state is OK
+        self._lean = self._lean_bare and not self._pre_hooks and not self._post_hooks
         backend, timeout, hints = self._backend, self._timeout, self._hints
         lean_calls = getattr(backend, "lean_calls", None)  # duck-typed backends lack it
         fast = lean_calls(timeout, dict(hints)) if self._lean and lean_calls else {}
@@ -636,6 +636,26 @@ class CommBase:
             lambda output, input: backend.all_to_all_single(
                 output, input, False, timeout=timeout, hints=hints
             )
+        )
+
+    def takes_lean_calls(self, own_hooks: int = 0) -> bool:
+        """Whether operations may skip the general path right now.
+
+        True for a usable CPU communicator without hooks and without call checking (the
+        conditions of the lean lane, see ``_relean``): nothing would observe what the
+        general path adds. ``own_hooks``: the caller registered that many pre hooks and as
+        many post hooks and does their work itself; with those and no others it is still
+        true. The c10d bridge reads it on every call to hand c10d's own arguments straight
+        to the backend's engine, as a plain c10d group would (recording into the flight
+        recorder itself when that is the only hook).
+        """
+        if self._lean:
+            return True
+        return (
+            own_hooks > 0
+            and self._lean_bare
+            and len(self._pre_hooks) == own_hooks
+            and len(self._post_hooks) == own_hooks
         )
 
     def _lean_done(self, inner: Any, name: str) -> TorchWork:

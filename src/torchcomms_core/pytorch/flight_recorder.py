@@ -32,7 +32,7 @@ from .._errors import CommInputError, CommTypeError
 from .._handles import RemovableHandle
 from .._op_args import reset_op_ids
 from .._plugins import get_plugin_manager
-from .._work import WorkStatus
+from .._work import TorchWork, WorkStatus
 from ..hooks import _args
 from ..hookspecs import hookimpl
 from ._world import describe
@@ -218,6 +218,7 @@ class _Track:
     """What a recorder knows of one communicator: its id, counters, open entries, hooks."""
 
     __slots__ = (
+        "recorder",
         "pg_id",
         "comm",
         "backend",
@@ -225,10 +226,12 @@ class _Track:
         "p2p_seq",
         "op_seq",
         "open",
+        "lane_open",
         "handles",
     )
 
-    def __init__(self, pg_id: int, comm: TorchComm) -> None:
+    def __init__(self, recorder: _Recorder, pg_id: int, comm: TorchComm) -> None:
+        self.recorder = recorder
         self.pg_id = pg_id
         self.comm = weakref.ref(comm)
         self.backend = comm.get_backend()
@@ -236,12 +239,31 @@ class _Track:
         self.p2p_seq = 0
         self.op_seq = 0
         self.open: dict[int, list[list[Any]]] = {}
+        # Entries of the bridge's engine lane whose work was not seen finished yet.
+        self.lane_open: list[list[Any]] = []
         self.handles: list[RemovableHandle] = []
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        comm = self.comm()
+        if comm is not None and _lane_tracks.get(id(comm)) is self:
+            del _lane_tracks[id(comm)]
+
+
+# The track of each communicator that one recorder records (by ``id``; the track's weak
+# reference tells a reused id apart), for the c10d bridge's engine lane: see lane_track.
+_lane_tracks: dict[int, _Track] = {}
+
+
+def lane_track(comm: TorchComm) -> _Track | None:
+    """The track recording ``comm``, when a flight recorder's hooks are its only hooks'
+    reason to exist (the caller still checks that no other hooks are registered)."""
+    track = _lane_tracks.get(id(comm))
+    if track is not None and track.comm() is comm:
+        return track
+    return None
 
 
 # An entry, as recorded: a list (cheapest to build) with these fields. Dumps turn it into
@@ -301,8 +323,9 @@ class _Recorder:
         return next((t for t in self.tracks if t.comm() is comm), None)
 
     def add(self, comm: TorchComm) -> _Track:
-        track = _Track(self.next_pg_id, comm)
+        track = _Track(self, self.next_pg_id, comm)
         self.next_pg_id += 1
+        _lane_tracks[id(comm)] = track
         track.handles = [
             comm.register_pre_hook(functools.partial(self.pre, track)),
             comm.register_post_hook(functools.partial(self.post, track)),
@@ -321,6 +344,7 @@ class _Recorder:
             self.record_ids = 0
             for track in self.tracks:
                 track.open.clear()
+                track.lane_open = []
 
     # -- recording -------------------------------------------------------------------
 
@@ -460,11 +484,68 @@ class _Recorder:
                 entry[_STATE] = "started"
                 self.settle(entry, now)
 
+    def record_lane(
+        self,
+        track: _Track,
+        op: str,
+        inp: _Tensor | None,
+        out: _Tensor | None,
+        work: Any,
+        timeout: Any,
+    ) -> None:
+        """Record an operation the c10d bridge gave its engine directly (``work`` is the
+        engine's c10d ``Work``), as :meth:`pre` and :meth:`post` would have: one entry,
+        started, settled from the work when read. ``inp``/``out``: its one tensor each
+        way (the same object for in-place operations), or ``None``."""
+        now = time.time_ns()
+        frames = _frames()
+        one_in = (_ONE, inp.shape, inp.dtype) if inp is not None else None
+        one_out = (
+            one_in if out is inp else (_ONE, out.shape, out.dtype) if out is not None else None
+        )
+        thread = threading.current_thread()
+        with self.lock:
+            track.collective_seq += 1
+            entry = self._append(
+                track,
+                op,
+                None,
+                None,
+                now,
+                one_in,
+                one_out,
+                timeout,
+                False,
+                threading.get_ident(),
+                thread.name,
+                frames,
+            )
+            entry[_STARTED] = now
+            entry[_STATE] = "started"
+            entry[_WORK] = work
+            # Settle the earlier ones now, so that no finished work (nor the tensors it
+            # holds) stays referenced until a dump.
+            still = track.lane_open
+            if still:
+                for earlier in still:
+                    self.settle(earlier, now)
+                still = [e for e in still if e[_WORK] is not None]
+            still.append(entry)
+            track.lane_open = still
+
     @staticmethod
     def settle(entry: list[Any], now: int) -> None:
         """Update a started entry from its work; drop the work once it is finished."""
         work = entry[_WORK]
         if work is None:
+            return
+        if not isinstance(work, TorchWork):  # an engine's c10d Work (record_lane)
+            if work.is_completed():
+                failed = work.exception() is not None
+                entry[_STATE] = "started" if failed else "completed"
+                entry[_RETIRED] = True
+                entry[_COMPLETED] = 0 if failed else now
+                entry[_WORK] = None
             return
         status = work.status
         if status is WorkStatus.COMPLETED:

@@ -13,6 +13,8 @@ profiler's functions are looked up when called.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,13 +38,19 @@ def _record_function_with_args_exit(handle: Any) -> None:
 
 
 class CallRecord:
-    """The records of one call: the op record closes when issued, work records when done."""
+    """The records of one call: the op record closes when issued, work records when done.
 
-    __slots__ = ("_op", "_work")
+    A work record ends on another thread than the one that opened it, as an engine's
+    work record ends on the engine's thread: the profiler marks such records async
+    (``FunctionEvent.is_async``), which is how c10d's work records read.
+    """
+
+    __slots__ = ("_op", "_work", "_thread")
 
     def __init__(self, op: Any, work: list[Any]) -> None:
         self._op = op
         self._work = work
+        self._thread = threading.get_ident()
 
     def issued(self) -> None:
         """The call has been issued: engine records count again and the op record ends."""
@@ -52,15 +60,73 @@ class CallRecord:
             _record_function_with_args_exit(op)
 
     def done(self) -> None:
-        """The work completed (or failed): its record ends."""
+        """The work completed (or failed): its records end, off the opening thread."""
         work, self._work = self._work, []
-        for record in work:
-            _record_function_with_args_exit(record)
+        if not work:
+            return
+        if threading.get_ident() != self._thread:
+            _exit_all(work)
+        else:
+            _closer().close(work)
+
+
+def _exit_all(records: list[Any]) -> None:
+    for record in records:
+        _record_function_with_args_exit(record)
+
+
+class _Closer:
+    """A thread that ends work records for the thread that opened them, while it waits.
+
+    The caller blocks until the records ended, so they end before a profiler that is
+    about to stop can miss them; this runs only while a profiler records.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[list[Any], threading.Event]] = queue.SimpleQueue()
+        thread = threading.Thread(target=self._run, name="torchcomms-records", daemon=True)
+        thread.start()
+
+    def close(self, records: list[Any]) -> None:
+        done = threading.Event()
+        self._queue.put((records, done))
+        done.wait()
+
+    def _run(self) -> None:
+        while True:
+            records, done = self._queue.get()
+            try:
+                _exit_all(records)
+            finally:
+                done.set()
+
+
+_closer_lock = threading.Lock()
+_closer_instance: _Closer | None = None
+
+
+def _closer() -> _Closer:
+    global _closer_instance
+    if _closer_instance is None:
+        with _closer_lock:
+            if _closer_instance is None:
+                _closer_instance = _Closer()
+    return _closer_instance
 
 
 def is_enabled() -> bool:
     """Whether a profiler is recording (checked before building any record's arguments)."""
     return torch._C._autograd._profiler_enabled()
+
+
+def enter(name: str, inputs: Sequence[Any]) -> Any:
+    """Open one record (a dispatcher op's) with ``inputs``; end it with :func:`exit`."""
+    return _record_function_with_args_enter(name, *inputs)
+
+
+def exit(handle: Any) -> None:  # noqa: A001 - the pair of enter
+    """End a record opened with :func:`enter`."""
+    _record_function_with_args_exit(handle)
 
 
 def begin(

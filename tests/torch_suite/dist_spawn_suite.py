@@ -1,0 +1,21 @@
+"""PyTorch's own ``DistributedTest`` suite, wired as torch's ``test_distributed_spawn.py`` wires it.
+
+Not collected by the project's pytest run (its name does not start with ``test_``);
+``scripts/torch_suite.py`` runs it with the environment the suite reads (``BACKEND``,
+``WORLD_SIZE``, ``TEMP_DIR``) and, for the bridged run, ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``.
+"""
+
+from __future__ import annotations
+
+from torch.testing._internal.distributed.distributed_test import (
+    DistributedTest,
+    TestDistBackend,
+)
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
+    """Every test of ``_DistTestBase``, each run in ``WORLD_SIZE`` spawned processes."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
