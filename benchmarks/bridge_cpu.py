@@ -49,9 +49,7 @@ def _calls(group: Any, nbytes: int, size: int) -> dict[str, Callable[[], Any]]:
     out_shard = torch.empty(n // size)
     return {
         "all_reduce": lambda: dist.all_reduce(full, group=group),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
-            out_full, shard, group=group
-        ),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(out_full, shard, group=group),
         "reduce_scatter_tensor SUM": lambda: dist.reduce_scatter_tensor(
             out_shard, full, group=group
         ),

@@ -174,7 +174,9 @@ def _as_multiset(events: list) -> list:
     # Records of work that runs on gloo's threads (coalesced pieces, async sends) start in
     # whatever order the threads get there, on plain gloo too: compare what was recorded,
     # not the order of near-simultaneous starts.
-    records = [(e.name, [list(s) for s in e.input_shapes]) for e in events]
+    # The async flag: an engine's work record ends on the engine's thread (c10d's
+    # DistributedTest asserts it of every work record).
+    records = [(e.name, [list(s) for s in e.input_shapes], bool(e.is_async)) for e in events]
     return sorted(records, key=repr)
 
 
@@ -963,19 +965,118 @@ def _profiled_calls(pg: Any) -> None:
         req.wait()
 
 
-def _profiles(pg: Any) -> dict:
-    return {
-        "torch.profiler": _records(lambda: _profiled_calls(pg)),
-        "autograd.profiler": _autograd_records(lambda: _profiled_calls(pg)),
-    }
+def _observed(pg: Any, lane: str) -> None:
+    """Make a switched group take the ``lane`` asked for: ``"engine"`` (as created: only
+    the flight recorder observes it) or ``"general"`` (a hook of the user's as well)."""
+    if type(pg).__name__ == "_BackendWrapper" and lane == "general":
+        pg.get_comm().register_pre_hook(lambda *args: None)
 
 
-def body_profiles() -> dict:
-    return _both(_profiles)
+def _profiles(lane: str) -> Callable[[Any], dict]:
+    def check(pg: Any) -> dict:
+        _observed(pg, lane)
+        return {
+            "torch.profiler": _records(lambda: _profiled_calls(pg)),
+            "autograd.profiler": _autograd_records(lambda: _profiled_calls(pg)),
+        }
+
+    return check
 
 
-def test_profiler_records_match_gloo(pool) -> None:
-    res = _same(pool.run(body_profiles, timeout=120))
-    names = [name for name, _ in res[0]["torch.profiler"]]
+def body_profiles(lane: str) -> dict:
+    return _both(_profiles(lane))
+
+
+@pytest.mark.parametrize("lane", ["engine", "general"])
+def test_profiler_records_match_gloo(pool, lane: str) -> None:
+    res = _same(pool.run(body_profiles, lane, timeout=120))
+    records = res[0]["torch.profiler"]
+    names = [name for name, _, _ in records]
     assert "c10d::allreduce_" in names and "gloo:all_reduce" in names
+    # Work records are async, the dispatcher's op records are not.
+    for name, _, is_async in records:
+        assert is_async == name.startswith("gloo:"), (name, is_async)
     assert res[0]["torch.profiler"] == res[0]["autograd.profiler"]
+
+
+# -- 8. timeouts of barriers ----------------------------------------------------------------
+
+
+def _barrier_timeout(lane: str) -> Callable[[Any], dict]:
+    """Rank 0 alone enters a barrier of a full group made with a 1 s timeout."""
+
+    def check(pg: Any) -> dict:
+        import time
+
+        group = dist.new_group(list(range(pg.size())), timeout=timedelta(seconds=1))
+        _observed(group, lane)
+        side = _store()
+        out: dict[str, Any] = {}
+        if pg.rank() == 0:
+            start = time.monotonic()
+            out["error"] = _catch(dist.barrier, group)
+            out["at least the timeout"] = time.monotonic() - start >= 0.9
+            side.set("rank0 done", "1")
+        else:
+            side.wait(["rank0 done"], timedelta(seconds=60))
+        return out
+
+    return check
+
+
+def body_barrier_timeout(lane: str) -> dict:
+    return _both(_barrier_timeout(lane))
+
+
+@pytest.mark.parametrize("lane", ["engine", "general"])
+def test_barrier_times_out_after_the_group_timeout(pool, lane: str) -> None:
+    results = pool.run(body_barrier_timeout, lane, timeout=120)
+    _same(results, differs=("error",))
+    for world in ("plain", "switched"):
+        out = results[0][world]
+        assert out["at least the timeout"] is True
+        assert isinstance(out["error"], Raised), out
+        import re
+
+        # c10d's own suite matches this on the message.
+        assert re.search(" (Timed out|closed|timeout) ", out["error"].message), out["error"]
+
+
+def _monitored_zero(lane: str) -> Callable[[Any], Any]:
+    def check(pg: Any) -> Any:
+        group = dist.new_group(list(range(pg.size())))
+        _observed(group, lane)
+        side = _store()
+        if pg.rank() != 0:
+            side.wait(["rank0 done"], timedelta(seconds=60))
+            return None
+        try:
+            return _catch(group.monitored_barrier, timedelta(seconds=0))
+        finally:
+            side.set("rank0 done", "1")
+
+    return check
+
+
+def body_monitored_zero(lane: str) -> dict:
+    return _both(_monitored_zero(lane))
+
+
+@pytest.mark.parametrize("lane", ["engine", "general"])
+def test_monitored_barrier_with_no_time_says_rank_0_timed_out(pool, lane: str) -> None:
+    results = pool.run(body_monitored_zero, lane, timeout=120)
+    # gloo counts the time in whole milliseconds: when less than one has passed at its
+    # first check, it waits 0 ms for rank 1 and says that rank failed to pass instead. The
+    # general path cannot wait 0 ms (c10d reads a zero timeout as none) and says rank 0
+    # timed out, as the engine does in the other case.
+    either = (
+        "Rank 0 timed out in monitoredBarrier",
+        "Rank 1 failed to pass monitoredBarrier in 0 ms",
+    )
+    for world in ("plain", "switched"):
+        error = results[0][world]
+        assert isinstance(error, Raised) and "RuntimeError" in error.types, error
+        assert any(words in error.message for words in either), error
+    if lane == "general":
+        assert "Rank 0 timed out in monitoredBarrier after 0 ms" in results[0]["switched"].message
+    assert all(out == {"plain": None, "switched": None} for out in results[1:])

@@ -23,7 +23,7 @@ from .._comm import TorchComm
 from .._errors import CommTypeError
 from . import profiling
 from .bridge_ops import OPS, BridgeOp, barrier_tensor
-from .c10d_args import engine_label, timeout_of
+from .c10d_args import engine_label
 from .flight_recorder import lane_track
 from .p2p_batch import P2PBatch
 from .work import CommWork
@@ -323,8 +323,19 @@ class _BackendWrapper(ProcessGroup):
     ) -> None:
         """gloo's ``monitoredBarrier``: rank 0 hears from every rank and names the late ones."""
         engine = self._engine_for_call()
+        if engine is None and self._recorded_lane() is not None:
+            engine = self._engine  # c10d's flight recorder keeps no entry for it either
         if engine is not None and hasattr(engine, "monitored_barrier"):
-            engine.monitored_barrier(timeout or self._comm.get_timeout(), wait_all_ranks)
+            # The engine's own barrier: gloo's protocol, timeouts and words.
+            limit = timeout if timeout is not None else self._comm.get_timeout()
+            if not _profiler_enabled():
+                engine.monitored_barrier(limit, wait_all_ranks)
+                return
+            rec = profiling.enter("c10d::monitored_barrier_", (barrier_tensor(0), *_NO_ARGS))
+            try:
+                engine.monitored_barrier(limit, wait_all_ranks)
+            finally:
+                profiling.exit(rec)
             return
         from .monitored_barrier import monitored_barrier
 
@@ -336,7 +347,7 @@ class _BackendWrapper(ProcessGroup):
         try:
             monitored_barrier(
                 self._comm,
-                timeout_of(timeout) or self._comm.get_timeout(),
+                timeout if timeout is not None else self._comm.get_timeout(),
                 wait_all_ranks,
                 self._backend_name,
             )

@@ -101,7 +101,7 @@ def monitored_barrier(
             # Waiting for every rank, each gets the whole timeout: a late rank must not
             # use up the time of the ranks after it.
             left = limit if wait_all_ranks else limit - (time.monotonic() - start)
-            if not wait_all_ranks and left < 0:
+            if not wait_all_ranks and left <= 0:
                 done = (
                     f"Successfully processed ranks: {', '.join(map(str, processed))}"
                     if processed
