@@ -1,0 +1,129 @@
+"""How the c10d bridge is put together, and what of torch it relies on.
+
+The bridge reads two values that torch 2.13 gives it no other way (c10d's group rank and
+size while it creates a group, and ``batch_isend_irecv``'s list); the first tests here fail
+as soon as torch changes what they read. The others check the table of operations and which
+lane a call takes, on real ranks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed import distributed_c10d
+
+from torchcomms_core.pytorch import bridge_ops
+from torchcomms_core.pytorch.backend_wrapper import _BackendWrapper
+from torchcomms_core.testing import unique_name
+
+
+def test_batch_isend_irecv_still_names_its_list_and_skips_coalescing_for_subclasses() -> None:
+    fn = inspect.unwrap(distributed_c10d.batch_isend_irecv)
+    assert "p2p_op_list" in fn.__code__.co_varnames, (
+        "torch renamed batch_isend_irecv's argument: update torchcomms_core.pytorch.p2p_batch"
+    )
+    # If torch lets Python process groups coalesce, the frame read is no longer needed.
+    assert "type(group) is ProcessGroup" in inspect.getsource(fn)
+
+
+def test_c10d_still_creates_groups_with_the_locals_new_comm_reads() -> None:
+    fn = inspect.unwrap(distributed_c10d._new_process_group_helper)
+    names = set(fn.__code__.co_varnames)
+    missing = {"group_rank", "group_size", "timeout", "global_ranks_in_group"} - names
+    assert not missing, f"torch renamed {missing}: update torchcomms_core._c10d_group"
+
+
+def test_every_operation_of_the_table_is_a_c10d_method_and_a_wrapper_method() -> None:
+    seen: set[str] = set()
+    for op in bridge_ops.OPS:
+        for name in op.names:
+            assert name not in seen, f"{name} is in two rows"
+            seen.add(name)
+            assert hasattr(dist.ProcessGroup, name), name
+            assert getattr(_BackendWrapper, name).__name__ == op.names[0]
+        if op.engine is not None:
+            assert hasattr(dist.ProcessGroupGloo, op.engine), op.engine
+    # The calls torch.distributed's collectives make on a group are all in the table.
+    for name in ("allreduce", "_allgather_base", "_reduce_scatter_base", "alltoall_base"):
+        assert name in seen
+
+
+# -- on real ranks ----------------------------------------------------------------------
+
+
+def _world() -> Any:
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    saved = dist.config.use_torchcomms
+    dist.config.use_torchcomms = True
+    try:
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(unique_name("internals"), store),
+            rank=int(os.environ["TORCHCOMM_RANK"]),
+            world_size=int(os.environ["TORCHCOMM_SIZE"]),
+        )
+    finally:
+        dist.config.use_torchcomms = saved
+    return dist.group.WORLD
+
+
+def body_lanes() -> dict[str, Any]:
+    from torchcomms_core.pytorch.flight_recorder import global_recorder
+
+    pg = _world()
+    out: dict[str, Any] = {}
+    try:
+        assert isinstance(pg, _BackendWrapper)
+        n = pg.size()
+        t = torch.ones(4)
+        # As created: only the flight recorder observes the communicator.
+        out["created"] = (pg._engine_for_call() is not None, pg._recorded_lane() is not None)
+        work = dist.all_reduce(t, async_op=True)
+        out["work type"] = type(work).__name__
+        work.wait()
+        dist.all_gather_into_tensor(torch.empty(4 * n), t)
+        entries = [e for e in global_recorder().dump_dict()["entries"] if e["pg_id"] >= 0]
+        out["recorded"] = [(e["profiling_name"], e["state"], e["input_sizes"]) for e in entries][
+            -2:
+        ]
+        # A hook of the user's: every call takes the general path, through the hooks.
+        seen: list[str] = []
+        handle = pg.get_comm().register_pre_hook(lambda name, *rest: seen.append(str(name)))
+        out["hooked"] = (pg._engine_for_call() is not None, pg._recorded_lane() is not None)
+        work = dist.all_reduce(t, async_op=True)
+        out["hooked work type"] = type(work).__name__
+        work.wait()
+        out["hook saw"] = seen
+        handle.remove()
+        out["after removal"] = pg._recorded_lane() is not None
+        out["result"] = t.tolist()
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def test_calls_take_the_engine_lane_unless_a_hook_observes_them(pool) -> None:
+    n = pool.world_size
+    for out in pool.run(body_lanes, timeout=120):
+        assert out["created"] == (False, True)  # the recorder: recorded lane
+        assert out["work type"] != "CommWork"  # the engine's own work
+        # Recorded as the general path's hooks record them, settled from the engine's work.
+        assert out["recorded"] == [
+            ("gloo:all_reduce", "completed", [[4]]),
+            ("gloo:all_gather_single", "completed", [[4]]),
+        ]
+        assert out["hooked"] == (False, False)
+        assert out["hooked work type"] == "CommWork"
+        assert out["hook saw"] and "all_reduce" in out["hook saw"][0].lower()
+        assert out["after removal"] is True
+        assert out["result"] == [float(n * n)] * 4
