@@ -11,6 +11,7 @@ every test is a torchcomms communicator behind ``_BackendWrapper``.
     python scripts/torch_suite.py --world-size 4
     python scripts/torch_suite.py --refresh          # plain gloo: rewrite the baseline
     python scripts/torch_suite.py -k barrier         # a subset (no gate on the rest)
+    python scripts/torch_suite.py --start spawn      # ranks spawned, as torch does
 
 The gate: every test listed in ``tests/torch_suite/gloo-<N>ranks.txt`` (the tests that
 pass on plain gloo with this torch, written by ``--refresh`` with the switch off) must pass
@@ -41,7 +42,7 @@ def baseline_path(world_size: int) -> Path:
 
 
 def run_suite(
-    world_size: int, switch: bool, junit: Path, select: str | None, timeout: int
+    world_size: int, switch: bool, junit: Path, select: str | None, timeout: int, start: str
 ) -> tuple[dict[str, str], float]:
     """Run the suite; the outcome of each test (passed/failed/error/skipped), and seconds."""
     with tempfile.TemporaryDirectory(prefix="torch-suite-") as tmp:
@@ -52,6 +53,7 @@ def run_suite(
             "TEMP_DIR": tmp,
             # The suite's per-test limit (torch's default is 300 s).
             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(timeout),
+            "TORCHCOMMS_SUITE_START": start,
         }
         if switch:
             env["TORCH_DISTRIBUTED_USE_TORCHCOMMS"] = "1"
@@ -106,19 +108,27 @@ def main() -> int:
     parser.add_argument("-k", dest="select", help="only tests matching this pytest -k expression")
     parser.add_argument("--junit", type=Path, help="keep pytest's JUnit XML here")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test")
+    parser.add_argument(
+        "--start",
+        choices=("fork", "spawn"),
+        default="fork",
+        help="how each test starts its ranks: fork (default: no second torch import, "
+        "several times faster) or spawn (as torch's test_distributed_spawn.py)",
+    )
     args = parser.parse_args()
 
     baseline = baseline_path(args.world_size)
     with tempfile.TemporaryDirectory() as tmp:
         junit = args.junit or Path(tmp) / "suite.xml"
         results, elapsed = run_suite(
-            args.world_size, not args.refresh, junit, args.select, args.timeout
+            args.world_size, not args.refresh, junit, args.select, args.timeout, args.start
         )
     counts = {k: sum(1 for v in results.values() if v == k) for k in ("passed", "failed", "error")}
     skipped = sum(1 for v in results.values() if v == "skipped")
     mode = "plain gloo" if args.refresh else "TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
     print(
-        f"\nDistributedTest, gloo, {args.world_size} ranks, {mode}, torch {torch.__version__}: "
+        f"\nDistributedTest, gloo, {args.world_size} ranks ({args.start}), {mode}, "
+        f"torch {torch.__version__}: "
         f"{counts['passed']} passed, {counts['failed']} failed, {counts['error']} errors, "
         f"{skipped} skipped in {elapsed:.0f} s"
     )
