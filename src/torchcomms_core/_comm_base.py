@@ -15,7 +15,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 
@@ -294,8 +294,9 @@ class CommBase:
         return self  # a communicator is a live endpoint: copies are the same object
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CommBase:
-        memo[id(self)] = self
-        return self
+        # The same object, recorded in memo as the reference does (an entry already there
+        # wins, as copy.deepcopy itself would honour it).
+        return cast(CommBase, memo.setdefault(id(self), self))
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for unknown attributes: plugin collectives are installed on the

@@ -133,7 +133,8 @@ def new_comm(
         rank, size = c10d_group.rank, c10d_group.size
         timeout = c10d_group.timeout or timeout
     else:
-        rank, size, _source = resolve_rank_size()
+        own = cls.own_rank_size(hints)
+        rank, size = own if own is not None else resolve_rank_size()[:2]
     if name is None:
         name = auto_name()
     root = (
