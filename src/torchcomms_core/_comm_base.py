@@ -33,6 +33,7 @@ from ._registry import backend_version, get_mem_allocator
 from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
 from ._validation import Checker, check_hints, check_timeout, lean_pairs, writable
 from ._work import TorchWork, WorkStatus, is_engine_failure
+from .hints import warn_unknown_hints
 from .spec import TorchCommBackend, method_support
 
 # Live communicators, released in order at interpreter exit: engines torn down during
@@ -288,6 +289,7 @@ class CommBase:
 
     def set_hints(self, hints: dict[str, str]) -> None:
         self._hints = dict(check_hints(hints, "set_hints"))
+        warn_unknown_hints(self._backend_name, type(self._backend).hint_keys, self._hints)
         self._relean()
 
     def __copy__(self) -> CommBase:
