@@ -294,7 +294,7 @@ def get_mem_allocator(backend: str) -> Any:
     if allocator is None:
         static = inspect.getattr_static(cls, "get_mem_allocator", None)
         if isinstance(static, (classmethod, staticmethod)):
-            allocator = cls.get_mem_allocator
+            allocator = getattr(cls, "get_mem_allocator")  # noqa: B009 - not on the spec
     if allocator is None:
         raise BackendLoadError(
             f"get_mem_allocator: backend {backend!r} has no memory allocator; allocators "

@@ -12,13 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 import torch.distributed as _dist
+from torch._C._distributed_c10d import HashStore, Store
 from torch.distributed import (
     GroupMember,
-    HashStore,
     ProcessGroup,
     ProcessGroupGloo,
     ReduceOp,
-    Store,
     Work,
     get_process_group_ranks,
     get_rank,

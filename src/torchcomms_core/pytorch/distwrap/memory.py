@@ -25,7 +25,7 @@ def get_mem_allocator(group: Any, device: Any) -> Any:
     """The allocator of ``group``'s backend on ``device`` (for ``torch.cuda.MemPool``)."""
     pg = resolve(group, "get_mem_allocator")
     if pg is None:
-        target = group if group is not None else dist.group.WORLD
+        target: Any = group if group is not None else dist.group.WORLD
         return target._get_backend(_device(device)).mem_allocator
     return pg.comm_for(_device(device), "get_mem_allocator").get_mem_allocator()
 
@@ -34,7 +34,7 @@ def register_mem_pool(group: Any, device: Any, pool: Any) -> None:
     """Register ``pool``'s memory with ``group``'s backend (nothing to do on torchcomms)."""
     pg = resolve(group, "register_mem_pool")
     if pg is None:
-        target = group if group is not None else dist.group.WORLD
+        target: Any = group if group is not None else dist.group.WORLD
         target._get_backend(_device(device)).register_mem_pool(pool)
     return None
 
@@ -65,4 +65,6 @@ def _make_nccl_premul_sum(mul_factor: float | torch.Tensor) -> Any:
     """``PREMUL_SUM(mul_factor)``: torchcomms' operator in torchcomms mode, else c10d's."""
     if torchcomms_mode():
         return CommsReduceOp.PREMUL_SUM(mul_factor)
-    return dist._make_nccl_premul_sum(mul_factor)
+    from torch._C._distributed_c10d import _make_nccl_premul_sum as c10d_premul_sum
+
+    return c10d_premul_sum(mul_factor)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed import distributed_c10d as c10d
 
 from ... import _env
@@ -181,7 +182,7 @@ class TorchCommsGroup(dist.ProcessGroup):
     def _device_types(self) -> list[torch.device]:
         return list(self._devices)
 
-    def _get_backend(self, device: Any) -> Any:  # type: ignore[override]
+    def _get_backend(self, device: Any) -> Any:
         return self  # never a _BackendWrapper: c10d then leaves finalizing to shutdown()
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's virtual method name
@@ -220,7 +221,7 @@ class TorchCommsGroup(dist.ProcessGroup):
                 f"or its rank in the group as group_src=/group_dst="
             ) from None
 
-    def shutdown(self) -> None:  # type: ignore[override]
+    def shutdown(self) -> None:
         """Finalize the group's communicators (``destroy_process_group`` calls this)."""
         for comm in self.comms.values():
             if not comm.is_finalized():
@@ -292,7 +293,7 @@ def _store(init_method: Any, store: Any, rank: int, size: int, timeout: timedelt
             port = int(port_text)
         except ValueError:
             raise BootstrapError(f"{_env.MASTER_PORT}={port_text!r} is not a port number") from None
-        return dist.TCPStore(addr, port, size, rank == 0, timeout)
+        return TCPStore(addr, port, size, rank == 0, timeout)
     from torch.distributed.rendezvous import rendezvous
 
     got, _, _ = next(rendezvous(init_method, rank, size, timeout=timeout))
@@ -338,7 +339,7 @@ def init_torchcomms(
         for device, name in pairs.items():
             if device == "cuda" and not torch.cuda.is_available():
                 continue  # as torch.distributed does for "cpu:gloo,cuda:nccl" without GPUs
-            prefix = dist.PrefixStore(f"distwrap/{incarnation}/{device}/", root)
+            prefix = PrefixStore(f"distwrap/{incarnation}/{device}/", root)
             with given_group(context):
                 comms[device] = new_comm(
                     name,
