@@ -377,7 +377,8 @@ class NcclEngineBackend(C10dBackend):
             HIGH_PRIORITY_STREAM,
             self.hint(options.hints, "high_priority_stream", False),
         )
-        apply_nccl_config(opts.config, self._config_hints)
+        if self._config_hints:
+            apply_nccl_config(opts.config, self._config_hints)
         opts.global_ranks_in_group = list(self._global_ranks or range(size))
         opts.group_name = self._group_name
         if self._split_source is not None:
