@@ -5,7 +5,8 @@ where the sheet gives parameters, the signature is compared (names in order). A 
 "same" when found with the sheet's parameters, "differs" when found with others or with a
 documented difference, and "missing" when absent.
 
-    python scripts/reference_api_check.py            # the table and the counts
+    python scripts/reference_api_check.py            # the table and the counts (names,
+                                                     # then the reference's hint keys)
     python scripts/reference_api_check.py --counts   # only the counts
 """
 
@@ -275,7 +276,170 @@ SHEET: list[tuple[str, str, list[str] | None]] = [
     ("torchcomms.hooks", "FlightRecorderHook", None),
     ("torchcomms.hooks", "NanCheckHook", None),
     ("torchcomms.hooks", "clog", None),
+    # 11. distwrap
+    (
+        "torchcomms.distwrap",
+        "init_process_group",
+        [
+            "backend",
+            "init_method",
+            "timeout",
+            "world_size",
+            "rank",
+            "store",
+            "group_name",
+            "pg_options",
+            "device_id",
+            "use_torchcomms",
+        ],
+    ),
+    ("torchcomms.distwrap", "destroy_process_group", ["group"]),
+    (
+        "torchcomms.distwrap",
+        "new_group",
+        [
+            "ranks",
+            "timeout",
+            "backend",
+            "pg_options",
+            "use_local_synchronization",
+            "group_desc",
+            "device_id",
+        ],
+    ),
+    (
+        "torchcomms.distwrap",
+        "split_group",
+        ["parent_pg", "split_ranks", "timeout", "pg_options", "group_desc", "backend"],
+    ),
+    ("torchcomms.distwrap", "all_reduce", ["tensor", "op", "group", "async_op"]),
+    ("torchcomms.distwrap", "broadcast", ["tensor", "src", "group", "async_op", "group_src"]),
+    (
+        "torchcomms.distwrap",
+        "reduce",
+        ["tensor", "dst", "op", "group", "async_op", "group_dst"],
+    ),
+    ("torchcomms.distwrap", "all_gather", ["tensor_list", "tensor", "group", "async_op"]),
+    (
+        "torchcomms.distwrap",
+        "all_gather_into_tensor",
+        ["output_tensor", "input_tensor", "group", "async_op"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "reduce_scatter",
+        ["output", "input_list", "op", "group", "async_op"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "reduce_scatter_tensor",
+        ["output", "input", "op", "group", "async_op"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "all_to_all",
+        ["output_tensor_list", "input_tensor_list", "group", "async_op"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "all_to_all_single",
+        ["output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "scatter",
+        ["tensor", "scatter_list", "src", "group", "async_op", "group_src"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "gather",
+        ["tensor", "gather_list", "dst", "group", "async_op", "group_dst"],
+    ),
+    ("torchcomms.distwrap", "barrier", ["group", "async_op", "device_ids"]),
+    ("torchcomms.distwrap", "send", ["tensor", "dst", "group", "tag", "group_dst"]),
+    ("torchcomms.distwrap", "recv", ["tensor", "src", "group", "tag", "group_src"]),
+    ("torchcomms.distwrap", "isend", ["tensor", "dst", "group", "tag", "group_dst"]),
+    ("torchcomms.distwrap", "irecv", ["tensor", "src", "group", "tag", "group_src"]),
+    ("torchcomms.distwrap", "batch_isend_irecv", ["p2p_op_list"]),
+    ("torchcomms.distwrap", "P2POp", ["op", "tensor", "peer", "group", "tag", "group_peer"]),
+    ("torchcomms.distwrap", "all_gather_object", ["object_list", "obj", "group"]),
+    (
+        "torchcomms.distwrap",
+        "gather_object",
+        ["obj", "object_gather_list", "dst", "group", "group_dst"],
+    ),
+    (
+        "torchcomms.distwrap",
+        "scatter_object_list",
+        [
+            "scatter_object_output_list",
+            "scatter_object_input_list",
+            "src",
+            "group",
+            "group_src",
+        ],
+    ),
+    (
+        "torchcomms.distwrap",
+        "broadcast_object_list",
+        ["object_list", "src", "group", "device", "group_src"],
+    ),
+    ("torchcomms.distwrap", "get_mem_allocator", ["group", "device"]),
+    ("torchcomms.distwrap", "register_mem_pool", ["group", "device", "pool"]),
+    ("torchcomms.distwrap", "_make_nccl_premul_sum", ["mul_factor"]),
+    ("torchcomms.distwrap", "new_window", ["group", "backend"]),
+    (
+        "torchcomms.distwrap",
+        "reduce_scatter_quantized",
+        ["output", "input", "op", "seed", "group", "async_op"],
+    ),
+    *[
+        ("torchcomms.distwrap", name, None)
+        for name in (
+            "ReduceOp",
+            "get_rank",
+            "get_world_size",
+            "is_initialized",
+            "is_available",
+            "get_process_group_ranks",
+            "ProcessGroup",
+            "ProcessGroupGloo",
+            "ProcessGroupNCCL",
+            "GroupMember",
+            "group",
+            "Store",
+            "HashStore",
+            "Work",
+        )
+    ],
 ]
+
+# The reference's hint keys, by backend ("<prefix>::*" = passed through to NCCL's config).
+HINT_KEYS: dict[str, list[str]] = {
+    "gloo": ["lazy", "persistent_store"],
+    "ncclx": ["is_high_priority_stream", "max_event_pool_size", "ncclx::*"],
+    "nccl": ["is_high_priority_stream", "max_event_pool_size"],
+    "rccl": ["is_high_priority_stream", "max_event_pool_size"],
+}
+
+
+def check_hints() -> list[tuple[str, str, str]]:
+    """Each reference hint key: read by the installed backend ("same") or not ("missing")."""
+    from torchcomms_core._registry import get_backend_class
+    from torchcomms_core.hints import key_known
+
+    rows = []
+    for backend, keys in HINT_KEYS.items():
+        try:
+            declared = get_backend_class(backend).hint_keys
+        except Exception as exc:  # backend not installed
+            rows += [(f"hint {backend}:{k}", "missing", type(exc).__name__) for k in keys]
+            continue
+        for key in keys:
+            probe = key.replace("*", "cgaClusterSize")
+            known = declared is not None and key_known(probe, declared)
+            rows.append((f"hint {backend}:{key}", "same" if known else "missing", ""))
+    return rows
 
 
 def _resolve(where: str, name: str) -> Any:
@@ -341,7 +505,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", action="store_true")
     args = parser.parse_args()
-    rows = check()
+    rows = check() + check_hints()
     if not args.counts:
         for label, status, note in rows:
             print(f"{status:8} {label}  {note}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+import types
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -229,6 +230,10 @@ class FakeEngine:
             self.group_name = ""
             self.split_from: Any = None
             self.split_color = -2
+            # torch's NCCLConfig binds these four fields on every NCCL version.
+            self.config = types.SimpleNamespace(
+                blocking=1, cga_cluster_size=0, min_ctas=0, max_ctas=0
+            )
 
     def __init__(self, store: Any, rank: int, size: int, opts: Options) -> None:
         self.rank, self.size, self.opts = rank, size, opts
@@ -336,6 +341,29 @@ def test_init_binds_device_and_connects_eagerly(fake_gpu: list[Any]) -> None:
     assert engine.opts.global_ranks_in_group == [0, 1]
     assert engine.opts.split_from is None
     assert b.get_backend_name() == "ncclx"
+
+
+def test_the_reference_hints_reach_the_engine(fake_gpu: list[Any]) -> None:
+    b = _backend(
+        fake_gpu,
+        **{
+            "is_high_priority_stream": "true",
+            "ncclx::cgaClusterSize": "4",
+            "ncclx::max_ctas": "16",
+            "max_event_pool_size": "32",
+            "persistent_store": "true",
+        },
+    )
+    opts = b.engine.opts
+    assert opts.is_high_priority_stream is True
+    assert (opts.config.cga_cluster_size, opts.config.max_ctas) == (4, 16)
+    assert opts.config.blocking == 1  # fields no hint names keep NCCL's defaults
+    assert b.max_event_pool_size == 32
+    plain = _backend(fake_gpu)
+    assert plain.engine.opts.is_high_priority_stream is False
+    assert plain.max_event_pool_size == 1000
+    with pytest.raises(CommInputError, match="has no 'net_name'"):
+        _backend(fake_gpu, **{"ncclx::netName": "IB"})  # a field this build lacks
 
 
 def test_init_refuses_bad_hints(fake_gpu: list[Any]) -> None:

@@ -13,8 +13,11 @@ finds nothing and ``new_comm`` falls back to the launcher's environment.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -36,6 +39,24 @@ class GroupContext:
     group_desc: str | None
 
 
+# What a caller in the core (``torchcomms.distwrap``) states for the communicators it is
+# creating, the same facts c10d's helper holds in its frame.
+_given: contextvars.ContextVar[GroupContext | None] = contextvars.ContextVar(
+    "torchcomms_given_group", default=None
+)
+
+
+@contextlib.contextmanager
+def given_group(context: GroupContext) -> Iterator[None]:
+    """Within this block, ``new_comm`` calls made with a store use ``context``'s rank, size
+    and timeout (as under c10d's own helper) instead of the launcher's environment."""
+    token = _given.set(context)
+    try:
+        yield
+    finally:
+        _given.reset(token)
+
+
 def _helper_code() -> Any:
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     fn = getattr(c10d, _HELPER, None) if c10d is not None else None
@@ -52,6 +73,9 @@ def creating_group(store: Any) -> GroupContext | None:
     """
     if store is None:
         return None
+    given = _given.get()
+    if given is not None:
+        return given
     code = _helper_code()
     if code is None:
         return None

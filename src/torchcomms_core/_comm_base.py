@@ -15,7 +15,7 @@ import warnings
 import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 
@@ -33,6 +33,7 @@ from ._registry import backend_version, get_mem_allocator
 from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
 from ._validation import Checker, check_hints, check_timeout, lean_pairs, writable
 from ._work import TorchWork, WorkStatus, is_engine_failure
+from .hints import warn_unknown_hints
 from .spec import TorchCommBackend, method_support
 
 # Live communicators, released in order at interpreter exit: engines torn down during
@@ -289,14 +290,16 @@ class CommBase:
 
     def set_hints(self, hints: dict[str, str]) -> None:
         self._hints = dict(check_hints(hints, "set_hints"))
+        warn_unknown_hints(self._backend_name, type(self._backend).hint_keys, self._hints)
         self._relean()
 
     def __copy__(self) -> CommBase:
         return self  # a communicator is a live endpoint: copies are the same object
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CommBase:
-        memo[id(self)] = self
-        return self
+        # The same object, recorded in memo as the reference does (an entry already there
+        # wins, as copy.deepcopy itself would honour it).
+        return cast(CommBase, memo.setdefault(id(self), self))
 
     def __getattr__(self, item: str) -> Any:
         # Only reached for unknown attributes: plugin collectives are installed on the

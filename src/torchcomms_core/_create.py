@@ -27,6 +27,7 @@ from ._registry import get_backend_class
 from ._states import UNBOUND
 from ._validation import check_hints, check_timeout
 from ._work import is_timeout_error
+from .hints import warn_unknown_hints
 from .spec import TorchCommBackend
 
 
@@ -55,7 +56,7 @@ def new_comm(
             times out; default ``TORCHCOMM_ABORT_ON_ERROR`` (true).
         timeout: default timeout of every operation (``TORCHCOMM_TIMEOUT_SECONDS``, 600 s).
         is_high_priority_stream: GPU backends run on a high-priority stream; CPU backends
-            ignore it. Passed to the backend as the hint ``high_priority_stream``.
+            ignore it. Passed to the backend as the hint ``is_high_priority_stream``.
         store: a c10d ``Store`` to rendezvous through; without it, rank and size come from
             the launcher's environment and the store from ``MASTER_ADDR``/``MASTER_PORT``
             (or ``TORCHCOMM_STORE_PATH``).
@@ -105,9 +106,10 @@ def new_comm(
                 f"new_comm: is_high_priority_stream must be a bool or None, "
                 f"got {is_high_priority_stream!r}"
             )
-        hints.setdefault("high_priority_stream", "true" if is_high_priority_stream else "false")
+        hints.setdefault("is_high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
     cls = get_backend_class(backend)
+    warn_unknown_hints(backend, cls.hint_keys, hints)
     ok, reason = cls.is_available()
     if not ok:
         raise BackendLoadError(f"new_comm: backend {backend!r} cannot run here: {reason}")
@@ -133,7 +135,8 @@ def new_comm(
         rank, size = c10d_group.rank, c10d_group.size
         timeout = c10d_group.timeout or timeout
     else:
-        rank, size, _source = resolve_rank_size()
+        own = cls.own_rank_size(hints)
+        rank, size = own if own is not None else resolve_rank_size()[:2]
     if name is None:
         name = auto_name()
     root = (

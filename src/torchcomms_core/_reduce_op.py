@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import enum
 from typing import Any, ClassVar, TypeAlias, cast
 
@@ -23,8 +24,8 @@ class RedOpType(enum.Enum):
     BAND = 4
     BOR = 5
     BXOR = 6
-    AVG = 7
-    PREMUL_SUM = 8
+    PREMUL_SUM = 7
+    AVG = 8
 
     # Members are singletons: identity hashing is correct and, unlike Enum's Python-level
     # __hash__, costs nothing on the per-call path (set membership checks).
@@ -129,12 +130,18 @@ class ReduceOp:
         return f"ReduceOp.{self._type.name}"
 
     def __copy__(self) -> ReduceOp:
-        return self
+        """A new operator of the same type and factor (the reference returns value copies)."""
+        return ReduceOp(self._type, self._factor)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> ReduceOp:
-        if isinstance(self._factor, torch.Tensor):
-            return ReduceOp(self._type, self._factor.clone())
-        return self
+        """A new operator; a tensor factor is deep-copied through ``memo``, so objects
+        copied together keep sharing it."""
+        done = memo.get(id(self))
+        if done is not None:
+            return cast(ReduceOp, done)
+        copied = ReduceOp(self._type, copy.deepcopy(self._factor, memo))
+        memo[id(self)] = copied
+        return copied
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ReduceOp, (self._type, self._factor))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata as metadata
+import inspect
 import re
 import threading
 import warnings
@@ -284,10 +285,16 @@ def get_mem_allocator(backend: str) -> Any:
     """The process-wide memory allocator of ``backend`` (for ``torch.cuda.MemPool``).
 
     Only backends that manage device memory have one; they expose it as a
-    ``get_mem_allocator()`` classmethod.
+    ``process_mem_allocator()`` classmethod (no communicator needed), or as a
+    ``get_mem_allocator`` that is a classmethod or staticmethod. An instance method of
+    that name belongs to one communicator and is not called here.
     """
     cls = get_backend_class(backend)
-    allocator = getattr(cls, "get_mem_allocator", None)
+    allocator = getattr(cls, "process_mem_allocator", None)
+    if allocator is None:
+        static = inspect.getattr_static(cls, "get_mem_allocator", None)
+        if isinstance(static, (classmethod, staticmethod)):
+            allocator = getattr(cls, "get_mem_allocator")  # noqa: B009 - not on the spec
     if allocator is None:
         raise BackendLoadError(
             f"get_mem_allocator: backend {backend!r} has no memory allocator; allocators "

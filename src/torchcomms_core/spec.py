@@ -98,6 +98,13 @@ class TorchCommBackend(abc.ABC):
     #: ``"mpiexec"`` when the ranks must be MPI processes started by ``mpiexec``; tools that
     #: start ranks themselves (``torchcomms bench``, the conformance suite) then use it.
     launcher: ClassVar[str | None] = None
+    #: The hint keys this backend reads (``new_comm(..., hints=...)``); a key ending in
+    #: ``*`` stands for every key with that prefix (``"ncclx::*"``). A hint the backend
+    #: does not list is reported once with a warning. ``None``: not declared, not checked.
+    hint_keys: ClassVar[tuple[str, ...] | None] = None
+    #: ``False`` for backends whose operations do not really communicate (``fake``): the
+    #: conformance suite then runs only its API-shape contracts, not the numerical ones.
+    communicates: ClassVar[bool] = True
 
     device: torch.device
     comm_name: str
@@ -109,6 +116,12 @@ class TorchCommBackend(abc.ABC):
     def is_available(cls) -> tuple[bool, str]:
         """Return ``(runnable here, reason)`` without creating a communicator."""
         return True, "ok"
+
+    @classmethod
+    def own_rank_size(cls, hints: dict[str, str]) -> tuple[int, int] | None:
+        """``(rank, size)`` for a backend that knows them without a launcher (the fake
+        backend reads them from its hints); ``None`` (the default): ask the launcher."""
+        return None
 
     # -- lifecycle (required) ---------------------------------------------------------
 

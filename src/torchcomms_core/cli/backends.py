@@ -50,6 +50,7 @@ def describe_backends() -> list[dict[str, Any]]:
                 reason=f"failed to load: {exc}",
                 native=[],
                 derived=[],
+                hint_keys=None,
             )
             rows.append(row)
             continue
@@ -65,6 +66,8 @@ def describe_backends() -> list[dict[str, Any]]:
             reason="" if runnable else reason,
             native=sorted(m for m, v in support.items() if v == "native"),
             derived=sorted(m for m, v in support.items() if v == "derived"),
+            # The hint keys the backend reads (``None``: it does not declare them).
+            hint_keys=list(cls.hint_keys) if cls.hint_keys is not None else None,
         )
         rows.append(row)
     return rows

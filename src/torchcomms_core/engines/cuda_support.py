@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -14,9 +15,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .. import _env
-from .._env import parse_bool
 from .._errors import BootstrapError, CommInputError
 from .._reduce_op import RedOpType, ReduceOp
+from ..hints import bool_hint, int_hint
 from ..spec import DEFAULT_DTYPES, BatchOp, TorchCommBackend
 from .c10d_adapter import C10dBackend, c10d_module, to_c10d_reduce_op
 
@@ -118,15 +119,74 @@ def bind_device(device: torch.device) -> None:
 # -- hints -------------------------------------------------------------------------------
 
 
-def bool_hint(hints: dict[str, str], key: str, default: bool) -> bool:
-    """Read a boolean hint (``true``/``false``, ``1``/``0``, ``yes``/``no``, ``on``/``off``)."""
-    raw = hints.get(key)
-    if raw is None:
-        return default
-    value = parse_bool(raw)
-    if value is None:
-        raise CommInputError(f"hint {key}={raw!r} is not a boolean; use 'true' or 'false'")
-    return value
+#: The reference's hints of the NCCL family, read by every backend on this engine.
+HIGH_PRIORITY_STREAM = "is_high_priority_stream"
+MAX_EVENT_POOL_SIZE = "max_event_pool_size"
+PERSISTENT_STORE = "persistent_store"
+#: The reference's default ``max_event_pool_size``.
+DEFAULT_EVENT_POOL_SIZE = 1000
+
+# ``<prefix>::<key>`` hints set a field of NCCL's ``ncclConfig_t``: NCCL's own field name
+# (or torch's snake_case spelling) -> (torch's NCCLConfig attribute, value type).
+NCCL_CONFIG_FIELDS: dict[str, tuple[str, type]] = {
+    "blocking": ("blocking", int),
+    "cgaClusterSize": ("cga_cluster_size", int),
+    "minCTAs": ("min_ctas", int),
+    "maxCTAs": ("max_ctas", int),
+    "netName": ("net_name", str),
+    "splitShare": ("split_share", int),
+    "trafficClass": ("traffic_class", int),
+    "collnetEnable": ("collnet_enable", int),
+    "CTAPolicy": ("cta_policy", int),
+    "nvlsCTAs": ("nvls_ctas", int),
+}
+_CONFIG_BY_NAME = {
+    **NCCL_CONFIG_FIELDS,
+    **{attr: (attr, kind) for attr, kind in NCCL_CONFIG_FIELDS.values()},
+}
+
+
+def nccl_config_hints(hints: dict[str, str], prefix: str) -> list[tuple[str, str, Any]]:
+    """The ``<prefix>::<field>`` hints as ``(hint key, NCCLConfig attribute, value)``.
+
+    Raises :class:`CommInputError` for a field NCCL's config does not have or a value
+    of the wrong type.
+    """
+    marker = f"{prefix}::"
+    out: list[tuple[str, str, Any]] = []
+    for key, raw in hints.items():
+        if not key.startswith(marker):
+            continue
+        field = key[len(marker) :]
+        found = _CONFIG_BY_NAME.get(field)
+        if found is None:
+            listing = ", ".join(f"{marker}{k}" for k in NCCL_CONFIG_FIELDS)
+            raise CommInputError(
+                f"hint {key!r}: NCCL's config has no field {field!r}; the fields are {listing}"
+            )
+        attr, kind = found
+        if kind is int:
+            try:
+                value: Any = int(raw.strip())
+            except ValueError:
+                raise CommInputError(
+                    f"hint {key}={raw!r}: ncclConfig_t.{field} is an integer; pass e.g. '4'"
+                ) from None
+        else:
+            value = raw
+        out.append((key, attr, value))
+    return out
+
+
+def apply_nccl_config(config: Any, settings: list[tuple[str, str, Any]]) -> None:
+    """Set the fields of torch's ``ProcessGroupNCCL.NCCLConfig`` that the hints name."""
+    for key, attr, value in settings:
+        if not hasattr(config, attr):
+            raise CommInputError(
+                f"hint {key!r}: this PyTorch build's NCCL config has no {attr!r} (its NCCL "
+                f"version predates the field); drop the hint or use a newer PyTorch"
+            )
+        setattr(config, attr, value)
 
 
 def check_hint_keys(hints: dict[str, str], prefix: str, known: Sequence[str]) -> None:
@@ -178,6 +238,17 @@ class CudaWork:
         return all(work.is_completed() for work in self._works)
 
 
+def _cuda_allocator(backend: str) -> Any:
+    """torch.cuda's current allocator, or a clear error where there is no CUDA."""
+    reason = cuda_unavailable_reason()
+    if reason is not None:
+        raise CommInputError(
+            f"get_mem_allocator: backend {backend!r} allocates CUDA memory, but {reason}; "
+            f"call it on a machine with a GPU (CPU tensors need no allocator)"
+        )
+    return torch.cuda.memory._get_current_allocator()
+
+
 def _scaled(t: torch.Tensor, factor: float | torch.Tensor) -> torch.Tensor:
     """``t * factor`` in ``t``'s dtype, for dtypes NCCL cannot pre-multiply."""
     if isinstance(factor, torch.Tensor):
@@ -206,8 +277,31 @@ class NcclEngineBackend(C10dBackend):
     coalesce_p2p: ClassVar[bool] = True
     #: Namespace of this backend's hints, e.g. ``"ncclx"`` for ``ncclx.register_memory``.
     hint_prefix: ClassVar[str] = "nccl"
-    #: Hint names (after the prefix) this backend reads.
+    #: Hint names (after ``<prefix>.``) this backend reads.
     known_hints: ClassVar[tuple[str, ...]] = ("high_priority_stream", "register_memory")
+    hint_keys: ClassVar[tuple[str, ...] | None] = (
+        HIGH_PRIORITY_STREAM,
+        MAX_EVENT_POOL_SIZE,
+        PERSISTENT_STORE,
+        "nccl::*",
+        "nccl.high_priority_stream",
+        "nccl.register_memory",
+    )
+
+    # Live communicators of each backend class, for the process-wide allocator.
+    _live: ClassVar[weakref.WeakSet[NcclEngineBackend]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._live = weakref.WeakSet()
+        if "hint_keys" not in cls.__dict__:
+            cls.hint_keys = (
+                HIGH_PRIORITY_STREAM,
+                MAX_EVENT_POOL_SIZE,
+                PERSISTENT_STORE,
+                f"{cls.hint_prefix}::*",
+                *(f"{cls.hint_prefix}.{k}" for k in cls.known_hints),
+            )
 
     def __init__(self) -> None:
         super().__init__()
@@ -216,6 +310,8 @@ class NcclEngineBackend(C10dBackend):
         self._group_name = ""
         #: The NCCL-registered memory pool (hint ``<prefix>.register_memory=true``).
         self.mem_pool: Any = None
+        self.max_event_pool_size = DEFAULT_EVENT_POOL_SIZE
+        self._config_hints: list[tuple[str, str, Any]] = []
 
     # -- engine ----------------------------------------------------------------------
 
@@ -231,6 +327,16 @@ class NcclEngineBackend(C10dBackend):
 
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
         check_hint_keys(options.hints, self.hint_prefix, self.known_hints)
+        hints = options.hints
+        #: The reference's CUDA event pool bound. torch's NCCL engine keeps its own events
+        #: (one pair per work), so it is validated and kept but sets no engine limit.
+        self.max_event_pool_size = int_hint(
+            hints, MAX_EVENT_POOL_SIZE, DEFAULT_EVENT_POOL_SIZE, minimum=1
+        )
+        # The store passed is always used directly and kept (split needs it): what the
+        # reference does with persistent_store=true; the value is checked, not needed.
+        bool_hint(hints, PERSISTENT_STORE, True)
+        self._config_hints = nccl_config_hints(hints, self.hint_prefix)
         device = resolve_device(device, options.rank)
         bind_device(device)
         self.device = device
@@ -239,6 +345,7 @@ class NcclEngineBackend(C10dBackend):
         if not self._group_name:
             self._group_name = name
         super().init(device, name, options)
+        type(self)._live.add(self)
         if self.hint(options.hints, "register_memory", False):
             try:
                 self.mem_pool = torch.cuda.MemPool(self._engine_allocator())
@@ -263,7 +370,15 @@ class NcclEngineBackend(C10dBackend):
         engine_cls = self.engine_class()
         opts = engine_cls.Options()
         opts._timeout = timeout
-        opts.is_high_priority_stream = self.hint(options.hints, "high_priority_stream", False)
+        # The reference's key (new_comm(is_high_priority_stream=True) sets it), else
+        # our earlier namespaced one.
+        opts.is_high_priority_stream = bool_hint(
+            options.hints,
+            HIGH_PRIORITY_STREAM,
+            self.hint(options.hints, "high_priority_stream", False),
+        )
+        if self._config_hints:
+            apply_nccl_config(opts.config, self._config_hints)
         opts.global_ranks_in_group = list(self._global_ranks or range(size))
         opts.group_name = self._group_name
         if self._split_source is not None:
@@ -284,6 +399,7 @@ class NcclEngineBackend(C10dBackend):
             return None
 
     def finalize(self) -> None:
+        type(self)._live.discard(self)
         pool, self.mem_pool = self.mem_pool, None
         if pool is not None and self._engine is not None:
             try:
@@ -300,7 +416,19 @@ class NcclEngineBackend(C10dBackend):
         native = self._engine_allocator()
         if native is not None:
             return native
-        return torch.cuda.memory._get_current_allocator()
+        return _cuda_allocator(self.get_backend_name())
+
+    @classmethod
+    def process_mem_allocator(cls) -> Any:
+        """The process-wide allocator (``torchcomms.get_mem_allocator(name)``): NCCL's,
+        taken from a live communicator of this backend when its engine has one, else
+        torch.cuda's current allocator. NCCL's allocator is one per process, so any
+        communicator gives the same one."""
+        for backend in list(cls._live):
+            native = backend._engine_allocator()
+            if native is not None:
+                return native
+        return _cuda_allocator(cls.hint_prefix)
 
     def register_mem_pool(self, pool: Any) -> None:
         """Register a ``torch.cuda.MemPool``'s memory with NCCL (zero-copy collectives)."""

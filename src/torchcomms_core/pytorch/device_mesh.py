@@ -45,6 +45,12 @@ def init_device_mesh(
     global_comm = (
         _global_comm if _global_comm is not None else (comms[0] if len(comms) == 1 else None)
     )
+    # As the reference does, each dimension's group is named (and described) by its
+    # mesh dimension name; a 1-D mesh's communicator is also the global one.
+    if global_comm is comms[0]:
+        global_name: str | None = names[0]
+    else:
+        global_name = None
     if not dist.is_initialized():
         if global_comm is None:
             raise CommInputError(
@@ -52,11 +58,11 @@ def init_device_mesh(
                 f"communicator spanning every rank, e.g. the one the dimensions were split "
                 f"from) because torch.distributed has no default process group"
             )
-        as_process_group(global_comm)
+        as_process_group(global_comm, group_name=global_name, group_desc=global_name)
     elif global_comm is not None:
-        as_process_group(global_comm)
+        as_process_group(global_comm, group_name=global_name, group_desc=global_name)
     groups = [
-        as_process_group(c, group_desc=f"mesh_{n}") for c, n in zip(comms, names, strict=True)
+        as_process_group(c, group_desc=n, group_name=n) for c, n in zip(comms, names, strict=True)
     ]
     my_rank = dist.get_rank()
     if len(comms) == 1:

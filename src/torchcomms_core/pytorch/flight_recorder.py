@@ -350,6 +350,10 @@ class _Recorder:
 
     def pre(self, track: _Track, name: Any, op_id: int, args: Any) -> None:
         op = _OP_NAMES.get(name) or _op_str(name)
+        if op == "finalize":
+            # Not an operation between ranks: as in the reference (hook id 2**64 - 1), it
+            # takes no id, and no entry that would advance the group's sequence numbers.
+            return
         now = time.time_ns()
         frames = _frames()
         timeout = getattr(args, "timeout", None)
@@ -575,7 +579,7 @@ class _Recorder:
             if ranks is None:
                 ranks = _fallback_ranks(comm)
             groups[track.pg_id] = (name, desc, ranks)
-            pg_config[name] = {"name": name, "desc": desc, "ranks": str(list(ranks))}
+            pg_config[name] = {"name": name, "desc": desc, "ranks": ranks_str(ranks)}
         kept = []
         for entry in entries:
             self.settle(entry, now)
@@ -606,33 +610,34 @@ class _Recorder:
             out_sizes, out_types = (in_sizes, in_types) if outp is inp else _render(outp)
             timeout = entry[_TIMEOUT]
             name, desc, _ = groups.get(pg_id, (str(pg_id), "undefined", []))
-            out.append(
-                {
-                    "record_id": entry[_RECORD_ID],
-                    "pg_id": pg_id,
-                    "collective_seq_id": entry[_COLLECTIVE_SEQ],
-                    "p2p_seq_id": entry[_P2P_SEQ],
-                    "op_id": entry[_OP_SEQ],
-                    "profiling_name": _profiling_name(entry),
-                    "time_created_ns": entry[_CREATED],
-                    "input_sizes": in_sizes,
-                    "input_dtypes": in_types,
-                    "output_sizes": out_sizes,
-                    "output_dtypes": out_types,
-                    "state": entry[_STATE],
-                    "time_discovered_started_ns": entry[_STARTED],
-                    "time_discovered_completed_ns": entry[_COMPLETED],
-                    "retired": entry[_RETIRED],
-                    "timeout_ms": (
-                        int(timeout.total_seconds() * 1000) if timeout is not None else 0
-                    ),
-                    "is_p2p": entry[_IS_P2P],
-                    "thread_id": str(entry[_THREAD_ID]),
-                    "thread_name": entry[_THREAD_NAME],
-                    "frames": entry_frames,
-                    "process_group": [name, desc],
-                }
-            )
+            record: dict[str, Any] = {
+                "record_id": entry[_RECORD_ID],
+                "pg_id": pg_id,
+                "collective_seq_id": entry[_COLLECTIVE_SEQ],
+                "p2p_seq_id": entry[_P2P_SEQ],
+                "op_id": entry[_OP_SEQ],
+                "profiling_name": _profiling_name(entry),
+                "time_created_ns": entry[_CREATED],
+                "input_sizes": in_sizes,
+                "input_dtypes": in_types,
+                "output_sizes": out_sizes,
+                "output_dtypes": out_types,
+                "state": entry[_STATE],
+                "time_discovered_started_ns": entry[_STARTED],
+                "time_discovered_completed_ns": entry[_COMPLETED],
+                "retired": entry[_RETIRED],
+                "timeout_ms": (int(timeout.total_seconds() * 1000) if timeout is not None else 0),
+                "is_p2p": entry[_IS_P2P],
+                "thread_id": str(entry[_THREAD_ID]),
+                "thread_name": entry[_THREAD_NAME],
+                "frames": entry_frames,
+                "process_group": [name, desc],
+            }
+            if entry[_STATE] == "completed":
+                # c10d writes the field only once an operation completed (from its CUDA
+                # events); here from the call to the completion the recorder saw.
+                record["duration_ms"] = max(entry[_COMPLETED] - entry[_CREATED], 0) / 1e6
+            out.append(record)
         return {
             "version": VERSION,
             "comm_lib_version": "",
@@ -901,6 +906,11 @@ def _write_private(path: str, payload: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def ranks_str(ranks: Any) -> str:
+    """A group's ranks as c10d's recorder writes them in ``pg_config``: ``"[0, 1, 2]"``."""
+    return "[" + ", ".join(str(int(r)) for r in ranks) + "]"
 
 
 def _fallback_ranks(comm: TorchComm) -> list[int]:

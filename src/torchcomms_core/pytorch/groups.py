@@ -19,12 +19,16 @@ from .backend_wrapper import _BackendWrapper
 __all__ = ["as_process_group", "describe", "find_group", "global_ranks_of", "register"]
 
 
-def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _BackendWrapper:
+def as_process_group(
+    comm: TorchComm, *, group_desc: str | None = None, group_name: str | None = None
+) -> _BackendWrapper:
     """Return ``comm`` as a registered ``torch.distributed`` process group (one per comm).
 
     Collective over ``comm`` the first time (it learns the members' global ranks). If
     ``torch.distributed`` has no default group yet, ``comm`` must span the whole job and
     becomes the default (``dist.group.WORLD``), as ``DeviceMesh`` and FSDP2 need one.
+    The group is named ``group_name`` (default: the communicator's name), with ``#2``,
+    ``#3``... appended while another group has that name.
     """
     if not isinstance(comm, TorchComm):
         raise CommTypeError(
@@ -47,11 +51,11 @@ def as_process_group(comm: TorchComm, *, group_desc: str | None = None) -> _Back
                 f"Wrap the communicator that spans every rank first (it becomes the default "
                 f"group), or call torch.distributed.init_process_group()"
             )
-        pg = _new_wrapper(comm, group_desc or "default_pg")
+        pg = _new_wrapper(comm, group_desc or "default_pg", group_name)
         register(pg, list(range(size)), default=True)
         return pg
     global_ranks = _global_ranks(comm)
-    pg = _new_wrapper(comm, group_desc or "undefined")
+    pg = _new_wrapper(comm, group_desc or "undefined", group_name)
     register(pg, global_ranks)
     return pg
 
@@ -78,14 +82,15 @@ def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = Fa
         pg._set_global_ranks(global_ranks)
 
 
-def _new_wrapper(comm: TorchComm, desc: str) -> _BackendWrapper:
+def _new_wrapper(comm: TorchComm, desc: str, base: str | None = None) -> _BackendWrapper:
     from torch.distributed import distributed_c10d
 
     taken = set(distributed_c10d._world.pg_names.values())
-    name, k = comm.get_name(), 1
+    base = base or comm.get_name()
+    name, k = base, 1
     while name in taken:
         k += 1
-        name = f"{comm.get_name()}#{k}"
+        name = f"{base}#{k}"
     pg = _BackendWrapper(comm)
     pg._set_group_name(name)
     pg._set_group_desc(desc)

@@ -148,6 +148,88 @@ def body_every_op(backend: str, device: str, dtype_name: str, count: int) -> int
     return checks
 
 
+def body_api_shapes(backend: str, device: str, count: int) -> int:
+    """Every operation once, checking only what the API promises whatever the values.
+
+    Each call returns a completed ``TorchWork`` (synchronous) or one that completes on
+    ``wait()`` (asynchronous); outputs keep their shape, dtype and device; ``split``
+    gives a communicator of the members' size and rank. Backends that do not really
+    communicate (``communicates = False``, e.g. ``fake``) pass these too. Returns #calls.
+    """
+    comm = new_comm(backend, device, name=unique_name("contract-shape"))
+    dev = comm.get_device()
+    r, n = comm.get_rank(), comm.get_size()
+    calls = 0
+
+    def settled(work: Any, what: str, async_op: bool) -> None:
+        nonlocal calls
+        if async_op:
+            work.wait()
+        if work.status is not WorkStatus.COMPLETED or not work.is_completed():
+            raise AssertionError(f"{what}: work ended {work.status}, expected COMPLETED")
+        calls += 1
+
+    def same_shape(t: torch.Tensor, like: tuple[int, ...], what: str) -> None:
+        if tuple(t.shape) != like or t.dtype != torch.float32 or t.device.type != dev.type:
+            raise AssertionError(f"{what}: output became {t.shape} {t.dtype} on {t.device}")
+
+    def x() -> torch.Tensor:
+        return torch.full((count,), float(r), device=dev)
+
+    for async_op in (False, True):
+        t = x()
+        settled(comm.all_reduce(t, ReduceOp.SUM, async_op=async_op), "all_reduce", async_op)
+        same_shape(t, (count,), "all_reduce")
+        settled(comm.broadcast(x(), 0, async_op=async_op), "broadcast", async_op)
+        settled(comm.reduce(x(), 0, ReduceOp.MAX, async_op=async_op), "reduce", async_op)
+        outs = [torch.empty(count, device=dev) for _ in range(n)]
+        settled(comm.all_gather(outs, x(), async_op=async_op), "all_gather", async_op)
+        flat = torch.empty(n * count, device=dev)
+        settled(comm.all_gather_single(flat, x(), async_op=async_op), "all_gather_single", async_op)
+        same_shape(flat, (n * count,), "all_gather_single")
+        out = torch.empty(count, device=dev)
+        ins = [x() for _ in range(n)]
+        settled(
+            comm.reduce_scatter(out, ins, ReduceOp.SUM, async_op=async_op),
+            "reduce_scatter",
+            async_op,
+        )
+        settled(
+            comm.reduce_scatter_single(out, torch.cat(ins), ReduceOp.SUM, async_op=async_op),
+            "reduce_scatter_single",
+            async_op,
+        )
+        outs = [torch.empty(count, device=dev) for _ in range(n)]
+        settled(comm.all_to_all(outs, ins, async_op=async_op), "all_to_all", async_op)
+        settled(
+            comm.all_to_all_single(flat, torch.cat(ins), async_op=async_op),
+            "all_to_all_single",
+            async_op,
+        )
+        splits = [count] * n
+        settled(
+            comm.all_to_all_v_single(flat, torch.cat(ins), splits, splits, async_op=async_op),
+            "all_to_all_v_single",
+            async_op,
+        )
+        settled(comm.scatter(out, ins if r == 0 else [], 0, async_op=async_op), "scatter", async_op)
+        gathered = [torch.empty(count, device=dev) for _ in range(n)] if r == 0 else []
+        settled(comm.gather(gathered, x(), 0, async_op=async_op), "gather", async_op)
+        settled(comm.barrier(async_op=async_op), "barrier", async_op)
+        right, left = (r + 1) % n, (r - 1) % n
+        batch = comm.batch_op_create()
+        batch.send(x(), right).recv(torch.empty(count, device=dev), left)
+        settled(batch.issue(async_op=async_op), "batch_op_issue", async_op)
+        same_shape(out, (count,), "scatter")
+    sub = comm.split(list(range(n)), "shape-all")
+    if sub is None or (sub.get_rank(), sub.get_size()) != (r, n):
+        raise AssertionError(f"split of every rank gave {sub!r} on rank {r}")
+    settled(sub.all_reduce(x(), ReduceOp.SUM), "all_reduce on the split", False)
+    sub.finalize()
+    comm.finalize()
+    return calls
+
+
 def body_split(backend: str, device: str) -> tuple[int, int, float]:
     """Split into halves (and a group some ranks skip with ``[]``); reduce in each."""
     comm = new_comm(backend, device, name=unique_name("contract-split"))

@@ -26,6 +26,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("dtype_name", names)
 
 
+@pytest.fixture
+def numerical(torchcomms_backend: str) -> None:
+    """Skip a numerical contract for a backend that does not really communicate (fake)."""
+    if not get_backend_class(torchcomms_backend).communicates:
+        pytest.skip(
+            f"backend {torchcomms_backend!r} declares communicates=False: its results are "
+            f"not a collective's, so only the API-shape contracts apply"
+        )
+
+
 def test_backend_resolves_and_can_run_here(torchcomms_backend: str, torchcomms_device: str) -> None:
     cls = get_backend_class(torchcomms_backend)
     ok, reason = cls.is_available()
@@ -33,6 +43,25 @@ def test_backend_resolves_and_can_run_here(torchcomms_backend: str, torchcomms_d
     assert torch.device(torchcomms_device).type in cls.devices
 
 
+@pytest.mark.parametrize("count", [0, 5])
+def test_every_operation_has_the_api_shapes(
+    conformance_pool: RankPool,
+    torchcomms_backend: str,
+    torchcomms_device: str,
+    torchcomms_timeout: float,
+    count: int,
+) -> None:
+    calls = conformance_pool.run(
+        contracts.body_api_shapes,
+        torchcomms_backend,
+        torchcomms_device,
+        count,
+        timeout=torchcomms_timeout,
+    )
+    assert calls == [2 * 14 + 1] * conformance_pool.world_size
+
+
+@pytest.mark.usefixtures("numerical")
 def test_every_operation_on_every_declared_dtype(
     conformance_pool: RankPool,
     torchcomms_backend: str,
@@ -50,6 +79,7 @@ def test_every_operation_on_every_declared_dtype(
     )
 
 
+@pytest.mark.usefixtures("numerical")
 @pytest.mark.parametrize("count", [0, 1, 1000])
 def test_every_operation_at_edge_counts(
     conformance_pool: RankPool,
@@ -68,6 +98,7 @@ def test_every_operation_at_edge_counts(
     )
 
 
+@pytest.mark.usefixtures("numerical")
 def test_split_creates_working_sub_communicators(
     conformance_pool: RankPool,
     torchcomms_backend: str,
@@ -80,6 +111,7 @@ def test_split_creates_working_sub_communicators(
     assert len(results) == conformance_pool.world_size
 
 
+@pytest.mark.usefixtures("numerical")
 def test_batch_issues_all_before_waiting(
     conformance_pool: RankPool,
     torchcomms_backend: str,
@@ -95,6 +127,7 @@ def test_batch_issues_all_before_waiting(
     )
 
 
+@pytest.mark.usefixtures("numerical")
 def test_unanswered_receive_times_out(
     conformance_pool: RankPool, torchcomms_backend: str, torchcomms_device: str
 ) -> None:

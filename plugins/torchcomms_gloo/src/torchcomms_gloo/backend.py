@@ -13,6 +13,7 @@ import torch
 from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 
 from . import fast_paths, teardown
+from . import hints as gloo_hints
 from .interface import engine_options
 
 
@@ -20,6 +21,7 @@ class GlooBackend(C10dBackend):
     """CPU communicator on Gloo (TCP), single- or multi-host like torch itself."""
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
+    hint_keys: ClassVar[tuple[str, ...] | None] = gloo_hints.HINT_KEYS
     # Gloo has no uneven all-gather or reduce-scatter: the spec's defaults provide them.
     engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
     # Gloo's reductions have no int16 kernels ("Invalid scalar type"), so refuse it up front.
@@ -54,11 +56,15 @@ class GlooBackend(C10dBackend):
     ) -> Any:
         from torch.distributed import ProcessGroupGloo
 
+        lazy = gloo_hints.check(options.hints)
         if size == 1:  # no peers, no connections to close on abort
             self._sockets = {}
             return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
         before = teardown.socket_inodes()
-        engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+        with gloo_hints.engine_connects(lazy):
+            engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+        # Lazily, peers connect later: abort cannot see those sockets, and an operation
+        # blocked on a dead peer then ends at its timeout.
         self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
         return engine
 

@@ -65,6 +65,8 @@ class MpiBackend(TorchCommBackend):
     #: MPI rendezvouses through mpiexec: no MASTER_ADDR needed.
     needs_store: ClassVar[bool] = False
     launcher: ClassVar[str | None] = "mpiexec"
+    #: MPI reads no hints: any hint passed is reported once.
+    hint_keys: ClassVar[tuple[str, ...] | None] = ()
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:

@@ -1,0 +1,322 @@
+"""distwrap's collectives, with ``torch.distributed``'s signatures.
+
+On a torchcomms group each call runs on the communicator of its tensors' device type;
+otherwise it is ``torch.distributed``'s own call with the same arguments. ``async_op=True``
+returns a c10d ``Work``, else ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..._errors import CommInputError
+from ..._reduce_op import ReduceOp as CommsReduceOp
+from ..._reduce_op import coerce_reduce_op
+from ..._work import TorchWork
+from ..work import CommWork
+from .world import TorchCommsGroup, resolve
+
+_NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
+
+
+def to_comms_op(op: Any, what: str) -> CommsReduceOp:
+    """A torchcomms ``ReduceOp`` from c10d's (``dist.ReduceOp.SUM``) or ours."""
+    if isinstance(op, CommsReduceOp):
+        return op
+    name = getattr(op, "name", None) or getattr(getattr(op, "op", None), "name", None)
+    if name == "PREMUL_SUM":
+        raise CommInputError(
+            f"{what}: this PREMUL_SUM was made by torch.distributed and carries a factor "
+            f"torchcomms cannot read; make it with torchcomms.distwrap._make_nccl_premul_sum"
+            f"(factor) after init_process_group(..., use_torchcomms=True)"
+        )
+    return coerce_reduce_op(op, "op")
+
+
+def done(work: TorchWork, async_op: bool, result: Any) -> CommWork | None:
+    """``torch.distributed``'s return: a ``Work`` for ``async_op``, else ``None`` (the call
+    was synchronous and has completed)."""
+    if not async_op:
+        return None
+    return CommWork([work], result)
+
+
+def root_rank(
+    group: TorchCommsGroup, rank: int | None, group_rank: int | None, what: str, arg: str
+) -> int:
+    """The group rank of a root given as a global rank (``src``/``dst``) or a group rank."""
+    if rank is not None and group_rank is not None:
+        raise CommInputError(
+            f"{what}: pass {arg}= (a global rank) or group_{arg}= (a rank in the group), not both"
+        )
+    if group_rank is not None:
+        return int(group_rank)
+    if rank is None:
+        return 0
+    return group.group_rank(rank, what)
+
+
+def all_reduce(
+    tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Any:
+    """Reduce ``tensor`` across the group in place (``torch.distributed.all_reduce``)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "all_reduce")
+    if pg is None:
+        return dist.all_reduce(tensor, op, group, async_op)
+    comm = pg.comm_for(tensor.device, "all_reduce")
+    work = comm.all_reduce(tensor, to_comms_op(op, "all_reduce"), async_op)
+    return done(work, async_op, [tensor])
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Any:
+    """Copy the source's ``tensor`` to every rank (``torch.distributed.broadcast``)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "broadcast")
+    if pg is None:
+        return dist.broadcast(tensor, src, group, async_op, group_src)
+    root = root_rank(pg, src, group_src, "broadcast", "src")
+    work = pg.comm_for(tensor.device, "broadcast").broadcast(tensor, root, async_op)
+    return done(work, async_op, [tensor])
+
+
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: Any = dist.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Any:
+    """Reduce into the destination's ``tensor`` (``torch.distributed.reduce``)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "reduce")
+    if pg is None:
+        return dist.reduce(tensor, dst, op, group, async_op, group_dst)
+    root = root_rank(pg, dst, group_dst, "reduce", "dst")
+    comm = pg.comm_for(tensor.device, "reduce")
+    work = comm.reduce(tensor, root, to_comms_op(op, "reduce"), async_op)
+    return done(work, async_op, [tensor])
+
+
+def all_gather(
+    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Any:
+    """Gather every rank's ``tensor`` into ``tensor_list`` (``torch.distributed.all_gather``)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "all_gather")
+    if pg is None:
+        return dist.all_gather(tensor_list, tensor, group, async_op)
+    work = pg.comm_for(tensor.device, "all_gather").all_gather(tensor_list, tensor, async_op)
+    return done(work, async_op, tensor_list)
+
+
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """Gather every rank's input, concatenated or stacked along dim 0, into ``output_tensor``."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "all_gather_into_tensor")
+    if pg is None:
+        return dist.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
+    comm = pg.comm_for(input_tensor.device, "all_gather_into_tensor")
+    work = comm.all_gather_single(output_tensor, input_tensor, async_op)
+    return done(work, async_op, [output_tensor])
+
+
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: Any = dist.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """Reduce block ``k`` of every rank's ``input_list`` into rank ``k``'s ``output``."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "reduce_scatter")
+    if pg is None:
+        return dist.reduce_scatter(output, input_list, op, group, async_op)
+    comm = pg.comm_for(output.device, "reduce_scatter")
+    work = comm.reduce_scatter(output, input_list, to_comms_op(op, "reduce_scatter"), async_op)
+    return done(work, async_op, [output])
+
+
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = dist.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """``reduce_scatter`` with the blocks as consecutive parts of one ``input`` tensor."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "reduce_scatter_tensor")
+    if pg is None:
+        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
+    comm = pg.comm_for(output.device, "reduce_scatter_tensor")
+    work = comm.reduce_scatter_single(
+        output, input, to_comms_op(op, "reduce_scatter_tensor"), async_op
+    )
+    return done(work, async_op, [output])
+
+
+def all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """Send ``input_tensor_list[k]`` to rank ``k``; receive rank ``k``'s into slot ``k``."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "all_to_all")
+    if pg is None:
+        return dist.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
+    device = (input_tensor_list or output_tensor_list or [torch.empty(0)])[0].device
+    comm = pg.comm_for(device, "all_to_all")
+    work = comm.all_to_all(output_tensor_list, input_tensor_list, async_op)
+    return done(work, async_op, output_tensor_list)
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """``all_to_all`` over dim-0 blocks of one tensor (even blocks, or the split sizes)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "all_to_all_single")
+    if pg is None:
+        return dist.all_to_all_single(
+            output, input, output_split_sizes, input_split_sizes, group, async_op
+        )
+    comm = pg.comm_for(input.device, "all_to_all_single")
+    if not output_split_sizes and not input_split_sizes:
+        work = comm.all_to_all_single(output, input, async_op)
+    else:
+        n = comm.get_size()
+        outs = list(output_split_sizes or _even(output, n, "output"))
+        ins = list(input_split_sizes or _even(input, n, "input"))
+        work = comm.all_to_all_v_single(output, input, outs, ins, async_op)
+    return done(work, async_op, [output])
+
+
+def _even(t: torch.Tensor, n: int, which: str) -> list[int]:
+    rows = t.shape[0] if t.dim() else t.numel()
+    if rows % n:
+        raise CommInputError(
+            f"all_to_all_single: {which} has {rows} rows, which do not split evenly among "
+            f"{n} ranks; pass {which}_split_sizes"
+        )
+    return [rows // n] * n
+
+
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: list[torch.Tensor] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> Any:
+    """Give rank ``k`` the source's ``scatter_list[k]`` (``torch.distributed.scatter``)."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "scatter")
+    if pg is None:
+        return dist.scatter(tensor, scatter_list, src, group, async_op, group_src)
+    root = root_rank(pg, src, group_src, "scatter", "src")
+    comm = pg.comm_for(tensor.device, "scatter")
+    inputs = list(scatter_list or []) if comm.get_rank() == root else []
+    work = comm.scatter(tensor, inputs, root, async_op)
+    return done(work, async_op, [tensor])
+
+
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> Any:
+    """Collect every rank's ``tensor`` into the destination's ``gather_list``."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "gather")
+    if pg is None:
+        return dist.gather(tensor, gather_list, dst, group, async_op, group_dst)
+    root = root_rank(pg, dst, group_dst, "gather", "dst")
+    comm = pg.comm_for(tensor.device, "gather")
+    outputs = list(gather_list or []) if comm.get_rank() == root else []
+    work = comm.gather(outputs, tensor, root, async_op)
+    return done(work, async_op, outputs)
+
+
+def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None) -> Any:
+    """Wait until every rank of the group reached the barrier."""
+    if group is _NON_MEMBER:
+        return None
+    pg = resolve(group, "barrier")
+    if pg is None:
+        return dist.barrier(group, async_op, device_ids)
+    comm = pg.comm_for("cuda", "barrier") if device_ids else pg.default_comm
+    work = comm.barrier(True)
+    return done(work, async_op, [])
+
+
+def reduce_scatter_quantized(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any,
+    seed: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """The reference's ncclx reduce-scatter with BF16 stochastic-rounded transport.
+
+    Runs when the communicator's backend provides ``reduce_scatter_quantized``; others
+    raise an error naming what to use instead.
+    """
+    pg = resolve(group, "reduce_scatter_quantized")
+    if pg is None:
+        raise CommInputError(
+            "reduce_scatter_quantized needs init_process_group(..., use_torchcomms=True) on "
+            "a backend that provides it (the reference's ncclx)"
+        )
+    comm = pg.comm_for(output.device, "reduce_scatter_quantized")
+    native = getattr(comm.get_backend_impl(), "reduce_scatter_quantized", None)
+    if native is None:
+        raise CommInputError(
+            f"reduce_scatter_quantized: backend {comm.get_backend()!r} does not provide it "
+            f"(a kernel of the reference's ncclx); use reduce_scatter_tensor, or "
+            f"comm.quantized_reduce_scatter from torchcomms-quantized (block-wise int8)"
+        )
+    work = native(output, input, to_comms_op(op, "reduce_scatter_quantized"), seed, async_op)
+    if work is not None and not async_op:
+        work.wait()
+        return None
+    return work

@@ -1,0 +1,178 @@
+"""Details as the reference has them: flight-recorder fields, clog's file, DeviceMesh group
+names, copies of communicators and reduce operators, ``RedOpType`` values."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import torch
+
+import torchcomms
+from torchcomms.hooks import FlightRecorderHook, clog
+from torchcomms_core.pytorch.flight_recorder import ranks_str
+from torchcomms_core.testing import unique_name
+
+
+def _fake() -> torchcomms.TorchComm:
+    return torchcomms.new_comm("fake", "cpu", name=unique_name("detail"), hints={"size": "4"})
+
+
+def test_flight_recorder_duration_and_finalize_takes_no_id() -> None:
+    comm = _fake()
+    recorder = FlightRecorderHook(isolated=True).register_with_comm(comm)
+    ids = []
+    comm.register_pre_hook(lambda name, op_id, args: ids.append(op_id))
+    comm.all_reduce(torch.ones(2), torchcomms.ReduceOp.SUM)
+    comm.finalize()
+    after = _fake()
+    after.register_pre_hook(lambda name, op_id, args: ids.append(op_id))
+    after.barrier()
+    after.finalize()
+    # finalize's hooks see 2**64 - 1; the next operation takes the next id.
+    assert ids == [0, 2**64 - 1, 1, 2**64 - 1]
+    dump = json.loads(recorder.dump_json())
+    entries = dump["entries"]
+    assert [e["profiling_name"] for e in entries] == ["fake:all_reduce"]  # no finalize entry
+    assert entries[0]["state"] == "completed"
+    assert isinstance(entries[0]["duration_ms"], float) and entries[0]["duration_ms"] >= 0
+    assert dump["pg_config"][comm.get_name()]["ranks"] == "[0, 1, 2, 3]"
+
+
+def body_fr_pending_has_no_duration() -> list:
+    comm = torchcomms.new_comm("gloo", "cpu", name=unique_name("fr-dur"))
+    recorder = FlightRecorderHook(isolated=True).register_with_comm(comm)
+    r = comm.get_rank()
+    got = torch.empty(1)
+    work = comm.recv(got, 1, async_op=True) if r == 0 else None
+    pending = json.loads(recorder.dump_json())["entries"]
+    comm.barrier()
+    if r == 1:
+        comm.send(torch.ones(1), 0)
+    if work is not None:
+        work.wait()
+    done = json.loads(recorder.dump_json())["entries"]
+    comm.finalize()
+    return [[("duration_ms" in e, e["state"]) for e in x] for x in (pending, done)]
+
+
+def test_duration_only_once_completed(pool2) -> None:
+    first, _ = pool2.run(body_fr_pending_has_no_duration)
+    pending, done = first
+    assert pending == [(False, "started")]
+    assert done[0] == (True, "completed") and all(has for has, _ in done)
+
+
+def test_ranks_are_written_as_c10d_writes_them() -> None:
+    assert ranks_str([0, 1, 2]) == "[0, 1, 2]"
+    assert ranks_str(range(2)) == "[0, 1]"
+    assert ranks_str([torch.tensor(3)]) == "[3]"
+    assert ranks_str([]) == "[]"
+
+
+def test_clog_creates_its_file_when_registered(tmp_path) -> None:
+    path = tmp_path / "log" / "ops.clog"
+    path.parent.mkdir()
+    comm = _fake()
+    logger = clog(str(path), ["ALL"])
+    assert not path.exists()
+    logger.register_with_comm(comm)
+    assert path.exists() and path.read_text() == ""  # before any operation
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    comm.all_reduce(torch.ones(1), torchcomms.ReduceOp.SUM)
+    comm.finalize()
+    logger.close()
+    assert "|Q|all_reduce|" in path.read_text()
+
+
+def test_copies_of_communicators_and_reduce_ops() -> None:
+    comm = _fake()
+    assert copy.copy(comm) is comm and copy.deepcopy(comm) is comm
+    memo: dict = {}
+    holder = {"a": comm, "b": [comm]}
+    copied = copy.deepcopy(holder, memo)
+    assert copied["a"] is comm and copied["b"][0] is comm and memo[id(comm)] is comm
+    stand_in = object()
+    assert comm.__deepcopy__({id(comm): stand_in}) is stand_in  # memo honoured
+    comm.finalize()
+
+    op = torchcomms.ReduceOp.MAX
+    dup = copy.copy(op)
+    assert dup is not op and dup == op and dup.type is torchcomms.RedOpType.MAX
+    factor = torch.tensor([0.5])
+    premul = torchcomms.ReduceOp.PREMUL_SUM(factor)
+    deep = copy.deepcopy(premul)
+    assert deep is not premul and deep.type is torchcomms.RedOpType.PREMUL_SUM
+    assert deep.factor is not factor and torch.equal(deep.factor, factor)
+    # Copied together, operator and tensor keep sharing the factor (memo honoured).
+    pair = copy.deepcopy((premul, factor))
+    assert pair[0].factor is pair[1]
+    assert copy.copy(premul).factor is factor
+
+
+def test_red_op_type_values_are_the_references() -> None:
+    values = {t.name: t.value for t in torchcomms.RedOpType}
+    assert values == {
+        "SUM": 0,
+        "PRODUCT": 1,
+        "MIN": 2,
+        "MAX": 3,
+        "BAND": 4,
+        "BOR": 5,
+        "BXOR": 6,
+        "PREMUL_SUM": 7,
+        "AVG": 8,
+    }
+
+
+def body_mesh_group_names() -> list:
+    import torch.distributed as dist
+
+    from torchcomms.device_mesh import init_device_mesh
+
+    world = torchcomms.new_comm("gloo", "cpu", name=unique_name("mesh-world"))
+    r, n = world.get_rank(), world.get_size()
+    try:
+        one = init_device_mesh((world,), ("dp",))
+        names_1d = [one.get_group("dp").group_name, one.get_group("dp").group_desc]
+        rows = world.split([k for k in range(n) if k // 2 == r // 2], "rows")
+        cols = world.split([k for k in range(n) if k % 2 == r % 2], "cols")
+        two = init_device_mesh((rows, cols), ("tp", "pp"), _global_comm=world)
+        names_2d = [two.get_group(d).group_name for d in ("tp", "pp")]
+        descs_2d = [two.get_group(d).group_desc for d in ("tp", "pp")]
+        return [names_1d, names_2d, descs_2d]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for c in (locals().get("rows"), locals().get("cols"), world):
+            if c is not None:
+                c.finalize()
+
+
+def test_device_mesh_groups_are_named_by_their_dimensions(pool4) -> None:
+    for names_1d, names_2d, descs_2d in pool4.run(body_mesh_group_names):
+        assert names_1d == ["dp", "dp"]
+        assert names_2d == ["tp", "pp"] and descs_2d == ["tp", "pp"]
+
+
+def test_the_reference_sheet_is_covered_names_and_hint_keys() -> None:
+    """scripts/reference_api_check.py: every name and hint key of the sheet is found."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "reference_api_check.py")
+    spec = importlib.util.spec_from_file_location("reference_api_check", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.check() + module.check_hints()
+    assert any(label.startswith("torchcomms.distwrap.") for label, _, _ in rows)
+    assert any(label.startswith("hint ") for label, _, _ in rows)
+    off = [(label, status) for label, status, _ in rows if status != "same"]
+    # torch itself has no ProcessGroupNCCL on a CPU build, so distwrap cannot re-export it.
+    expected = (
+        []
+        if torch.distributed.is_nccl_available()
+        else [("torchcomms.distwrap.ProcessGroupNCCL", "missing")]
+    )
+    assert off == expected
