@@ -44,7 +44,7 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._rendezvous import Handle, connect, launcher_rank, new_token, parse_handle
+from ._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
 from ._states import ABORTED, FINALIZED, OK, UNBOUND
 from ._validation import check_hints, check_timeout
 from ._work import TorchWork, is_timeout_error
@@ -173,11 +173,20 @@ def _retire(comm: TorchComm, prev_state: str) -> None:
         pass
 
 
-def _announce(store: Any, handle: str, key: str, state: str, seq: int, against: str = "") -> None:
-    store.set(
-        f"{_PREFIX}/handle/{handle}",
-        json.dumps({"uuid": key, "state": state, "seq": seq, "against": against}),
-    )
+def _announce(
+    store: Any,
+    handle: str,
+    key: str,
+    state: str,
+    seq: int,
+    against: str = "",
+    error: BaseException | None = None,
+) -> None:
+    entry = {"uuid": key, "state": state, "seq": seq, "against": against}
+    if error is not None:  # why this member gave up, for the members still waiting
+        entry["kind"] = "input" if isinstance(error, CommInputError) else "other"
+        entry["error"] = str(error)[:600]
+    store.set(f"{_PREFIX}/handle/{handle}", json.dumps(entry))
 
 
 class _UuidMismatch(CommInputError):
@@ -202,8 +211,8 @@ def _includes(store: Any, ann: dict[str, Any], peer: str, mine: str) -> bool:
         return True  # the peer already saw this uuid as the conflict
     theirs_key = f"{_PREFIX}/{ann['uuid']}/member/{peer}"
     if not store.check([theirs_key]):
-        return False  # not published yet (or withdrawn): look again at the next poll
-    return mine in json.loads(store.get(theirs_key))["handles"]
+        return False  # not published yet: look again at the next poll
+    return mine in json.loads(store.get(theirs_key)).get("handles", [mine])
 
 
 def _await_members(
@@ -220,12 +229,20 @@ def _await_members(
     pending = [r for r in range(len(handles)) if r != rank]
     used = comm._reconfigure_uuids
     mine = handles[rank]
+    hosted = comm._rendezvous is not None
+    probed = time.monotonic()
     pause = 0.002
     while pending:
         for r in list(pending):
             member_key = f"{_PREFIX}/{key}/member/{handles[r]}"
             if store.check([member_key]):
                 theirs = json.loads(store.get(member_key))
+                if "withdrawn" in theirs:
+                    error = CommInputError if theirs["kind"] == "input" else CommOperationError
+                    raise error(
+                        f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
+                        f"{key!r}: {theirs['withdrawn']}"
+                    )
                 if theirs["handles"] != handles:
                     raise CommInputError(
                         f"reconfigure: members disagree on init_handles for uuid {key!r}: this "
@@ -239,10 +256,10 @@ def _await_members(
             if store.check([ann_key]):
                 ann = json.loads(store.get(ann_key))
                 if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
-                    raise CommOperationError(
+                    error = CommInputError if ann.get("kind") == "input" else CommOperationError
+                    raise error(
                         f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
-                        f"{key!r} (its own reconfigure failed; its error says why); call "
-                        f"reconfigure again with a new uuid"
+                        f"{key!r}: {ann.get('error', 'its reconfigure failed')}"
                     )
                 if _conflicts(ann, key, seq, used) and _includes(store, ann, handles[r], mine):
                     raise _UuidMismatch(
@@ -253,6 +270,15 @@ def _await_members(
                     )
         if not pending:
             return
+        if hosted and time.monotonic() - probed > 0.25:  # a dead member fails the call now
+            probed = time.monotonic()
+            for r in pending:
+                if has_exited(parse_handle(handles[r], comm.get_backend(), True, "member")):
+                    raise CommOperationError(
+                        f"reconfigure: member {r} ({_brief(handles[r])}) has exited (its "
+                        f"rendezvous refuses connections), so uuid {key!r} cannot complete; "
+                        f"reconfigure with a new uuid and a list of live members"
+                    )
         if time.monotonic() >= deadline:
             missing = [handles[r] for r in pending]
             raise CommTimeoutError(
@@ -352,7 +378,7 @@ def reconfigure(
             _await_members(comm, store, key, rank, handles, timeout, seq)
         except TorchCommError:
             raise
-        except Exception as exc:  # the store itself failed: its host is gone
+        except (RuntimeError, OSError) as exc:  # the store itself failed: its host is gone
             raise _store_failure(comm, handles, exc) from exc
         options = comm._options.replace(
             rank=rank,
@@ -378,11 +404,12 @@ def reconfigure(
             raise CommOperationError(f"{what}: {exc}") from exc
     except BaseException as exc:
         try:  # withdraw, so members still waiting fail now instead of at their timeout
-            store.delete_key(member_key)
+            kind = "input" if isinstance(exc, CommInputError) else "other"
+            store.set(member_key, json.dumps({"withdrawn": str(exc)[:600], "kind": kind}))
             if isinstance(exc, _UuidMismatch):
-                _announce(store, mine, key, "mismatch", seq, exc.other)
+                _announce(store, mine, key, "mismatch", seq, exc.other, exc)
             else:
-                _announce(store, mine, key, "failed", seq)
+                _announce(store, mine, key, "failed", seq, error=exc)
         except Exception:
             pass
         if isinstance(exc, _UuidMismatch):

@@ -192,8 +192,10 @@ def _listen(address: str) -> tuple[int, int]:
 def connect(handle: Handle, timeout: timedelta, where: str) -> Any:
     """A store client connected to the rendezvous ``handle`` names, within ``timeout``.
 
-    Refused connections are retried until ``timeout`` (the member may still be starting);
-    an unresolvable host fails at once. The error names the handle and what was tried.
+    A handle exists only once its rendezvous listens, so a refused connection means the
+    member has exited: that fails at once, as does an unresolvable host; other errors
+    (timeouts, unreachable networks) are retried until ``timeout``. The error names the
+    handle and what was tried.
     """
     from torch._C._distributed_c10d import TCPStore
 
@@ -216,32 +218,52 @@ def connect(handle: Handle, timeout: timedelta, where: str) -> Any:
             ) from None
         except OSError as exc:
             last = exc
-            if time.monotonic() + pause >= deadline:
+            if exc.errno == errno.ECONNREFUSED or time.monotonic() + pause >= deadline:
                 break
             time.sleep(pause)
             pause = min(pause * 2, 0.25)
             continue
+        ip = str(probe.getpeername()[0])  # the address that answered: no second lookup
         probe.close()
         left = deadline - time.monotonic()
         try:
             return TCPStore(
-                handle.host,
+                ip,
                 handle.port,
                 None,
                 False,
-                timedelta(seconds=max(left, 0.5)),
+                timedelta(seconds=max(left, 1.0)),
                 wait_for_workers=False,
             )
-        except Exception as exc:  # connected, but no store answered there
-            raise CommOperationError(
-                f"{where}: cannot reach the rendezvous of handle {str(handle)!r} at "
-                f"{handle.address}: {exc}. Reconfigure with a new uuid and a list whose "
-                f"first handle is a live member"
-            ) from None
-    refused = last is not None and last.errno == errno.ECONNREFUSED
+        except Exception as exc:  # connected, but no store answered (in time) there
+            store_error = exc
+            if time.monotonic() + pause >= deadline:
+                raise CommOperationError(
+                    f"{where}: cannot reach the rendezvous of handle {str(handle)!r} at "
+                    f"{handle.address} ({ip}): {store_error}. Reconfigure with a new uuid and "
+                    f"a list whose first handle is a live member"
+                ) from None
+            time.sleep(pause)
+    tail = ". Reconfigure with a new uuid and a list whose first handle is a live member"
+    if last is not None and last.errno == errno.ECONNREFUSED:
+        raise CommOperationError(
+            f"{where}: cannot reach the rendezvous of handle {str(handle)!r} (the first of "
+            f"init_handles) at {handle.address}: connection refused, so nothing listens there "
+            f"any more and that member has exited{tail}"
+        )
     raise CommTimeoutError(
         f"{where}: cannot reach the rendezvous of handle {str(handle)!r} (the first of "
         f"init_handles) at {handle.address} within {timeout}: {tried} attempts, last: {last}"
-        + ("; nothing listens there, so that member has probably exited" if refused else "")
-        + ". Reconfigure with a new uuid and a list whose first handle is a live member"
+        f"{tail}"
     )
+
+
+def has_exited(handle: Handle) -> bool:
+    """Whether the member of ``handle`` is certainly gone: its rendezvous refuses connections."""
+    if handle.host is None:
+        return False
+    try:
+        socket.create_connection((handle.host, handle.port), timeout=0.2).close()
+    except OSError as exc:
+        return exc.errno == errno.ECONNREFUSED
+    return False
