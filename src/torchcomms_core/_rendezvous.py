@@ -80,35 +80,35 @@ def parse_handle(text: Any, backend: str, hosted: bool, where: str) -> Handle:
             f"{where} {text!r} comes from a {parts[0]!r} communicator, but this one runs on "
             f"{backend!r}; every member of a group must use the same backend"
         )
+    bad = CommInputError(
+        f"{where} {text!r} is not a handle from get_init_handle() of a {backend!r} "
+        f"communicator; expected {_form(backend, hosted)!r} ({kind})"
+    )
+    if len(parts) < 3 or parts[0] != backend or not parts[2]:
+        raise bad
     try:
-        name, rank, token = parts[0], int(parts[1]), parts[2]
-        if name != backend or not token:
-            raise ValueError(text)
-        if len(parts) == 3:
-            if hosted:
-                raise CommInputError(
-                    f"{where} {text!r} belongs to a communicator created with store=, but this "
-                    f"one was created without a store and meets its members through their "
-                    f"handles; create every member the same way"
-                )
-            return Handle(name, rank, token)
-        if not hosted:
+        rank = int(parts[1])
+    except ValueError:
+        raise bad from None
+    if len(parts) == 3:
+        if hosted:
             raise CommInputError(
-                f"{where} {text!r} names its own rendezvous (a communicator created without "
-                f"store=), but this one was created with store= and meets its members there; "
-                f"create every member the same way"
+                f"{where} {text!r} belongs to a communicator created with store=, but this "
+                f"one was created without a store and meets its members through their "
+                f"handles; create every member the same way"
             )
-        host, _, port = parts[3].rpartition(":")
-        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-        number = int(port)
-        if not host or not 0 < number < 65536:
-            raise ValueError(text)
-        return Handle(name, rank, token, host, number)
-    except (ValueError, IndexError):
+        return Handle(backend, rank, parts[2])
+    if not hosted:
         raise CommInputError(
-            f"{where} {text!r} is not a handle from get_init_handle() of a {backend!r} "
-            f"communicator; expected {_form(backend, hosted)!r} ({kind})"
-        ) from None
+            f"{where} {text!r} names its own rendezvous (a communicator created without "
+            f"store=), but this one was created with store= and meets its members there; "
+            f"create every member the same way"
+        )
+    host, _, port = parts[3].rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise bad
+    return Handle(backend, rank, parts[2], host, int(port))
 
 
 # -- hosting --------------------------------------------------------------------------------
