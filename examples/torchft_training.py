@@ -118,6 +118,10 @@ def worker(args: argparse.Namespace) -> None:
     opt = Optimizer(manager, inner)
     me = f"{args.slot}/{os.getpid()}"
     control.set(f"handle/{me}", comm.get_init_handle())
+    if args.barrier:  # the first replica groups start together, as a scheduler would
+        control.add("ready", 1)
+        while int(control.add("ready", 0)) < args.barrier:
+            time.sleep(0.01)
     while manager.current_step() < args.steps:
         opt.zero_grad()  # the quorum: reconfigure and heal when membership changed
         step = manager.current_step()
@@ -169,13 +173,13 @@ class Job:
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.exited: list[tuple[int, int, int]] = []  # (slot, pid, code)
 
-    def start(self, slot: int) -> None:
+    def start(self, slot: int, barrier: int = 0) -> None:
         a = self.args
         cmd = [
             sys.executable, os.path.abspath(__file__), "--worker", "--slot", str(slot),
             "--lighthouse", self.lighthouse.address(), "--steps", str(a.steps),
             "--timeout", str(a.timeout), "--step-time", str(a.step_time),
-            "--deadline", str(a.deadline),
+            "--deadline", str(a.deadline), "--barrier", str(barrier),
         ]  # fmt: skip
         self.procs[slot] = subprocess.Popen(
             cmd, env=self.env, stdout=subprocess.DEVNULL if a.quiet else None,
@@ -199,11 +203,8 @@ class Job:
 
     def first_handle_slot(self) -> int | None:
         """The slot whose handle came first in the last quorum (participating rank 0)."""
-        step, _ = self.progress()
-        for me, rep in self.reports().items():
-            if rep["rank"] == 0 and rep["step"] == step:
-                return int(me.split("/")[0])
-        return None
+        firsts = [(rep["step"], me) for me, rep in self.reports().items() if rep["rank"] == 0]
+        return int(max(firsts)[1].split("/")[0]) if firsts else None
 
     def reap(self) -> None:
         for slot, p in list(self.procs.items()):
@@ -227,7 +228,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     deadline = time.monotonic() + args.deadline
     try:
         for slot in range(args.replicas):
-            job.start(slot)
+            job.start(slot, barrier=args.replicas)
         while True:
             job.reap()
             if time.monotonic() > deadline:
@@ -315,6 +316,7 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    p.add_argument("--barrier", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
