@@ -120,17 +120,13 @@ def run_elastic(args: argparse.Namespace) -> dict[str, Any]:
                 t_kill = time.time()
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.wait()
-                procs.append(
-                    subprocess.Popen([*cmd, "--joiner"], env=env, stdout=out, stderr=out)
-                )
+                procs.append(subprocess.Popen([*cmd, "--joiner"], env=env, stdout=out, stderr=out))
                 while progress() <= step:
                     if time.time() - t_kill > args.hang_after:
                         hangs += 1
                         raise TimeoutError(f"no step committed within {args.hang_after} s")
                     time.sleep(0.002)
-                kills.append(
-                    {"recover_s": time.time() - t_kill, "first_handle": victim is first}
-                )
+                kills.append({"recover_s": time.time() - t_kill, "first_handle": victim is first})
             time.sleep(0.005)
     except TimeoutError as exc:
         return {"error": str(exc), "hangs": hangs}

@@ -163,7 +163,9 @@ class Job:
             join_timeout_ms=int(args.join_timeout * 1000),
             heartbeat_timeout_ms=int(args.heartbeat_timeout * 1000),
         )
-        self.store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False)
+        self.store = TCPStore(
+            "127.0.0.1", 0, None, True, timedelta(seconds=60), wait_for_workers=False
+        )
         self.env = {
             **os.environ,
             "MASTER_ADDR": "127.0.0.1",

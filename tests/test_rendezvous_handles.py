@@ -52,9 +52,7 @@ def _exchange(tag: str, handle: str, ranks: list[int]) -> list[str]:
     """Out-of-band handle exchange through the pool's store (the application's part)."""
     from torch.distributed import TCPStore
 
-    store = TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
-    )
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
     store.set(f"{tag}/{current_rank()}", handle)
     return [store.get(f"{tag}/{r}").decode() for r in ranks]
 

@@ -116,7 +116,10 @@ def api() -> dict[str, Any]:
         got["reduce_scatter"] = rs.item()
         a2a = torch.zeros(2)
         pg.alltoall_base(
-            a2a, torch.tensor([rank * 2.0, rank * 2.0 + 1]), [1, 1], [1, 1],
+            a2a,
+            torch.tensor([rank * 2.0, rank * 2.0 + 1]),
+            [1, 1],
+            [1, 1],
             c10d.AllToAllOptions(),
         ).wait()
         got["alltoall"] = a2a.tolist()
@@ -314,9 +317,7 @@ def local_sgd_recovery() -> dict[str, Any]:
     from torchft.manager_integ_test import EventInjector
 
     injectors = [EventInjector(), EventInjector().fail_at(0, 2)]
-    results = _replicas(
-        local_sgd_train_loop, injectors, manager_args={"use_async_quorum": False}
-    )
+    results = _replicas(local_sgd_train_loop, injectors, manager_args={"use_async_quorum": False})
     models = [r[0]["model"] for r in results]
     return {"replicas": len(results), "equal": _same(models), "failures": _failures(injectors[1])}
 

@@ -342,7 +342,9 @@ class NcclEngineBackend(C10dBackend):
             return False, (
                 f"this PyTorch build (torch {torch.__version__}) has no ProcessGroupNCCL in c10d"
             )
-        missing = [m for m in ("abort", "eager_connect_single_device") if not hasattr(engine_cls, m)]
+        missing = [
+            m for m in ("abort", "eager_connect_single_device") if not hasattr(engine_cls, m)
+        ]
         if missing:
             return False, (
                 f"this PyTorch build's ProcessGroupNCCL (torch {torch.__version__}) lacks "
