@@ -369,6 +369,7 @@ class CommBase:
             self._state = state
         self._relean()
         self._finalizer.detach()
+        self._rendezvous_clients.clear()  # connections to other members' rendezvous
         return True
 
     def _release_quietly(self) -> None:
