@@ -189,6 +189,11 @@ def body_down_then_up() -> dict:
         out["down"] = (comm.get_size(), _sum(comm))
     comm.reconfigure(3, handles)
     out["up"] = (comm.get_rank(), comm.get_size(), _sum(comm))
+    # A split of the new group meets in the group's rendezvous, not in a private store.
+    half = [0, 1] if comm.get_rank() < 2 else [2, 3]
+    sub = comm.split(half, "half")
+    out["split"] = (sub.get_size(), _sum(sub, comm.get_rank() + 1.0))
+    sub.finalize()
     comm.finalize()
     return out
 
@@ -198,6 +203,7 @@ def test_shrink_then_grow_at_4_ranks_with_self_hosted_handles(pool4: RankPool) -
     for r, res in enumerate(results):
         assert res["full"] == 4.0
         assert res["up"] == (r, 4, 4.0)
+        assert res["split"] == (2, 3.0 if r < 2 else 7.0)
         if r < 3:
             assert res["down"] == (3, 3.0)
 
@@ -243,3 +249,30 @@ def test_first_handle_member_sigkilled_survivors_meet_at_the_next_handle(pool4: 
         text, seconds = res["with_dead"]
         assert "has exited" in text and seconds < TIMEOUT_S, res
         assert res["after"] == (o.rank - 1, 3, 3.0)
+
+
+def body_first_member_leaves() -> dict:
+    name = unique_name("fl")
+    comm = _comm(name)
+    r, n = current_rank(), int(os.environ["TORCHCOMM_SIZE"])
+    handles = _exchange(name, comm.get_init_handle(), list(range(n)))
+    if r == 0:  # hosts the rendezvous, but leaves instead of reconfiguring
+        time.sleep(0.5)
+        comm.finalize()
+        del comm
+        return {}
+    start = time.monotonic()
+    try:
+        comm.reconfigure("left", handles, timedelta(seconds=20))
+        return {"error": None}
+    except torchcomms.TorchCommError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.monotonic() - start}
+    finally:
+        comm.finalize()
+
+
+def test_first_member_leaving_fails_the_others_well_before_the_timeout(pool4: RankPool) -> None:
+    for res in pool4.run(body_first_member_leaves, timeout=60)[1:]:
+        assert res["error"].startswith("CommOperationError"), res
+        assert "has exited" in res["error"] or "rendezvous store" in res["error"], res
+        assert res["seconds"] < 10, res

@@ -424,6 +424,7 @@ def reconfigure(
     comm._store = group  # splits of the new group meet here
     backend.options = options.replace(store=group)  # and its windows
     comm._options.rank, comm._options.size = rank, size
+    comm._options.store = group  # what the PyTorch bridge builds further groups on
     comm._bind(rank, size)
     with comm._lock:
         comm._state = OK
