@@ -124,6 +124,9 @@ def worker(args: argparse.Namespace) -> None:
             time.sleep(0.01)
     while manager.current_step() < args.steps:
         opt.zero_grad()  # the quorum: reconfigure and heal when membership changed
+        if control.check(["done"]):  # a replacement that came after the others finished
+            manager.shutdown(wait=False)
+            os._exit(0)
         step = manager.current_step()
         rank = manager.participating_rank()
         n = max(manager.num_participants(), 1)
@@ -141,6 +144,7 @@ def worker(args: argparse.Namespace) -> None:
     flat = torch.nn.utils.parameters_to_vector(model.parameters())
     result = {"loss": full_loss(model, args.steps), "params": flat.tolist()}
     control.set(f"result/{me}", json.dumps(result))
+    control.set("done", "1")
     manager.shutdown(wait=False)
     comm.finalize()
     os._exit(0)  # torchft's background threads need not be joined
@@ -236,6 +240,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the job did not finish within {args.deadline} s")
             step, n = job.progress()
+            if kills and "rejoin_s" not in kills[-1] and n == args.replicas:
+                kills[-1]["rejoin_s"] = time.time() - kills[-1].pop("t_kill")
             live = [s for s, p in job.procs.items() if p.poll() is None]
             if not live and step >= args.steps:
                 break
@@ -265,10 +271,13 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                     else:
                         time.sleep(0.002)
                 kill["recover_s"] = recovered - t_kill
+                kill["t_kill"] = t_kill  # until the replacement is in (rejoin_s)
                 kills.append(kill)
                 if not args.quiet:
                     print(f"kill {len(kills)}: {kill}", flush=True)
             time.sleep(0.005)
+        for k in kills:
+            k.pop("t_kill", None)  # a replacement that never got in has no rejoin_s
         results = [
             json.loads(job.store.get(k))
             for k in (f"result/{s}/{p.pid}" for s, p in job.procs.items())
@@ -329,8 +338,9 @@ def main() -> None:
             json.dump(res, f)
     print(json.dumps({k: v for k, v in res.items() if k != "kills"}))
     for k in res["kills"]:
+        back = f"{k['rejoin_s']:.3f} s" if "rejoin_s" in k else "never"
         print(f"  kill at step {k['step']}: slot {k['slot']} first_handle={k['first_handle']} "
-              f"-> next committed step {k['recover_s']:.3f} s")  # fmt: skip
+              f"-> next committed step {k['recover_s']:.3f} s, replacement in: {back}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -102,7 +102,9 @@ def test_replica_groups_as_processes_survive_sigkill_of_the_first_handle(tmp_pat
             "--replicas",
             "2",
             "--steps",
-            "30",
+            "60",
+            "--step-time",
+            "0.2",  # 50 steps after the kill: time for the replacement to start and heal
             "--kills",
             "1",
             "--kill-every",
@@ -115,7 +117,7 @@ def test_replica_groups_as_processes_survive_sigkill_of_the_first_handle(tmp_pat
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     res = json.loads(out.read_text())
@@ -123,5 +125,6 @@ def test_replica_groups_as_processes_survive_sigkill_of_the_first_handle(tmp_pat
     (kill,) = res["kills"]
     assert kill["first_handle"] is True  # the member hosting the rendezvous died
     assert kill["recover_s"] < 30, kill
+    assert "rejoin_s" in kill, kill  # the replacement healed and trained to the end
     assert res["max_param_spread"] < 1e-6  # both replicas end identical
     assert abs(res["final_loss"] - res["reference_loss"]) < 1e-4  # same as fault-free
