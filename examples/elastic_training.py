@@ -164,13 +164,14 @@ class Worker:
             is_master=False,
             timeout=timedelta(seconds=60),
         )
+        # No store: the communicator hosts its own rendezvous and its handle names it, so
+        # members of a round meet at the first member's; the store above is the quorum's.
         self.comm = torchcomms.new_comm(
             "gloo",
             torch.device("cpu"),
             name="elastic",
             enable_reconfigure=True,
             timeout=timedelta(seconds=args.timeout),
-            store=self.store,
         )
         self.handle = self.comm.get_init_handle()
         self.store.set(f"pid/{os.getpid()}", self.handle)
@@ -182,17 +183,22 @@ class Worker:
         self.trace: list[tuple[int, int, float]] = []  # (step, size, loss)
         self.recoveries: list[dict[str, Any]] = []
 
-    def recover(self, reason: str) -> None:
-        """Agree on members, reconfigure, and bring every replica to the same state."""
+    def recover(self, reason: str) -> bool:
+        """Agree on members, reconfigure, and bring every replica to the same state; ``False``
+        when a replacement arrives after the job finished (it has nothing to join)."""
         if self.round < 0 and self.args.joiner:  # start from the latest closed round
             latest = int(self.store.get("quorum/latest"))
             self.round, self.members = latest, self.quorum.result(latest) or []
         while True:
+            if self.args.joiner and self.store.check(["quorum/done"]):
+                return False
             n = self.round + 1
             if n > 0 and self.handle not in self.members:
                 self.quorum.request_join(n)  # rank 0 of the members raises the flag
             t_quorum = time.time()
             members = self.quorum.agree(n, self.members, self.args.nproc, timeout_s=60)
+            if self.args.joiner and self.store.check(["quorum/done"]):
+                return False  # the others stopped heartbeating because they finished
             self.round, self.members = n, members
             if self.handle not in members:  # too late for this round: the next one
                 continue
@@ -204,9 +210,10 @@ class Worker:
                     "reconfigure_s": time.time() - t_reconfigure,
                 }
                 self._sync_state(reason)
-                if self.comm.get_rank() == 0:
+                if self.comm.get_rank() == 0:  # its handle comes first: it hosts the rendezvous
+                    self.store.set("quorum/first_pid", str(os.getpid()))
                     self.store.set("quorum/latest", str(n))
-                return
+                return True
             except self.tc.TorchCommError as exc:  # someone died during recovery: again
                 print(f"[{self.handle[-12:]}] recovery round {n} failed: {exc}", flush=True)
                 self.comm.abort()
@@ -251,7 +258,10 @@ class Worker:
 
     def train(self) -> None:
         args = self.args
-        self.recover("grow" if args.joiner else "start")
+        if not self.recover("grow" if args.joiner else "start"):
+            self.quorum.stop()
+            self.comm.finalize()
+            return
         full_since: int | None = None
         while True:
             comm = self.comm
@@ -286,6 +296,8 @@ class Worker:
                 continue
             stop, join = buf[-2] > 0, buf[-1] > 0
             if stop:
+                if rank == 0:
+                    self.store.set("quorum/done", "1")  # replacements still starting: go home
                 break
             grad = buf[:-3] / GLOBAL_BATCH
             with torch.no_grad():
@@ -296,10 +308,16 @@ class Worker:
             if rank == 0:
                 self.store.set("progress", str(self.step))
             if join:
-                self.recover("grow")
+                self.recover("grow")  # a member is never refused: always True here
         self.quorum.stop()
         self.comm.finalize()
-        out = {"handle": self.handle, "trace": self.trace, "recoveries": self.recoveries}
+        checksum = float(flat_params(self.model).double().sum())
+        out = {
+            "handle": self.handle,
+            "trace": self.trace,
+            "recoveries": self.recoveries,
+            "checksum": checksum,
+        }
         with open(os.path.join(args.trace_dir, f"{os.getpid()}.json"), "w") as f:
             json.dump(out, f)
 

@@ -162,14 +162,21 @@ def body_missing_member() -> dict:
     comm = _comm(name)
     r, n = current_rank(), int(os.environ["TORCHCOMM_SIZE"])
     handles = _exchange(_store(), name, comm.get_init_handle(), r, list(range(n)))
-    if r == n - 1:
-        return {"skipped": True}  # never calls reconfigure
+    if r == n - 1:  # alive, but never calls reconfigure
+        time.sleep(4)
+        comm.finalize()
+        return {"skipped": True}
     start = time.monotonic()
+    out: dict = {"error": None}
     try:
         comm.reconfigure("lonely", handles, timedelta(seconds=1.5))
     except torchcomms.CommTimeoutError as exc:
-        return {"error": str(exc), "seconds": time.monotonic() - start}
-    return {"error": None}
+        out = {"error": str(exc), "seconds": time.monotonic() - start}
+    # Rank 0's communicator hosts the rendezvous the others wait in: keep it until they
+    # have timed out too (a member that leaves it is a different failure, tested apart).
+    time.sleep(2)
+    comm.finalize()
+    return out
 
 
 def test_absent_member_times_out(pool4: RankPool) -> None:

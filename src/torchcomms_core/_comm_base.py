@@ -162,9 +162,15 @@ class CommBase:
         # shared (nothing about a completed work changes; it names no communicator, so it
         # holds no reference cycle).
         self._done = {op: TorchWork.completed(None, op) for op in LEAN_OPS}
-        # Fault tolerance (enable_reconfigure): this endpoint's token and the uuids used.
+        # Fault tolerance (enable_reconfigure): this endpoint's handle, the uuids used, the
+        # store members meet in when this rank's handle comes first (the one given at
+        # creation, or the one it hosts: ``_rendezvous``), and its connection to the store
+        # of the member whose handle came first last time.
         self._init_handle: str | None = None
         self._reconfigure_uuids: set[str] = set()
+        self._root_store: Any = store
+        self._rendezvous: Any = None
+        self._rendezvous_clients: dict[str, Any] = {}
         self._bind(backend.get_rank(), backend.get_size())
         self._relean()
         _live.add(self)
@@ -367,6 +373,7 @@ class CommBase:
             self._state = state
         self._relean()
         self._finalizer.detach()
+        self._rendezvous_clients.clear()  # connections to other members' rendezvous
         return True
 
     def _release_quietly(self) -> None:

@@ -22,7 +22,7 @@ from ._errors import (
 from ._names import auto_name, check_name, claim_name, release_name
 from ._options import CommOptions
 from ._plugins import call_lifecycle, load_plugins
-from ._reconfigure import make_handle, supports_reconfigure
+from ._reconfigure import make_handle, refusal, supports_reconfigure
 from ._registry import get_backend_class
 from ._states import UNBOUND
 from ._validation import check_hints, check_timeout
@@ -60,7 +60,9 @@ def new_comm(
         store: a c10d ``Store`` to rendezvous through; without it, rank and size come from
             the launcher's environment and the store from ``MASTER_ADDR``/``MASTER_PORT``
             (or ``TORCHCOMM_STORE_PATH``).
-        enable_reconfigure: create the communicator unbound, for ``reconfigure``.
+        enable_reconfigure: create the communicator unbound, for ``reconfigure``. Without
+            ``store`` it needs no launcher and no peer: it hosts its own rendezvous, which
+            ``get_init_handle()`` names (docs/fault-tolerance.md).
         hints: backend-specific ``dict[str, str]``.
 
     Returns:
@@ -189,14 +191,27 @@ def new_reconfigurable_comm(
     and joins through ``reconfigure``.
     """
     if not supports_reconfigure(cls):
-        raise RuntimeError(
-            f"new_comm: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
-            f"{cls.__name__} has no reconfigure_engine); pass enable_reconfigure=False or use "
-            f"a backend that supports it, such as 'gloo'"
-        )
-    if store is None:
-        rank, size, _source = resolve_rank_size()
-        store = default_store(rank, size, timeout, required=True)
+        raise RuntimeError(refusal(backend, cls, "new_comm"))
+    rendezvous = None
+    if store is None:  # host the rendezvous that this rank's handle names
+        from torch._C._distributed_c10d import PrefixStore
+
+        from ._rendezvous import host_store
+
+        address = cls.rendezvous_address(hints)
+        try:
+            rendezvous, host, port = host_store(address, timeout)
+        except TorchCommError:
+            raise
+        except Exception as exc:
+            raise CommOperationError(
+                f"new_comm: could not host the rendezvous of communicator {name!r} "
+                f"({'every interface' if address is None else address}): {exc}"
+            ) from exc
+        handle = make_handle(backend, (host, port))
+        store = PrefixStore(f"rendezvous/{handle.split(':', 3)[2]}", rendezvous)
+    else:
+        handle = make_handle(backend, None)
     instance, options = _instance(
         cls,
         device,
@@ -212,7 +227,9 @@ def new_reconfigurable_comm(
     comm = TorchComm(instance, device, name, options, options.store, backend)
     comm._state = UNBOUND
     comm._relean()
-    comm._init_handle = make_handle()
+    comm._init_handle = handle
+    if rendezvous is not None:  # peers reach it as rendezvous/<token>, whatever their names
+        comm._rendezvous, comm._root_store = rendezvous, store
     return comm
 
 

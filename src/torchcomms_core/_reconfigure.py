@@ -1,24 +1,28 @@
 """Fault tolerance: bind a communicator to a new membership after a rank dies or joins.
 
 ``new_comm(..., enable_reconfigure=True)`` returns a communicator that is not bound to a
-group yet. Each process publishes :func:`make_handle`'s token (``comm.get_init_handle()``)
-out of band; ``comm.reconfigure(uuid, init_handles)`` then binds it to exactly those members:
-rank = position in the list (sorted order for a set), size = its length.
+group yet. Each process publishes ``comm.get_init_handle()`` out of band (see
+``_rendezvous`` for the handle's form); ``comm.reconfigure(uuid, init_handles)`` then binds
+it to exactly those members: rank = position in the list (sorted order for a set), size =
+its length. Members meet in the store given to ``new_comm`` or, without one, in the store
+that the member of the first handle hosts.
 
 The orchestration lives here so a backend only implements ``reconfigure_engine``:
 
 1. Arguments are checked (a uuid not used before by this communicator, distinct string
    handles including this process's own).
 2. The previous engine is retired with the backend's ``abort`` (never waits for a dead peer).
-3. Membership check through the communicator's store, namespaced by the uuid:
+3. Membership check through the rendezvous store, namespaced by the uuid:
    ``reconfigure/<uuid>/member/<handle>`` holds each member's handle list, and
    ``reconfigure/handle/<handle>`` says which uuid a handle last reconfigured with, in what
    state, and when (a store counter orders attempts). A member whose handle list differs,
-   or who is reconfiguring with another uuid at the same time, makes every member raise
-   :class:`CommInputError` at once; a member who never arrives makes the call raise
-   :class:`CommTimeoutError` after ``timeout``.
+   or who is reconfiguring with another uuid over the same members at the same time, makes
+   every member raise :class:`CommInputError` at once; a member who gives up (its own
+   attempt failed) makes the others fail at once too; a member who never arrives makes the
+   call raise :class:`CommTimeoutError` after ``timeout``.
 4. ``backend.reconfigure_engine(store, rank, size, timeout, options)`` builds the new
-   engine over ``reconfigure/<uuid>/engine/`` of the store.
+   engine over ``reconfigure/<uuid>/engine/`` of the store; splits and windows of the new
+   group work under ``reconfigure/<uuid>/group/``.
 
 On failure the communicator stays unbound (operations raise ``CommStateError``) and a new
 ``reconfigure`` with a new uuid may be tried.
@@ -28,10 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 import time
-import uuid as _uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
+from ._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
 from ._states import ABORTED, FINALIZED, OK, UNBOUND
 from ._validation import check_hints, check_timeout
 from ._work import TorchWork, is_timeout_error
@@ -55,13 +57,47 @@ _PREFIX = "reconfigure"
 
 
 def supports_reconfigure(cls: type[TorchCommBackend]) -> bool:
-    """Whether a backend class implements the ``reconfigure_engine`` capability."""
+    """Whether a backend class can reconfigure here (``reconfigure_support()``)."""
     return method_support(cls).get("reconfigure_engine") == "native"
 
 
-def make_handle() -> str:
-    """A new opaque init handle: a random token plus host and pid (for error messages)."""
-    return f"tch1-{_uuid.uuid4().hex}@{socket.gethostname()}:{os.getpid()}"
+def reconfigure_backends() -> list[str]:
+    """Names of the installed backends that can reconfigure here (for error messages)."""
+    from ._registry import available_backends, get_backend_class
+
+    found = []
+    for name in available_backends():
+        try:
+            cls = get_backend_class(name)
+        except Exception:  # a plugin that fails to load is reported where it is used
+            continue
+        if supports_reconfigure(cls):
+            found.append(name)
+    return found
+
+
+def refusal(backend: str, cls: type[TorchCommBackend], where: str) -> str:
+    """Why ``backend`` cannot reconfigure, and which installed backends can."""
+    _ok, reason = cls.reconfigure_support()
+    others = [b for b in reconfigure_backends() if b != backend]
+    which = (
+        f"use a backend that supports it: {', '.join(repr(b) for b in others)}"
+        if others
+        else "no installed backend supports it here (torchcomms-gloo does: pip install "
+        "torchcomms-gloo)"
+    )
+    return (
+        f"{where}: backend {backend!r} cannot reconfigure (reconfigure not implemented: "
+        f"{reason}); pass enable_reconfigure=False, or {which}"
+    )
+
+
+def make_handle(backend: str, rendezvous: tuple[str, int] | None) -> str:
+    """A new init handle: ``backend:rank:token`` plus ``:host:port`` of a hosted rendezvous."""
+    if rendezvous is None:
+        return str(Handle(backend, launcher_rank(), new_token()))
+    host, port = rendezvous
+    return str(Handle(backend, launcher_rank(), new_token(), host, port))
 
 
 def _uuid_key(uuid: Any) -> str:
@@ -75,7 +111,7 @@ def _uuid_key(uuid: Any) -> str:
     return key
 
 
-def _handle_list(init_handles: Any, mine: str) -> list[str]:
+def _handle_list(init_handles: Any, mine: str, backend: str, hosted: bool) -> list[str]:
     if isinstance(init_handles, (set, frozenset)):
         handles = sorted(init_handles)
     elif isinstance(init_handles, (list, tuple)):
@@ -91,6 +127,7 @@ def _handle_list(init_handles: Any, mine: str) -> list[str]:
                 f"reconfigure: init_handles[{i}] must be a handle string from "
                 f"get_init_handle(), got {h!r}"
             )
+        parse_handle(h, backend, hosted, f"reconfigure: init_handles[{i}]")
     if len(set(handles)) != len(handles):
         dupes = sorted({h for h in handles if handles.count(h) > 1})
         raise CommInputError(
@@ -109,9 +146,17 @@ def _digest(handles: list[str]) -> str:
 
 
 def _short(handles: list[str]) -> str:
-    shown = [h.split("@", 1)[0][-8:] + "@" + h.split("@", 1)[-1] for h in handles[:6]]
+    shown = [_brief(h) for h in handles[:6]]
     more = f" and {len(handles) - 6} more" if len(handles) > 6 else ""
     return "[" + ", ".join(shown) + "]" + more
+
+
+def _brief(handle: str) -> str:
+    """A handle shortened for messages: its token's last 8 digits and its address."""
+    parts = handle.split(":", 3)
+    if len(parts) < 3:
+        return handle
+    return f"{parts[2][-8:]}" + (f"@{parts[3]}" if len(parts) == 4 else "")
 
 
 def _retire(comm: TorchComm, prev_state: str) -> None:
@@ -128,11 +173,20 @@ def _retire(comm: TorchComm, prev_state: str) -> None:
         pass
 
 
-def _announce(store: Any, handle: str, key: str, state: str, seq: int, against: str = "") -> None:
-    store.set(
-        f"{_PREFIX}/handle/{handle}",
-        json.dumps({"uuid": key, "state": state, "seq": seq, "against": against}),
-    )
+def _announce(
+    store: Any,
+    handle: str,
+    key: str,
+    state: str,
+    seq: int,
+    against: str = "",
+    error: BaseException | None = None,
+) -> None:
+    entry = {"uuid": key, "state": state, "seq": seq, "against": against}
+    if error is not None:  # why this member gave up, for the members still waiting
+        entry["kind"] = "input" if isinstance(error, CommInputError) else "other"
+        entry["error"] = str(error)[:600]
+    store.set(f"{_PREFIX}/handle/{handle}", json.dumps(entry))
 
 
 class _UuidMismatch(CommInputError):
@@ -150,6 +204,17 @@ def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
     return bool(ann["state"] == "mismatch" and ann["against"] == key)
 
 
+def _includes(store: Any, ann: dict[str, Any], peer: str, mine: str) -> bool:
+    """Whether the peer's other attempt lists this rank (else it is not a conflict: the peer
+    rebinds a group without this rank first, and comes to this uuid afterwards)."""
+    if ann["state"] == "mismatch":
+        return True  # the peer already saw this uuid as the conflict
+    theirs_key = f"{_PREFIX}/{ann['uuid']}/member/{peer}"
+    if not store.check([theirs_key]):
+        return False  # not published yet: look again at the next poll
+    return mine in json.loads(store.get(theirs_key)).get("handles", [mine])
+
+
 def _await_members(
     comm: TorchComm,
     store: Any,
@@ -163,12 +228,21 @@ def _await_members(
     deadline = time.monotonic() + timeout.total_seconds()
     pending = [r for r in range(len(handles)) if r != rank]
     used = comm._reconfigure_uuids
+    mine = handles[rank]
+    hosted = comm._rendezvous is not None
+    probed = time.monotonic()
     pause = 0.002
     while pending:
         for r in list(pending):
             member_key = f"{_PREFIX}/{key}/member/{handles[r]}"
             if store.check([member_key]):
                 theirs = json.loads(store.get(member_key))
+                if "withdrawn" in theirs:
+                    error = CommInputError if theirs["kind"] == "input" else CommOperationError
+                    raise error(
+                        f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
+                        f"{key!r}: {theirs['withdrawn']}"
+                    )
                 if theirs["handles"] != handles:
                     raise CommInputError(
                         f"reconfigure: members disagree on init_handles for uuid {key!r}: this "
@@ -181,15 +255,30 @@ def _await_members(
             ann_key = f"{_PREFIX}/handle/{handles[r]}"
             if store.check([ann_key]):
                 ann = json.loads(store.get(ann_key))
-                if _conflicts(ann, key, seq, used):
+                if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
+                    error = CommInputError if ann.get("kind") == "input" else CommOperationError
+                    raise error(
+                        f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
+                        f"{key!r}: {ann.get('error', 'its reconfigure failed')}"
+                    )
+                if _conflicts(ann, key, seq, used) and _includes(store, ann, handles[r], mine):
                     raise _UuidMismatch(
-                        f"reconfigure: member {r} ({handles[r]}) is reconfiguring with uuid "
-                        f"{ann['uuid']!r} while this rank uses {key!r}; every member must pass "
-                        f"the same uuid",
+                        f"reconfigure: member {r} ({_brief(handles[r])}) is reconfiguring with "
+                        f"uuid {ann['uuid']!r} while this rank uses {key!r}; every member must "
+                        f"pass the same uuid",
                         ann["uuid"],
                     )
         if not pending:
             return
+        if hosted and time.monotonic() - probed > 0.25:  # a dead member fails the call now
+            probed = time.monotonic()
+            for r in pending:
+                if has_exited(parse_handle(handles[r], comm.get_backend(), True, "member")):
+                    raise CommOperationError(
+                        f"reconfigure: member {r} ({_brief(handles[r])}) has exited (its "
+                        f"rendezvous refuses connections), so uuid {key!r} cannot complete; "
+                        f"reconfigure with a new uuid and a list of live members"
+                    )
         if time.monotonic() >= deadline:
             missing = [handles[r] for r in pending]
             raise CommTimeoutError(
@@ -199,6 +288,37 @@ def _await_members(
             )
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: timedelta) -> Any:
+    """The store the members meet in: the one given to ``new_comm``, or the rendezvous that
+    the first handle's member hosts (this communicator's own when the first handle is its)."""
+    from torch._C._distributed_c10d import PrefixStore
+
+    if comm._rendezvous is None or handles[0] == mine:
+        if comm._rendezvous is not None:
+            comm._rendezvous.set_timeout(timeout)  # gloo's rendezvous waits use it
+        return comm._root_store
+    first = handles[0]
+    cached = comm._rendezvous_clients.get(first)
+    if cached is None:
+        comm._rendezvous_clients.clear()  # one live connection: to the current first member
+        where = "reconfigure"
+        cached = connect(parse_handle(first, comm.get_backend(), True, where), timeout, where)
+        comm._rendezvous_clients[first] = cached
+    cached.set_timeout(timeout)  # gloo's rendezvous waits use the store's own timeout
+    token = first.split(":", 3)[2]
+    return PrefixStore(f"rendezvous/{token}", cached)
+
+
+def _store_failure(comm: TorchComm, handles: list[str], exc: BaseException) -> CommOperationError:
+    first = handles[0]
+    comm._rendezvous_clients.pop(first, None)
+    return CommOperationError(
+        f"reconfigure: the rendezvous store (hosted by the member of the first handle, "
+        f"{_brief(first)}) failed: {exc}; that member may have died. Reconfigure with a new "
+        f"uuid and a list whose first handle is a live member"
+    )
 
 
 def reconfigure(
@@ -212,11 +332,9 @@ def reconfigure(
     from torch._C._distributed_c10d import PrefixStore
 
     op = "reconfigure"
-    if not supports_reconfigure(type(comm._backend)):
-        raise RuntimeError(
-            f"reconfigure: reconfigure not implemented by backend {comm.get_backend()!r}; "
-            f"its method_support() reports reconfigure_engine as unsupported"
-        )
+    backend = comm._backend
+    if not supports_reconfigure(type(backend)):
+        raise RuntimeError(refusal(comm.get_backend(), type(backend), op))
     if not comm._options.enable_reconfigure:
         raise CommStateError(
             f"reconfigure: communicator {comm.get_name()!r} was created with "
@@ -229,7 +347,7 @@ def reconfigure(
         )
     key = _uuid_key(uuid)
     mine = comm.get_init_handle()  # enable_reconfigure: set at creation
-    handles = _handle_list(init_handles, mine)
+    handles = _handle_list(init_handles, mine, comm.get_backend(), comm._rendezvous is not None)
     timeout = check_timeout(timeout, op) if timeout is not None else comm._timeout
     hints = dict(check_hints(hints, op)) if hints is not None else {}
     if key in comm._reconfigure_uuids:
@@ -246,16 +364,22 @@ def reconfigure(
     comm._relean()
     _retire(comm, prev_state)
 
-    store = comm._store
-    backend = comm._backend
-    seq = int(store.add(f"{_PREFIX}/seq", 1))
+    store = _meeting_store(comm, handles, mine, timeout)
+    member_key = f"{_PREFIX}/{key}/member/{mine}"
+    seq = 0
     try:
-        _announce(store, mine, key, "pending", seq)
-        store.set(
-            f"{_PREFIX}/{key}/member/{mine}",
-            json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}),
-        )
-        _await_members(comm, store, key, rank, handles, timeout, seq)
+        try:
+            seq = int(store.add(f"{_PREFIX}/seq", 1))
+            _announce(store, mine, key, "pending", seq)
+            store.set(
+                member_key,
+                json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}),
+            )
+            _await_members(comm, store, key, rank, handles, timeout, seq)
+        except TorchCommError:
+            raise
+        except (RuntimeError, OSError) as exc:  # the store itself failed: its host is gone
+            raise _store_failure(comm, handles, exc) from exc
         options = comm._options.replace(
             rank=rank,
             size=size,
@@ -279,19 +403,28 @@ def reconfigure(
                 ) from exc
             raise CommOperationError(f"{what}: {exc}") from exc
     except BaseException as exc:
-        try:
+        try:  # withdraw, so members still waiting fail now instead of at their timeout
+            kind = "input" if isinstance(exc, CommInputError) else "other"
+            store.set(member_key, json.dumps({"withdrawn": str(exc)[:600], "kind": kind}))
             if isinstance(exc, _UuidMismatch):
-                _announce(store, mine, key, "mismatch", seq, exc.other)
+                _announce(store, mine, key, "mismatch", seq, exc.other, exc)
             else:
-                _announce(store, mine, key, "failed", seq)
+                _announce(store, mine, key, "failed", seq, error=exc)
         except Exception:
             pass
         if isinstance(exc, _UuidMismatch):
             raise CommInputError(str(exc)) from None
         raise
-    _announce(store, mine, key, "done", seq)
+    try:
+        _announce(store, mine, key, "done", seq)
+    except Exception:  # bound already; a store that just went away no longer matters
+        pass
 
+    group = PrefixStore(f"{_PREFIX}/{key}/group", store)
+    comm._store = group  # splits of the new group meet here
+    backend.options = options.replace(store=group)  # and its windows
     comm._options.rank, comm._options.size = rank, size
+    comm._options.store = group  # what the PyTorch bridge builds further groups on
     comm._bind(rank, size)
     with comm._lock:
         comm._state = OK

@@ -123,6 +123,27 @@ class TorchCommBackend(abc.ABC):
         backend reads them from its hints); ``None`` (the default): ask the launcher."""
         return None
 
+    @classmethod
+    def reconfigure_support(cls) -> tuple[bool, str]:
+        """Return ``(can reconfigure here, reason)``: whether ``reconfigure_engine`` works.
+
+        The default says yes when the class implements ``reconfigure_engine``; a backend
+        whose engine offers it only on some builds checks at run time.
+        """
+        if _overrides(cls, "reconfigure_engine"):
+            return True, "ok"
+        return False, f"{cls.__name__} does not implement reconfigure_engine"
+
+    @classmethod
+    def rendezvous_address(cls, hints: dict[str, str]) -> str | None:
+        """Where peers reach this process: the address a self-hosted rendezvous listens on.
+
+        Used by ``new_comm(..., enable_reconfigure=True)`` without a store. ``None`` (the
+        default) listens on every interface and advertises this host's name; a backend
+        bound to one interface (hints, environment) returns that interface's address.
+        """
+        return None
+
     # -- lifecycle (required) ---------------------------------------------------------
 
     def _bind(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -670,6 +691,8 @@ def method_support(backend: type[TorchCommBackend] | TorchCommBackend) -> dict[s
         report[name] = "native" if _overrides(cls, name) else "derived"
     for name in OPTIONAL_METHODS:
         report[name] = "native" if _overrides(cls, name) else "unsupported"
+    if report["reconfigure_engine"] == "native" and not cls.reconfigure_support()[0]:
+        report["reconfigure_engine"] = "unsupported"  # implemented, but not on this build
     return report
 
 

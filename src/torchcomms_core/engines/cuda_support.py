@@ -457,6 +457,44 @@ class NcclEngineBackend(C10dBackend):
         work.wait()
         return None
 
+    # -- reconfigure (fault tolerance) ------------------------------------------------
+
+    @classmethod
+    def reconfigure_support(cls) -> tuple[bool, str]:
+        """Checked at run time: this torch build's c10d must offer ``ProcessGroupNCCL`` with
+        ``abort`` (``ncclCommAbort``, so the old communicator is retired without waiting for
+        a dead peer) and eager init (``eager_connect_single_device``)."""
+        try:
+            engine_cls = cls.engine_class()
+        except ImportError:
+            return False, (
+                f"this PyTorch build (torch {torch.__version__}) has no ProcessGroupNCCL in c10d"
+            )
+        missing = [
+            m for m in ("abort", "eager_connect_single_device") if not hasattr(engine_cls, m)
+        ]
+        if missing:
+            return False, (
+                f"this PyTorch build's ProcessGroupNCCL (torch {torch.__version__}) lacks "
+                f"{', '.join(missing)}"
+            )
+        return True, "ok"
+
+    def reconfigure_engine(
+        self, store: Any, rank: int, size: int, timeout: timedelta, options: CommOptions
+    ) -> None:
+        """A fresh NCCL communicator over exactly the new members; the core has aborted the
+        previous one and namespaced ``store`` by the uuid."""
+        check_hint_keys(options.hints, self.hint_prefix, self.known_hints)
+        if self.device.index is None:
+            self.device = resolve_device(self.device, rank)
+        bind_device(self.device)
+        self._rank, self._size = rank, size
+        self._global_ranks = list(range(size))
+        self._split_source = None
+        self._opts_cache.clear()
+        self._engine = self.create_engine(store, rank, size, timeout, self.device, options)
+
     # -- split -----------------------------------------------------------------------
 
     def split(self, ranks: list[int], name: str, options: CommOptions) -> TorchCommBackend | None:

@@ -14,7 +14,7 @@ from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 
 from . import fast_paths, teardown
 from . import hints as gloo_hints
-from .interface import engine_options
+from .interface import engine_options, rendezvous_address
 
 
 class GlooBackend(C10dBackend):
@@ -44,6 +44,11 @@ class GlooBackend(C10dBackend):
         if not dist.is_available() or not dist.is_gloo_available():
             return False, "this PyTorch build has no Gloo support"
         return True, "ok"
+
+    @classmethod
+    def rendezvous_address(cls, hints: dict[str, str]) -> str | None:
+        """The interface or hostname gloo binds to: a self-hosted rendezvous listens there."""
+        return rendezvous_address(hints)
 
     def create_engine(
         self,

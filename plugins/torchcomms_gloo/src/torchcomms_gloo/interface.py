@@ -57,3 +57,41 @@ def engine_options(timeout: timedelta, hints: dict[str, str] | None = None) -> A
     opts._devices = [device]
     opts._timeout = timeout
     return opts
+
+
+#: torch's own variable naming the interfaces ProcessGroupGloo binds to by default.
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+
+
+def rendezvous_address(hints: dict[str, str] | None = None) -> str | None:
+    """Where a self-hosted rendezvous listens: the address gloo binds to (same precedence as
+    :func:`engine_options`, then ``GLOO_SOCKET_IFNAME``), or ``None`` for torch's default
+    (every interface, advertised under this host's name)."""
+    hints = hints or {}
+    interface = hints.get("interface") or _variable(GLOO_INTERFACE)
+    if interface is None and not hints.get("hostname") and not _variable(GLOO_HOSTNAME):
+        named = _variable(GLOO_SOCKET_IFNAME)
+        interface = named.split(",")[0].strip() if named else None
+    if interface is not None:
+        return interface_address(interface)
+    return hints.get("hostname") or _variable(GLOO_HOSTNAME)
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of ``interface`` (Linux), or a clear error naming it."""
+    import fcntl
+    import socket
+    import struct
+
+    request = struct.pack("256s", interface.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            # SIOCGIFADDR: the interface's IPv4 address (gloo binds interfaces by it too).
+            reply = fcntl.ioctl(sock.fileno(), 0x8915, request)
+        except OSError as exc:
+            raise CommInputError(
+                f"gloo: interface {interface!r} ({GLOO_INTERFACE}, hint 'interface' or "
+                f"{GLOO_SOCKET_IFNAME}) has no IPv4 address here ({exc}); `ip -brief address` "
+                f"lists the interfaces"
+            ) from None
+    return socket.inet_ntoa(reply[20:24])

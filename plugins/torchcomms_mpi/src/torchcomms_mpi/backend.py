@@ -69,6 +69,15 @@ class MpiBackend(TorchCommBackend):
     hint_keys: ClassVar[tuple[str, ...] | None] = ()
 
     @classmethod
+    def reconfigure_support(cls) -> tuple[bool, str]:
+        """MPI cannot rebind to a new membership: MPICH has no fault-tolerant communicators
+        (no ULFM), so a dead rank ends the whole MPI job."""
+        return False, (
+            "MPICH has no fault-tolerant communicators (no ULFM shrink/revoke), so a dead "
+            "rank ends the MPI job"
+        )
+
+    @classmethod
     def is_available(cls) -> tuple[bool, str]:
         # Importing mpi4py.MPI initialises MPI, so only look for it here.
         if importlib.util.find_spec("mpi4py") is None:
