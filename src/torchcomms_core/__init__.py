@@ -66,6 +66,16 @@ from ._plugins import (
     unregister_plugin,
 )
 from ._reduce_op import RedOpType, ReduceOp
+from ._transport import (
+    RdmaMemory,
+    RdmaMemoryMutableView,
+    RdmaMemoryView,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    available_transports,
+    register_transport,
+    unregister_transport,
+)
 from ._registry import (
     _is_backend_registered,
     _load_backend,
@@ -152,6 +162,11 @@ __all__ = [
     "P2POp",
     "PluginError",
     "RedOpType",
+    "RdmaMemory",
+    "RdmaMemoryMutableView",
+    "RdmaMemoryView",
+    "RdmaRemoteBuffer",
+    "RdmaTransport",
     "ReduceOp",
     "RemovableHandle",
     "TorchComm",
@@ -164,6 +179,7 @@ __all__ = [
     "WorkStatus",
     "__version__",
     "available_backends",
+    "available_transports",
     "get_backend_class",
     "get_plugin_manager",
     "hookimpl",
@@ -175,8 +191,10 @@ __all__ = [
     "new_comm",
     "register_backend",
     "register_plugin",
+    "register_transport",
     "unregister_backend",
     "unregister_plugin",
+    "unregister_transport",
 ]
 
 if is_torch_compile_supported_and_enabled():
