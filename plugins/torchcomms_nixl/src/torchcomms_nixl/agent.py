@@ -20,6 +20,7 @@ thread reads NIXL notifications, which carry three messages between agents:
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import itertools
@@ -162,11 +163,32 @@ class Agent:
             target=self._serve, name="torchcomms-nixl-service", daemon=True
         )
         self._thread.start()
+        # Before the interpreter freezes daemon threads: a frozen service thread would keep
+        # the lock that finalisers (RdmaTransport.__del__, ...) take.
+        atexit.register(self.shutdown)
+
+    def shutdown(self) -> None:
+        """Stop the service thread and the NIXL agent (at exit; later calls do nothing)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(5.0)
+        with self._lock:
+            for handle, *_rest in self._handles.values():
+                self._release_handle(handle)
+            self._handles.clear()
+            self._nixl = None  # the agent stops its own threads as it goes
+
+    def _running(self, where: str) -> None:
+        if self._stopping:
+            raise CommStateError(f"{where}: the process is exiting; the NIXL agent has stopped")
 
     # -- registration -------------------------------------------------------------------
 
     def register(self, tensor: torch.Tensor) -> tuple[Region, bool]:
         """The region covering ``tensor``'s bytes (reused when one does), and whether reused."""
+        self._running("RdmaMemory")
         mem_type, device_id = memory_of(tensor)
         addr = tensor.data_ptr()
         nbytes = tensor.numel() * tensor.element_size()
@@ -208,6 +230,8 @@ class Agent:
         ``wait``: return once done. Otherwise (from a finaliser) the service thread does it;
         the region keeps its tensor alive until then.
         """
+        if self._stopping:
+            return  # at exit: the process's memory goes with it
         done = threading.Event()
         self._queue.append(("release", region, exposure, done))
         self._wake.set()
@@ -226,6 +250,7 @@ class Agent:
 
     def connect(self, endpoint: int, peer: Address, timeout: timedelta) -> None:
         """Load the peer's metadata, say hello, and wait for the peer's hello to ``endpoint``."""
+        self._running("connect")
         deadline = time.monotonic() + timeout.total_seconds()
         with self._lock:
             if peer.agent == self.name:
@@ -268,6 +293,8 @@ class Agent:
                 self._changed.wait(min(left, 0.05))
 
     def disconnect(self, endpoint: int) -> None:
+        if self._stopping:
+            return
         with self._lock:
             for key in [k for k in self._hellos if k[1] == endpoint]:
                 del self._hellos[key]
@@ -286,6 +313,7 @@ class Agent:
     ) -> None:
         """``op`` ("WRITE" or "READ") of ``nbytes`` between ``addr`` and ``remote``, blocking."""
         where = op.lower()
+        self._running(where)
         key = self._key(where, remote.access_key)
         if key.agent != peer_agent:
             raise CommInputError(
