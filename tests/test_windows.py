@@ -18,6 +18,7 @@ import torch
 from conftest import mpi_ranks
 
 import torchcomms
+from torchcomms_core.bench import netns
 from torchcomms_core.testing import RankPool
 from torchcomms_core.testing.pool import unique_name
 
@@ -247,6 +248,44 @@ def body_ranks_that_share_no_memory(mode: str, transport: bool) -> dict:
     return {"got": got, "expected": [float(left + 1)] * 4, "access": access}
 
 
+def _private_dev_shm() -> None:
+    """Give this process a /dev/shm of its own, as in a container of its own (needs root)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private = 0x00020000, 0x4000, 0x40000
+    if libc.unshare(clone_newns) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=64m") != 0:
+        raise OSError(ctypes.get_errno(), "mount tmpfs /dev/shm")
+
+
+def windows_in_namespaces(mode: str, private_shm: bool) -> int:
+    """A rank of ``launch_in_namespaces``: the window bodies, here; 0 when every one passes.
+
+    ``mode`` ``transport`` forces the transport; ``auto`` with ``private_shm`` must find that
+    the ranks share no memory and choose it by itself.
+    """
+    if private_shm:
+        _private_dev_shm()
+    backend = "gloo_transport" if mode == "transport" else "gloo"
+    body_put_signal_then_read(backend)
+    body_many_disjoint_puts(backend, 8)
+    assert len(body_out_of_range_refused(backend)) == 6
+    assert "in use" in body_deregister_in_use_refused(backend)
+    result = body_window_api(backend)
+    assert result["access"] == "WIN_ACCESS_TYPE_SEPARATE", result
+    assert "not directly addressable" in result["map_refused"], result
+    assert "timed out" in body_signal_timeout(backend) or comm_rank_is_not_zero()
+    return 0
+
+
+def comm_rank_is_not_zero() -> bool:
+    return os.environ.get("TORCHCOMM_RANK", "0") != "0"
+
+
 # -- tests ---------------------------------------------------------------------------------
 
 
@@ -317,3 +356,27 @@ def test_window_support_is_reported_by_method_support() -> None:
 
     assert method_support(torchcomms.get_backend_class("gloo"))["new_window"] == "native"
     assert method_support(TorchCommBackend)["new_window"] == "unsupported"
+
+
+NETNS_REASON = netns.unavailable_reason() or NO_TRANSPORT
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"netns windows: {NETNS_REASON}")
+@pytest.mark.parametrize("size", [2, 4])
+def test_window_semantics_hold_across_network_namespaces(size: int) -> None:
+    """The same bodies, each rank a host behind a 1 Gbit/s link, through the transport."""
+    with netns.shaped_network(size, "1gbit") as net:
+        code = netns.launch_in_namespaces(
+            net, windows_in_namespaces, ("transport", False), label="windows"
+        )
+    assert code == 0
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"netns windows: {NETNS_REASON}")
+def test_auto_chooses_the_transport_for_ranks_with_their_own_shared_memory() -> None:
+    """Same machine, same host name and boot id, but each rank has its own /dev/shm."""
+    with netns.shaped_network(2, "1gbit") as net:
+        code = netns.launch_in_namespaces(net, windows_in_namespaces, ("auto", True), label="auto")
+    assert code == 0

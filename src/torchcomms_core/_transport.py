@@ -181,22 +181,28 @@ def selected_transport() -> str | None:
     return PREFERRED_TRANSPORT if PREFERRED_TRANSPORT in names else names[0]
 
 
-def _provider(where: str) -> TransportProvider:
-    """The process's provider instance, or an error saying why there is none."""
+def _provider_class(where: str) -> type[TransportProvider]:
+    """The selected transport's provider class, once it says it can run here."""
     name = selected_transport()
     if name is None:
         raise CommStateError(f"{where}: no torchcomms transport is installed; {_INSTALL_HINT}")
     cls = get_transport_class(name)
-    with _lock:
-        instance = _instances.get(cls)
-    if instance is not None:
-        return instance
     try:
         ok, reason = cls.is_available()
     except Exception as exc:
         ok, reason = False, f"is_available() raised {exc!r}"
     if not ok:
         raise CommStateError(f"{where}: transport {name!r} cannot run here: {reason}")
+    return cls
+
+
+def _provider(where: str) -> TransportProvider:
+    """The process's provider instance (made on first use), or an error saying why not."""
+    cls = _provider_class(where)
+    with _lock:
+        instance = _instances.get(cls)
+    if instance is not None:
+        return instance
     with _lock:
         instance = _instances.get(cls)
         if instance is None:
@@ -449,9 +455,9 @@ class RdmaTransport:
 
     @staticmethod
     def supported() -> bool:
-        """Whether a transport is installed and can run on this machine."""
+        """Whether a transport is installed and can run on this machine (starts nothing)."""
         try:
-            _provider("RdmaTransport.supported")
+            _provider_class("RdmaTransport.supported")
         except Exception:
             return False
         return True

@@ -49,8 +49,10 @@ def bindings() -> Any:
     return module
 
 
-#: Microseconds NIXL's progress thread pauses between rounds of UCX progress.
-PROGRESS_DELAY_US = 100
+#: Microseconds NIXL's progress thread waits for UCX events between rounds of progress (its
+#: poll rounds this up to a whole millisecond; 0 would poll without pause). Transfers whose
+#: target must take part (UCX over TCP) see this wait in their latency.
+PROGRESS_DELAY_US = 1000
 
 
 def start_agent(name: str) -> tuple[Any, Any]:

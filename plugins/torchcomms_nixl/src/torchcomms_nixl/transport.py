@@ -135,9 +135,6 @@ class NixlTransport(TransportProvider):
         reason = engine.unavailable_reason()
         return (False, reason) if reason else (True, "ok")
 
-    def __init__(self) -> None:
-        self._agent = agent()
-
     def endpoint(self, device: torch.device, timeout: timedelta) -> TransportEndpoint:
         owner = agent()
         owner.revocation_timeout_s = max(owner.revocation_timeout_s, timeout.total_seconds())
