@@ -9,9 +9,8 @@ at 2 and 4 ranks, and the gloo transport bodies once more across network namespa
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import os
+from datetime import timedelta
 
 import pytest
 import torch
@@ -21,7 +20,6 @@ import torchcomms
 from torchcomms_core.bench import netns
 from torchcomms_core.testing import RankPool
 from torchcomms_core.testing.pool import unique_name
-
 
 WINDOW_TRANSPORT = "TORCHCOMM_WINDOW_TRANSPORT"
 NO_TRANSPORT = None if torchcomms.RdmaTransport.supported() else "no transport plugin installed"
@@ -35,7 +33,9 @@ def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> t
     backend, size = request.param.split("-")
     n = int(size)
     if backend == "gloo_transport" and NO_TRANSPORT:
-        pytest.skip(f"gloo windows over the transport: {NO_TRANSPORT} (pip install torchcomms-nixl)")
+        pytest.skip(
+            f"gloo windows over the transport: {NO_TRANSPORT} (pip install torchcomms-nixl)"
+        )
     if backend.startswith("gloo"):
         return backend, pool2 if n == 2 else pool4
     return backend, mpi_ranks(n)
@@ -227,7 +227,9 @@ def body_ranks_that_share_no_memory(mode: str, transport: bool) -> dict:
     if r == 1:
         gloo_window.sees_probe = lambda path, token: False
     if not transport:
-        gloo_window.RdmaTransport = type("NoTransport", (), {"supported": staticmethod(lambda: False)})
+        gloo_window.RdmaTransport = type(
+            "NoTransport", (), {"supported": staticmethod(lambda: False)}
+        )
     try:
         win = comm.new_window(torch.zeros(4))
     except torchcomms.CommStateError as exc:
@@ -330,7 +332,9 @@ def test_wait_signal_times_out(ranks) -> None:
     assert "no signal from rank 1" in message and "timed out" in message
 
 
-@pytest.mark.skipif(NO_TRANSPORT is not None, reason=f"{NO_TRANSPORT} (pip install torchcomms-nixl)")
+@pytest.mark.skipif(
+    NO_TRANSPORT is not None, reason=f"{NO_TRANSPORT} (pip install torchcomms-nixl)"
+)
 def test_gloo_ranks_that_share_no_memory_use_the_transport(pool2: RankPool) -> None:
     for result in pool2.run(body_ranks_that_share_no_memory, "auto", True, timeout=60):
         assert result["got"] == result["expected"]

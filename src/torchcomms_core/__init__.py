@@ -66,16 +66,6 @@ from ._plugins import (
     unregister_plugin,
 )
 from ._reduce_op import RedOpType, ReduceOp
-from ._transport import (
-    RdmaMemory,
-    RdmaMemoryMutableView,
-    RdmaMemoryView,
-    RdmaRemoteBuffer,
-    RdmaTransport,
-    available_transports,
-    register_transport,
-    unregister_transport,
-)
 from ._registry import (
     _is_backend_registered,
     _load_backend,
@@ -86,6 +76,16 @@ from ._registry import (
     is_backend_built,
     register_backend,
     unregister_backend,
+)
+from ._transport import (
+    RdmaMemory,
+    RdmaMemoryMutableView,
+    RdmaMemoryView,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    available_transports,
+    register_transport,
+    unregister_transport,
 )
 from ._version import __version__
 from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr

@@ -127,7 +127,11 @@ def get_transport_class(name: str) -> type[TransportProvider]:
     if entry is None:
         installed = ", ".join(map(repr, available_transports())) or "none"
         dist = KNOWN_TRANSPORT_DISTRIBUTIONS.get(name)
-        hint = f"`pip install {dist}`" if dist else f"a distribution registering it in {TRANSPORTS_GROUP!r}"
+        hint = (
+            f"`pip install {dist}`"
+            if dist
+            else f"a distribution registering it in {TRANSPORTS_GROUP!r}"
+        )
         raise CommStateError(
             f"no torchcomms transport named {name!r} is installed (installed: {installed}); "
             f"install {hint}, or pick another with {_env.TRANSPORT}"
@@ -482,8 +486,7 @@ class RdmaTransport:
             )
         if endpoint.connected():
             raise CommStateError(
-                f"{where}: this RdmaTransport is already connected; make one RdmaTransport "
-                f"per peer"
+                f"{where}: this RdmaTransport is already connected; make one RdmaTransport per peer"
             )
         endpoint.connect(peer_url, self._timeout)
         return RESULT_SUCCESS
@@ -534,9 +537,7 @@ class RdmaTransport:
             raise CommStateError(f"{where}: this RdmaTransport was closed; make a new one")
         return self._endpoint
 
-    def _transfer(
-        self, where: str, view: Any, remote: Any, timeout: timedelta | None
-    ) -> int:
+    def _transfer(self, where: str, view: Any, remote: Any, timeout: timedelta | None) -> int:
         endpoint = self._open(where)
         wanted = RdmaMemoryMutableView if where == "read" else RdmaMemoryView
         if not isinstance(view, wanted):

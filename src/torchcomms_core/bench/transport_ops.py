@@ -67,12 +67,13 @@ class _Link:
         self.peer_flag: RdmaRemoteBuffer = pickle.loads(
             _swap(comm, rank, pickle.dumps(self.flag_memory.to_remote_buffer()))
         )
-        self.words = memoryview(self.flag.numpy()).cast("B").cast("q")
+        self.words = self.flag.numpy().data.cast("B").cast("q")
         self.sent = 0
         self.seen = 0
         #: The registered buffers of the current size and the peer's, keyed by our output.
-        self.buffers: tuple[torch.Tensor, RdmaMemory, RdmaMemory, RdmaRemoteBuffer,
-                            RdmaRemoteBuffer] | None = None
+        self.buffers: (
+            tuple[torch.Tensor, RdmaMemory, RdmaMemory, RdmaRemoteBuffer, RdmaRemoteBuffer] | None
+        ) = None
 
     def signal(self) -> None:
         self.sent += 1
@@ -96,8 +97,9 @@ class _Link:
             if waited > _BUSY_S:
                 time.sleep(0.0002)
 
-    def registered(self, bufs: Buffers, rank: int) -> tuple[RdmaMemory, RdmaMemory,
-                                                            RdmaRemoteBuffer, RdmaRemoteBuffer]:
+    def registered(
+        self, bufs: Buffers, rank: int
+    ) -> tuple[RdmaMemory, RdmaMemory, RdmaRemoteBuffer, RdmaRemoteBuffer]:
         """``(input, output, peer's input, peer's output)``, registered once per size."""
         if self.buffers is not None and self.buffers[0] is bufs.output:
             return self.buffers[1:]

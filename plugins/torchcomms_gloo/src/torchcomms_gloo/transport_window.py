@@ -66,7 +66,7 @@ class TransportWindow:
         counters = RdmaMemory(self._counter_tensor)
         self._outbox_memory = RdmaMemory(self._outbox)
         self._memories = [data, counters, self._outbox_memory]
-        self.counters = memoryview(self._counter_tensor.numpy()).cast("B").cast("q")
+        self.counters = self._counter_tensor.numpy().data.cast("B").cast("q")
         self._transports = {
             peer: RdmaTransport(torch.device("cpu"), timeout=self._timeout)
             for peer in range(size)
@@ -87,7 +87,9 @@ class TransportWindow:
         for peer in sorted(self._transports):
             url = base64.b64decode(everyone[peer]["urls"][str(rank)])
             self._transports[peer].connect(url)
-        self._data = [None if r == rank else _remote(info["data"]) for r, info in enumerate(everyone)]
+        self._data = [
+            None if r == rank else _remote(info["data"]) for r, info in enumerate(everyone)
+        ]
         element = 8  # int64 counters
         self._slots = [
             None

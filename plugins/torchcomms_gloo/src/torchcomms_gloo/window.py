@@ -226,9 +226,7 @@ class GlooWindowEngine:
         if shared:
             return True
         if mode == "shm":
-            blind = [
-                r for r in range(size) if store.get(f"{prefix}/sees/{r}") != b"1"
-            ]
+            blind = [r for r in range(size) if store.get(f"{prefix}/sees/{r}") != b"1"]
             raise CommStateError(
                 f"new_window: {WINDOW_TRANSPORT}=shm, but the ranks do not share memory "
                 f"(rank(s) {blind} cannot see the others' {SHM_DIR} segments: other hosts or "

@@ -383,7 +383,9 @@ class Agent:
             )
             far = self._b.nixlXferDList(self._mem[key.mem_type], [(rptr, nbytes, key.device_id)])
             try:
-                handle = self._nixl.createXferReq(self._ops[op], local, far, key.agent, b"", self._ucx)
+                handle = self._nixl.createXferReq(
+                    self._ops[op], local, far, key.agent, b"", self._ucx
+                )
             except Exception as exc:
                 raise self._failure(where, key.agent, exc) from None
             self._handles[cache_key] = (handle, region.ident, key.agent, key.exposure)
@@ -439,7 +441,9 @@ class Agent:
                 f"{where}: the peer (agent {peer}) disconnected (it died or closed its "
                 f"transport); nothing more can be transferred with it ({kind})"
             )
-        return CommOperationError(f"{where}: NIXL failed the transfer to agent {peer} ({kind}: {exc})")
+        return CommOperationError(
+            f"{where}: NIXL failed the transfer to agent {peer} ({kind}: {exc})"
+        )
 
     def _forget(self, handle: Any) -> None:
         with self._lock:
@@ -506,10 +510,10 @@ class Agent:
                         self._release_handle(value[0])
                 self._send(sender, {"t": "revoked", "ids": ids})
         elif kind == "revoked":
-            ids = set(int(e) for e in body["ids"])
+            answered = {int(e) for e in body["ids"]}
             with self._lock:
                 for release in self._releases:
-                    if release.exposure in ids:
+                    if release.exposure in answered:
                         release.waiting.discard(sender)
 
     def _send(self, agent: str, body: dict[str, Any]) -> bool:

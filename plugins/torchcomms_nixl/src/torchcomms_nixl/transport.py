@@ -64,7 +64,9 @@ class NixlEndpoint(TransportEndpoint):
 
     def bind(self) -> bytes:
         self._open("bind")
-        return encode_address(Address(self._agent.name, self._id, self._agent.connection_metadata()))
+        return encode_address(
+            Address(self._agent.name, self._id, self._agent.connection_metadata())
+        )
 
     def connect(self, peer_url: bytes, timeout: timedelta) -> None:
         self._open("connect")
