@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from typing import Any
 
 #: Import names of NIXL's Python API, tried in order.
@@ -50,9 +51,24 @@ def bindings() -> Any:
 
 
 #: Microseconds NIXL's progress thread waits for UCX events between rounds of progress (its
-#: poll rounds this up to a whole millisecond; 0 would poll without pause). Transfers whose
-#: target must take part (UCX over TCP) see this wait in their latency.
+#: poll rounds this up to a whole millisecond; 0 polls without pause, about two thirds of a
+#: core while idle). Transfers whose target must take part (UCX over TCP) see this wait.
 PROGRESS_DELAY_US = 1000
+#: Overrides ``PROGRESS_DELAY_US`` (read when the process's agent starts).
+PROGRESS_VARIABLE = "TORCHCOMM_NIXL_PROGRESS_US"
+
+
+def progress_delay_us() -> int:
+    """``TORCHCOMM_NIXL_PROGRESS_US``, or ``PROGRESS_DELAY_US`` when unset."""
+    raw = os.environ.get(PROGRESS_VARIABLE, "").strip()
+    if not raw:
+        return PROGRESS_DELAY_US
+    if not raw.isdigit():
+        raise ValueError(
+            f"{PROGRESS_VARIABLE}={raw!r} is not a whole number of microseconds; unset it or "
+            f"give e.g. 1000 (0 polls without pause)"
+        )
+    return int(raw)
 
 
 def start_agent(name: str) -> tuple[Any, Any]:
@@ -61,7 +77,7 @@ def start_agent(name: str) -> tuple[Any, Any]:
     config = b.nixlAgentConfig()
     config.useProgThread = True
     config.useListenThread = False
-    config.pthrDelay = PROGRESS_DELAY_US
+    config.pthrDelay = progress_delay_us()
     config.syncMode = b.NIXL_THREAD_SYNC_NONE  # every call is made under one lock
     config.captureTelemetry = False
     agent = b.nixlAgent(name, config)
