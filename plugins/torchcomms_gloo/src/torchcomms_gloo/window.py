@@ -124,7 +124,7 @@ class _Segment:
 
 
 class GlooWindowEngine:
-    """Shared-memory windows among the ranks of one host (see the module docstring)."""
+    """Windows on shared memory, or through ``TransportWindow`` (see the module docstring)."""
 
     def __init__(self, backend: GlooBackend, index: int) -> None:
         self._backend = backend
