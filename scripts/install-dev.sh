@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Every folder under plugins/ is a distribution; torchcomms-mpi pulls mpi4py and the
-# MPICH wheel (libmpi and mpiexec inside the virtual environment) from the registry.
+# MPICH wheel (libmpi and mpiexec inside the virtual environment) from the registry, and
+# torchcomms-nixl the NIXL wheel (nixl-cu12, with UCX inside; its unpinned torch
+# requirement leaves the pinned torch in place).
 plugins=()
 for dir in plugins/*/; do
     plugins+=(-e "./${dir%/}")

@@ -132,7 +132,8 @@ def _simulate(name: str, bufs: list[Buffers], case: Case) -> list[torch.Tensor |
         return [inputs[root].clone() for _ in range(n)]
     if name == "scatter":
         return list(inputs[root].chunk(n))
-    if name in ("send_recv", "window_put"):  # both carry rank 0's data there and back
+    # Each carries rank 0's data there and back.
+    if name in ("send_recv", "window_put", "transport_write", "transport_read"):
         return [inputs[0].clone() if r < 2 else None for r in range(n)]
     raise AssertionError(f"no simulation of {name}")
 

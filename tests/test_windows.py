@@ -1,11 +1,15 @@
-"""One-sided windows (``comm.new_window``) on gloo (shared memory) and mpi (MPI RMA).
+"""One-sided windows (``comm.new_window``) on gloo (shared memory, or the transport) and mpi
+(MPI RMA).
 
 gloo ranks are spawned; mpi ranks are started by mpiexec (skipped, with the reason, where
-mpiexec or mpi4py is missing). Every body runs at 2 and 4 ranks.
+mpiexec or mpi4py is missing). ``gloo_transport`` is gloo with
+``TORCHCOMM_WINDOW_TRANSPORT=transport`` (skipped without a transport plugin). Every body runs
+at 2 and 4 ranks, and the gloo transport bodies once more across network namespaces.
 """
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -13,16 +17,26 @@ import torch
 from conftest import mpi_ranks
 
 import torchcomms
+from torchcomms_core.bench import netns
 from torchcomms_core.testing import RankPool
 from torchcomms_core.testing.pool import unique_name
 
+WINDOW_TRANSPORT = "TORCHCOMM_WINDOW_TRANSPORT"
+NO_TRANSPORT = None if torchcomms.RdmaTransport.supported() else "no transport plugin installed"
 
-@pytest.fixture(params=["gloo-2", "gloo-4", "mpi-2", "mpi-4"])
+
+@pytest.fixture(
+    params=["gloo-2", "gloo-4", "gloo_transport-2", "gloo_transport-4", "mpi-2", "mpi-4"]
+)
 def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> tuple[str, RankPool]:
     """``(backend, pool)``: gloo on the spawned pools, mpi on ranks started by mpiexec."""
     backend, size = request.param.split("-")
     n = int(size)
-    if backend == "gloo":
+    if backend == "gloo_transport" and NO_TRANSPORT:
+        pytest.skip(
+            f"gloo windows over the transport: {NO_TRANSPORT} (pip install torchcomms-nixl)"
+        )
+    if backend.startswith("gloo"):
         return backend, pool2 if n == 2 else pool4
     return backend, mpi_ranks(n)
 
@@ -31,6 +45,12 @@ def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> t
 
 
 def _comm(backend: str):
+    """A communicator; ``gloo_transport`` is gloo whose windows go through the transport."""
+    if backend == "gloo_transport":
+        os.environ[WINDOW_TRANSPORT] = "transport"
+        backend = "gloo"
+    else:
+        os.environ.pop(WINDOW_TRANSPORT, None)
     return torchcomms.new_comm(backend, torch.device("cpu"), name=unique_name("win"))
 
 
@@ -196,19 +216,76 @@ def body_signal_timeout(backend: str) -> str:
     return message
 
 
-def body_gloo_windows_need_one_host() -> str:
+def body_ranks_that_share_no_memory(mode: str, transport: bool) -> dict:
+    """Rank 1 sees none of the others' shared memory, as from another host or container."""
     from torchcomms_gloo import window as gloo_window
 
+    saved = gloo_window.sees_probe, gloo_window.RdmaTransport
     comm = _comm("gloo")
-    if comm.get_rank() == 1:  # as if rank 1 ran on another machine
-        gloo_window.host_identity = lambda: "elsewhere/0"
+    os.environ[WINDOW_TRANSPORT] = mode
+    r, n = comm.get_rank(), comm.get_size()
+    if r == 1:
+        gloo_window.sees_probe = lambda path, token: False
+    if not transport:
+        gloo_window.RdmaTransport = type(
+            "NoTransport", (), {"supported": staticmethod(lambda: False)}
+        )
     try:
-        comm.new_window(torch.zeros(4))
+        win = comm.new_window(torch.zeros(4))
     except torchcomms.CommStateError as exc:
-        return str(exc)
-    finally:
         comm.finalize()
-    raise AssertionError("a window across hosts was created")
+        return {"error": str(exc)}
+    finally:
+        gloo_window.sees_probe, gloo_window.RdmaTransport = saved
+        os.environ.pop(WINDOW_TRANSPORT, None)
+    right, left = (r + 1) % n, (r - 1) % n
+    win.put(torch.full((4,), float(r + 1)), right, 0, async_op=False)
+    win.signal(right, async_op=False)
+    win.wait_signal(left, async_op=False)
+    got = win.get_tensor().tolist()
+    access = win.get_attr(right).access_type.name
+    comm.barrier()
+    win.tensor_deregister()
+    comm.finalize()
+    return {"got": got, "expected": [float(left + 1)] * 4, "access": access}
+
+
+def _private_dev_shm() -> None:
+    """Give this process a /dev/shm of its own, as in a container of its own (needs root)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newns, ms_rec, ms_private = 0x00020000, 0x4000, 0x40000
+    if libc.unshare(clone_newns) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    if libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"size=64m") != 0:
+        raise OSError(ctypes.get_errno(), "mount tmpfs /dev/shm")
+
+
+def windows_in_namespaces(mode: str, private_shm: bool) -> int:
+    """A rank of ``launch_in_namespaces``: the window bodies, here; 0 when every one passes.
+
+    ``mode`` ``transport`` forces the transport; ``auto`` with ``private_shm`` must find that
+    the ranks share no memory and choose it by itself.
+    """
+    if private_shm:
+        _private_dev_shm()
+    backend = "gloo_transport" if mode == "transport" else "gloo"
+    body_put_signal_then_read(backend)
+    body_many_disjoint_puts(backend, 8)
+    assert len(body_out_of_range_refused(backend)) == 6
+    assert "in use" in body_deregister_in_use_refused(backend)
+    result = body_window_api(backend)
+    assert result["access"] == "WIN_ACCESS_TYPE_SEPARATE", result
+    assert "not directly addressable" in result["map_refused"], result
+    assert "timed out" in body_signal_timeout(backend) or comm_rank_is_not_zero()
+    return 0
+
+
+def comm_rank_is_not_zero() -> bool:
+    return os.environ.get("TORCHCOMM_RANK", "0") != "0"
 
 
 # -- tests ---------------------------------------------------------------------------------
@@ -241,7 +318,7 @@ def test_deregister_while_in_use_is_refused(ranks) -> None:
 def test_window_api_attributes_hooks_and_mapping(ranks) -> None:
     backend, pool = ranks
     results = pool.run(body_window_api, backend, timeout=60)
-    if backend == "gloo":
+    if backend == "gloo":  # shared memory
         assert all(r["access"] == "WIN_ACCESS_TYPE_UNIFIED" for r in results)
         assert all("map_remote_tensor" in r["mapped"] for r in results)
     else:
@@ -255,9 +332,27 @@ def test_wait_signal_times_out(ranks) -> None:
     assert "no signal from rank 1" in message and "timed out" in message
 
 
-def test_gloo_windows_across_hosts_are_refused_clearly(pool2: RankPool) -> None:
-    for message in pool2.run(body_gloo_windows_need_one_host, timeout=60):
-        assert "one host" in message and "mpi backend" in message
+@pytest.mark.skipif(
+    NO_TRANSPORT is not None, reason=f"{NO_TRANSPORT} (pip install torchcomms-nixl)"
+)
+def test_gloo_ranks_that_share_no_memory_use_the_transport(pool2: RankPool) -> None:
+    for result in pool2.run(body_ranks_that_share_no_memory, "auto", True, timeout=60):
+        assert result["got"] == result["expected"]
+        assert result["access"] == "WIN_ACCESS_TYPE_SEPARATE"
+
+
+def test_gloo_shm_forced_on_ranks_that_share_no_memory_is_refused(pool2: RankPool) -> None:
+    for result in pool2.run(body_ranks_that_share_no_memory, "shm", True, timeout=60):
+        assert "do not share memory" in result["error"] and "rank(s) [1]" in result["error"]
+
+
+def test_gloo_windows_without_shared_memory_or_transport_name_what_to_install(
+    pool2: RankPool,
+) -> None:
+    for result in pool2.run(body_ranks_that_share_no_memory, "auto", False, timeout=60):
+        message = result["error"]
+        assert "do not share memory" in message and "torchcomms-nixl" in message
+        assert "mpi backend" in message
 
 
 def test_window_support_is_reported_by_method_support() -> None:
@@ -265,3 +360,27 @@ def test_window_support_is_reported_by_method_support() -> None:
 
     assert method_support(torchcomms.get_backend_class("gloo"))["new_window"] == "native"
     assert method_support(TorchCommBackend)["new_window"] == "unsupported"
+
+
+NETNS_REASON = netns.unavailable_reason() or NO_TRANSPORT
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"netns windows: {NETNS_REASON}")
+@pytest.mark.parametrize("size", [2, 4])
+def test_window_semantics_hold_across_network_namespaces(size: int) -> None:
+    """The same bodies, each rank a host behind a 1 Gbit/s link, through the transport."""
+    with netns.shaped_network(size, "1gbit") as net:
+        code = netns.launch_in_namespaces(
+            net, windows_in_namespaces, ("transport", False), label="windows"
+        )
+    assert code == 0
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(NETNS_REASON is not None, reason=f"netns windows: {NETNS_REASON}")
+def test_auto_chooses_the_transport_for_ranks_with_their_own_shared_memory() -> None:
+    """Same machine, same host name and boot id, but each rank has its own /dev/shm."""
+    with netns.shaped_network(2, "1gbit") as net:
+        code = netns.launch_in_namespaces(net, windows_in_namespaces, ("auto", True), label="auto")
+    assert code == 0

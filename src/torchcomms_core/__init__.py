@@ -77,6 +77,16 @@ from ._registry import (
     register_backend,
     unregister_backend,
 )
+from ._transport import (
+    RdmaMemory,
+    RdmaMemoryMutableView,
+    RdmaMemoryView,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    available_transports,
+    register_transport,
+    unregister_transport,
+)
 from ._version import __version__
 from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from ._work import TorchWork, WorkStatus
@@ -152,6 +162,11 @@ __all__ = [
     "P2POp",
     "PluginError",
     "RedOpType",
+    "RdmaMemory",
+    "RdmaMemoryMutableView",
+    "RdmaMemoryView",
+    "RdmaRemoteBuffer",
+    "RdmaTransport",
     "ReduceOp",
     "RemovableHandle",
     "TorchComm",
@@ -164,6 +179,7 @@ __all__ = [
     "WorkStatus",
     "__version__",
     "available_backends",
+    "available_transports",
     "get_backend_class",
     "get_plugin_manager",
     "hookimpl",
@@ -175,8 +191,10 @@ __all__ = [
     "new_comm",
     "register_backend",
     "register_plugin",
+    "register_transport",
     "unregister_backend",
     "unregister_plugin",
+    "unregister_transport",
 ]
 
 if is_torch_compile_supported_and_enabled():

@@ -364,3 +364,13 @@ def fr_cpp_stack() -> bool:
 def health_check_wait_ms() -> int:
     """Milliseconds to wait before a failing process aborts (``TORCHCOMM_HEALTH_CHECK_WAIT_MS``)."""
     return max(0, _hook_int(HEALTH_CHECK_WAIT_MS, DEFAULT_HEALTH_CHECK_WAIT_MS, "15000"))
+
+
+#: Which installed transport ``torchcomms._transport`` uses (a ``torchcomms.transports``
+#: entry-point name such as ``nixl``); unset: the only one installed, or ``nixl`` among several.
+TRANSPORT = "TORCHCOMM_TRANSPORT"
+
+
+def transport_choice() -> str | None:
+    """The transport named by ``TORCHCOMM_TRANSPORT``, or ``None`` when unset."""
+    return os.environ.get(TRANSPORT, "").strip() or None

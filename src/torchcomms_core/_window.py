@@ -371,7 +371,7 @@ def create_window(comm: TorchComm, tensor: torch.Tensor | None) -> TorchCommWind
     if support != "native":
         raise CommStateError(
             f"new_window: backend {comm.get_backend()!r} does not support one-sided windows; "
-            f"use a backend that does (mpi on any hosts, gloo within one host)"
+            f"use a backend that does (mpi; gloo, across hosts with torchcomms-nixl)"
         )
     args = comm._pre_plain("new_window", ())
     engine = comm.get_backend_impl().new_window()

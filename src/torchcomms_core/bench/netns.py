@@ -143,6 +143,11 @@ class Network:
             _env.GLOO_INTERFACE: INTERFACE,
             # torch.distributed's own gloo groups (``--compare c10d``) bind through this one.
             "GLOO_SOCKET_IFNAME": INTERFACE,
+            # UCX (the engine under torchcomms-nixl) would reach the other namespaces through
+            # shared memory, since they share the machine; hosts share none, so it takes TCP
+            # over the shaped interface, as between hosts without RDMA.
+            "UCX_TLS": "tcp",
+            "UCX_NET_DEVICES": INTERFACE,
         }
 
 

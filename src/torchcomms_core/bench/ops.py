@@ -32,6 +32,7 @@ from .data import (
     uneven_sizes,
     values,
 )
+from .transport_ops import TransportRead, TransportWrite
 from .window_ops import WindowPutSignal
 
 __all__ = [
@@ -687,6 +688,8 @@ OPS: dict[str, BenchOp] = {
         SendRecv(),
         Barrier(),
         WindowPutSignal(),
+        TransportWrite(),
+        TransportRead(),
     )
 }
 

@@ -14,6 +14,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "bench",
     "backends",
     "plugins",
+    "transports",
 )
 
 

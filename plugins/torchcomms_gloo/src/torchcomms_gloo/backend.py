@@ -105,7 +105,8 @@ class GlooBackend(C10dBackend):
         return AnySourceWork(self._engine.recv_anysource([tensor], 0), timeout)
 
     def new_window(self) -> Any:
-        """A shared-memory window engine (ranks on one host; see ``torchcomms_gloo.window``)."""
+        """A window engine: shared memory, or the transport between ranks that share none
+        (see ``torchcomms_gloo.window``)."""
         from .window import GlooWindowEngine
 
         self._windows_made = getattr(self, "_windows_made", 0) + 1

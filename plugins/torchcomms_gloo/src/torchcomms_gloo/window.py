@@ -1,4 +1,4 @@
-"""Same-host one-sided windows for gloo, on shared memory.
+"""One-sided windows for gloo: shared memory among ranks that share it, else the transport.
 
 Each rank's window is a file in ``/dev/shm`` that every rank maps: ``int64`` signal
 counters (one per peer) followed by the data. ``tensor_register`` moves the tensor's data
@@ -6,7 +6,13 @@ into it (like ``share_memory_()``: the same tensor object, now backed by shared 
 and ``tensor_deregister`` moves it back. ``put`` is a copy into the peer's mapping;
 ``signal`` increments this rank's counter in the peer's segment (one writer per counter,
 so no atomics are needed; x86 stores become visible in program order, so the data is
-there before the count). Ranks on different hosts get a clear error: use the mpi backend.
+there before the count).
+
+Whether the ranks share memory is tested, not guessed from host names: each rank creates
+a small segment and every other rank must see it with its contents (two containers on one
+machine share host name and boot id but no ``/dev/shm``). Ranks that do not share it use
+the installed transport (``torchcomms_gloo.transport_window``); ``TORCHCOMM_WINDOW_TRANSPORT``
+(``auto``, ``shm`` or ``transport``) forces either path.
 """
 
 from __future__ import annotations
@@ -23,12 +29,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchcomms_core import CommStateError, CommTimeoutError, TorchCommWinAccessType
+from torchcomms_core import (
+    CommInputError,
+    CommStateError,
+    CommTimeoutError,
+    RdmaTransport,
+    TorchCommWinAccessType,
+)
 
 if TYPE_CHECKING:
     from .backend import GlooBackend
+    from .transport_window import TransportWindow
 
 SHM_DIR = "/dev/shm"
+#: How windows reach peers: ``auto`` (shared memory when every rank shares it, else the
+#: transport), ``shm`` or ``transport``.
+WINDOW_TRANSPORT = "TORCHCOMM_WINDOW_TRANSPORT"
+MODES = ("auto", "shm", "transport")
 #: Seconds wait_signal polls flat out before napping ``_NAP_S`` between polls.
 _BUSY_S = 2.0
 _NAP_S = 0.0002
@@ -36,14 +53,45 @@ _NAP_S = 0.0002
 _SPIN = 2000
 
 
-def host_identity() -> str:
-    """This machine's identity: host name and boot id (containers may share host names)."""
+def window_mode() -> str:
+    """``TORCHCOMM_WINDOW_TRANSPORT`` (default ``auto``), checked."""
+    mode = os.environ.get(WINDOW_TRANSPORT, "").strip().lower() or "auto"
+    if mode not in MODES:
+        raise CommInputError(
+            f"{WINDOW_TRANSPORT}={mode!r} is not one of {', '.join(MODES)}; unset it or set "
+            f"auto (shared memory where ranks share it, else the transport)"
+        )
+    return mode
+
+
+def make_probe() -> tuple[str, str] | None:
+    """A small segment in ``/dev/shm`` holding a random token: ``(path, token)``, or ``None``
+    without ``/dev/shm``."""
+    if not os.path.isdir(SHM_DIR):
+        return None
+    token = secrets.token_hex(16)
+    path = os.path.join(SHM_DIR, f"torchcomms-probe-{os.getpid()}-{secrets.token_hex(6)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
-            boot = f.read().strip()
+        os.write(fd, token.encode("ascii"))
+    finally:
+        os.close(fd)
+    return path, token
+
+
+def sees_probe(path: str | None, token: str | None) -> bool:
+    """Whether the segment another rank made is visible here with its contents."""
+    if path is None or token is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(64) == token.encode("ascii")
     except OSError:
-        boot = "?"
-    return f"{socket.gethostname()}/{boot}"
+        return False
+
+
+def _host() -> str:
+    return socket.gethostname()
 
 
 class _Segment:
@@ -76,7 +124,7 @@ class _Segment:
 
 
 class GlooWindowEngine:
-    """Shared-memory windows among the ranks of one host (see the module docstring)."""
+    """Windows on shared memory, or through ``TransportWindow`` (see the module docstring)."""
 
     def __init__(self, backend: GlooBackend, index: int) -> None:
         self._backend = backend
@@ -91,32 +139,25 @@ class GlooWindowEngine:
         self._bases: list[int] = []
         self._tensor: torch.Tensor | None = None
         self._waited = [0] * self._size
+        #: The window of the current registration when it goes through the transport.
+        self._remote: TransportWindow | None = None
 
     # -- registration (collective) -----------------------------------------------------
 
     def register(self, tensor: torch.Tensor) -> list[int]:
         self._epoch += 1
         prefix = f"{self._key}/{self._epoch}"
-        path = os.path.join(SHM_DIR, f"torchcomms-{os.getpid()}-{secrets.token_hex(6)}")
-        me = {"host": host_identity(), "path": path, "numel": tensor.numel()}
-        self._store.set(f"{prefix}/{self._rank}", json.dumps(me))
         timeout = self._backend.options.timeout or timedelta(seconds=600)
+        self._waited = [0] * self._size
+        if not self._shared_memory(prefix):
+            from .transport_window import TransportWindow
+
+            self._remote = TransportWindow(self._backend, prefix, timeout)
+            return self._remote.register(tensor)
+        path = os.path.join(SHM_DIR, f"torchcomms-{os.getpid()}-{secrets.token_hex(6)}")
+        me = {"path": path, "numel": tensor.numel()}
+        self._store.set(f"{prefix}/{self._rank}", json.dumps(me))
         peers = [json.loads(self._store.get(f"{prefix}/{r}")) for r in range(self._size)]
-        hosts: dict[str, list[int]] = {}
-        for r, info in enumerate(peers):
-            hosts.setdefault(info["host"], []).append(r)
-        if len(hosts) > 1:
-            where = "; ".join(f"ranks {rs} on {h.split('/')[0]}" for h, rs in hosts.items())
-            raise CommStateError(
-                f"new_window: gloo windows use shared memory, so every rank must run on one "
-                f"host, but {where}. Use the mpi backend (torchcomms-mpi) for windows across "
-                f"hosts"
-            )
-        if not os.path.isdir(SHM_DIR):
-            raise CommStateError(
-                f"new_window: gloo windows need {SHM_DIR} (Linux shared "
-                f"memory); use the mpi backend here"
-            )
         nbytes = tensor.numel() * tensor.element_size()
         mine = _Segment(path, nbytes, self._size, create=True)
         mine.counters.zero_()
@@ -144,12 +185,82 @@ class GlooWindowEngine:
         os.unlink(path)
         return [info["numel"] for info in peers]
 
+    def _shared_memory(self, prefix: str) -> bool:
+        """Whether this registration uses shared memory (the same answer on every rank).
+
+        Every rank publishes its mode and a probe segment; the ranks share memory when each
+        sees every other rank's segment with its token.
+        """
+        mode = window_mode()
+        probe = make_probe() if mode != "transport" else None
+        mine = {"mode": mode, "host": _host(), "probe": list(probe) if probe else None}
+        store, rank, size = self._store, self._rank, self._size
+        try:
+            store.set(f"{prefix}/mode/{rank}", json.dumps(mine))
+            everyone = [json.loads(store.get(f"{prefix}/mode/{r}")) for r in range(size)]
+            modes = {info["mode"] for info in everyone}
+            if len(modes) > 1:
+                listing = ", ".join(f"rank {r}: {i['mode']}" for r, i in enumerate(everyone))
+                raise CommStateError(
+                    f"new_window: the ranks set {WINDOW_TRANSPORT} differently ({listing}); "
+                    f"set the same value on every rank"
+                )
+            if mode == "transport":
+                shared = False
+            else:
+                sees = all(
+                    sees_probe(*(info["probe"] or (None, None)))
+                    for r, info in enumerate(everyone)
+                    if r != rank
+                )
+                store.set(f"{prefix}/sees/{rank}", "1" if sees and probe else "0")
+                verdicts = [store.get(f"{prefix}/sees/{r}") for r in range(size)]
+                shared = all(v == b"1" for v in verdicts)
+        finally:
+            if probe is not None and mode != "transport":
+                # Every rank has looked once all verdicts are in (or this rank failed).
+                try:
+                    os.unlink(probe[0])
+                except OSError:
+                    pass
+        if shared:
+            return True
+        if mode == "shm":
+            blind = [r for r in range(size) if store.get(f"{prefix}/sees/{r}") != b"1"]
+            raise CommStateError(
+                f"new_window: {WINDOW_TRANSPORT}=shm, but the ranks do not share memory "
+                f"(rank(s) {blind} cannot see the others' {SHM_DIR} segments: other hosts or "
+                f"containers); set it to auto or transport and install a transport "
+                f"(`pip install torchcomms-nixl`)"
+            )
+        if not RdmaTransport.supported():
+            hosts = sorted({info["host"] for info in everyone})
+            why = (
+                f"{WINDOW_TRANSPORT}=transport"
+                if mode == "transport"
+                else f"the ranks do not share memory (hosts {', '.join(hosts)})"
+            )
+            raise CommStateError(
+                f"new_window: {why}, so gloo windows need a transport across them, and none "
+                f"can run here; install one (`pip install torchcomms-nixl`) or use the mpi "
+                f"backend (torchcomms-mpi), whose windows are MPI RMA"
+            )
+        return False
+
     def deregister(self) -> None:
         timeout = self._backend.options.timeout or timedelta(seconds=600)
+        if self._remote is not None:
+            remote, self._remote = self._remote, None
+            remote.deregister(timeout)
+            return
         self._barrier(timeout)  # no peer still writes into this rank's segment
         self.free()
 
     def free(self, abort: bool = False) -> None:
+        if self._remote is not None:
+            remote, self._remote = self._remote, None
+            remote.free(abort)
+            return
         tensor = self._tensor
         if tensor is not None:
             # Back to private memory, contents kept. torch's stub lacks set_(Tensor).
@@ -169,6 +280,8 @@ class GlooWindowEngine:
     def put(
         self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
     ) -> Any:
+        if self._remote is not None:
+            return self._remote.put(tensor, dst_rank, offset, timeout)
         # One memcpy into the peer's mapping: no tensor views made per call.
         size = tensor.element_size()
         ctypes.memmove(
@@ -177,14 +290,17 @@ class GlooWindowEngine:
         return None
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        if self._remote is not None:
+            return self._remote.signal(peer_rank, timeout)
         words = self._peers[peer_rank].words
         words[self._rank] += 1  # this rank is the only writer of this counter
         return None
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
+        counters = self._remote.counters if self._remote is not None else self._mine.words  # type: ignore[union-attr]
         work = _CounterWait(
-            self._mine.words,  # type: ignore[union-attr]
+            counters,
             peer_rank,
             self._waited[peer_rank],
             timeout.total_seconds(),
@@ -196,6 +312,8 @@ class GlooWindowEngine:
         return None
 
     def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
+        if self._remote is not None:
+            return TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE
         return TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
 
     def map_remote(self, rank: int) -> torch.Tensor:

@@ -1,0 +1,98 @@
+"""Finding the NIXL wheel (``nixl_cu12``, what ``pip install nixl-cu12`` provides) and starting
+an agent on its compiled bindings.
+
+Imported lazily, so ``torchcomms transports`` can say why NIXL cannot load without failing.
+The agent is made on the bindings rather than NIXL's ``nixl_agent`` wrapper because the
+wrapper starts the progress thread polling without pause (two thirds of a core while idle);
+a pause of ``PROGRESS_DELAY_US`` costs 2% of a core idle and little latency.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Any
+
+#: Import names of NIXL's Python API, tried in order.
+MODULES: tuple[str, ...] = ("nixl_cu12", "nixl_cu13", "nixl")
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[Any, Any, str]:
+    """``(api module, bindings module, error)``; modules are ``None`` when NIXL cannot load."""
+    errors = []
+    for name in MODULES:
+        try:
+            api = importlib.import_module(name)
+            bindings = importlib.import_module(f"{name}._bindings")
+        except Exception as exc:  # a missing wheel, or one whose libraries cannot load
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        if hasattr(api, "nixl_agent"):
+            return api, bindings, ""
+    return None, None, "; ".join(errors)
+
+
+def api() -> Any:
+    """NIXL's Python API module (``nixl_agent``, ``nixl_agent_config``)."""
+    module, _bindings, error = _load()
+    if module is None:
+        raise ImportError(f"NIXL cannot be imported ({error})")
+    return module
+
+
+def bindings() -> Any:
+    """NIXL's compiled bindings (descriptor lists, memory types, status codes)."""
+    _api, module, error = _load()
+    if module is None:
+        raise ImportError(f"NIXL cannot be imported ({error})")
+    return module
+
+
+#: Microseconds NIXL's progress thread waits for UCX events between rounds of progress (its
+#: poll rounds this up to a whole millisecond; 0 polls without pause, about two thirds of a
+#: core while idle). Transfers whose target must take part (UCX over TCP) see this wait.
+PROGRESS_DELAY_US = 1000
+#: Overrides ``PROGRESS_DELAY_US`` (read when the process's agent starts).
+PROGRESS_VARIABLE = "TORCHCOMM_NIXL_PROGRESS_US"
+
+
+def progress_delay_us() -> int:
+    """``TORCHCOMM_NIXL_PROGRESS_US``, or ``PROGRESS_DELAY_US`` when unset."""
+    raw = os.environ.get(PROGRESS_VARIABLE, "").strip()
+    if not raw:
+        return PROGRESS_DELAY_US
+    if not raw.isdigit():
+        raise ValueError(
+            f"{PROGRESS_VARIABLE}={raw!r} is not a whole number of microseconds; unset it or "
+            f"give e.g. 1000 (0 polls without pause)"
+        )
+    return int(raw)
+
+
+def start_agent(name: str) -> tuple[Any, Any]:
+    """A NIXL agent named ``name`` with a UCX backend: ``(agent, UCX backend handle)``."""
+    b = bindings()
+    config = b.nixlAgentConfig()
+    config.useProgThread = True
+    config.useListenThread = False
+    config.pthrDelay = progress_delay_us()
+    config.syncMode = b.NIXL_THREAD_SYNC_NONE  # every call is made under one lock
+    config.captureTelemetry = False
+    agent = b.nixlAgent(name, config)
+    plugins = list(agent.getAvailPlugins())
+    if "UCX" not in plugins:
+        raise RuntimeError(
+            f"NIXL has no UCX plugin (it found {', '.join(plugins) or 'none'}); reinstall the "
+            f"nixl-cu12 wheel"
+        )
+    return agent, agent.createBackend("UCX", {})
+
+
+def unavailable_reason() -> str | None:
+    """Why NIXL cannot run here, or ``None`` when it can."""
+    module, _bindings, error = _load()
+    if module is None:
+        return f"the NIXL wheel cannot be imported; `pip install nixl-cu12` ({error})"
+    return None

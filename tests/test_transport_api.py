@@ -1,0 +1,116 @@
+"""The core's transport API (``torchcomms._transport``) when no transport, an unusable one or an
+incompatible one is installed; transfers themselves are tested with torchcomms-nixl
+(plugins/torchcomms_nixl/tests).
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+from typing import ClassVar
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms._transport import (
+    RdmaMemory,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    attach_rdma_memory_hook,
+)
+from torchcomms_core import _transport
+from torchcomms_core.transport_spec import (
+    MemoryRegistration,
+    TransportEndpoint,
+    TransportProvider,
+)
+
+
+class _Unusable(TransportProvider):
+    name: ClassVar[str] = "unusable"
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        return False, "its engine is missing (test)"
+
+    def endpoint(self, device: torch.device, timeout: timedelta) -> TransportEndpoint:
+        raise AssertionError("never asked")
+
+    def register(self, tensor: torch.Tensor) -> MemoryRegistration:
+        raise AssertionError("never asked")
+
+
+class _FromTheFuture(_Unusable):
+    name: ClassVar[str] = "future"
+    spec_version: ClassVar[str] = "2.0"
+
+
+@pytest.fixture
+def no_installed_transports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in an environment without any transport plugin."""
+    monkeypatch.setattr(_transport, "transport_entry_points", lambda: {})
+    monkeypatch.setattr(_transport, "_registered", {})
+    monkeypatch.delenv("TORCHCOMM_TRANSPORT", raising=False)
+
+
+def test_without_a_transport_supported_is_false_and_constructors_say_what_to_install(
+    no_installed_transports: None,
+) -> None:
+    assert RdmaTransport.supported() is False
+    for make in (lambda: RdmaTransport(torch.device("cpu")), lambda: RdmaMemory(torch.zeros(4))):
+        with pytest.raises(torchcomms.CommStateError, match="pip install torchcomms-nixl"):
+            make()
+    assert torchcomms.available_transports() == []
+
+
+def test_an_unavailable_transport_is_not_supported_and_says_why(
+    no_installed_transports: None,
+) -> None:
+    torchcomms.register_transport("unusable", _Unusable)
+    try:
+        assert RdmaTransport.supported() is False
+        with pytest.raises(torchcomms.CommStateError, match="its engine is missing"):
+            RdmaTransport(torch.device("cpu"))
+        (row,) = _transport.describe_transports()
+        assert row["name"] == "unusable" and row["runnable"] is False
+        assert "its engine is missing" in row["reason"] and row["selected"] is True
+    finally:
+        torchcomms.unregister_transport("unusable")
+
+
+def test_an_incompatible_spec_version_is_refused_at_registration() -> None:
+    with pytest.raises(torchcomms.BackendLoadError, match="targets transport spec 2.0"):
+        torchcomms.register_transport("future", _FromTheFuture)
+    with pytest.raises(torchcomms.BackendLoadError, match="not a subclass"):
+        torchcomms.register_transport("nothing", object)  # type: ignore[arg-type]
+
+
+def test_an_unknown_transport_name_lists_what_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TORCHCOMM_TRANSPORT", "nosuch")
+    assert RdmaTransport.supported() is False
+    with pytest.raises(torchcomms.CommStateError, match="no torchcomms transport named 'nosuch'"):
+        RdmaTransport(torch.device("cpu"))
+
+
+def test_the_cli_lists_no_transports_with_a_hint(
+    no_installed_transports: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchcomms_core.cli import main
+
+    assert main(["transports"]) == 0
+    assert "pip install torchcomms-nixl" in capsys.readouterr().out
+
+
+def test_remote_buffers_pickle_as_their_three_fields() -> None:
+    buf = RdmaRemoteBuffer(4096, 128, "key")
+    assert pickle.loads(pickle.dumps(buf)) == buf
+    assert buf.__reduce__() == (RdmaRemoteBuffer, (4096, 128, "key"))
+    assert "len=128" in repr(buf)
+
+
+def test_the_allocator_hook_is_refused_with_what_to_do_instead() -> None:
+    with pytest.raises(torchcomms.CommStateError, match="registers memory per RdmaMemory"):
+        attach_rdma_memory_hook(None, None)
