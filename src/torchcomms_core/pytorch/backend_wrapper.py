@@ -12,6 +12,7 @@ here touches ``torch.distributed`` at import time (only ``torch._C._distributed_
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -277,6 +278,31 @@ class _BackendWrapper(ProcessGroup):
                 return track
         return None
 
+    def _recorded_call(
+        self, op: BridgeOp, track: Any, what: tuple[str, Any, Any], args: Any, kwargs: Any
+    ) -> Any:
+        """An engine-lane call that the flight recorder records: a synchronous one is
+        waited for here (c10d waits right after anyway) and recorded completed, an
+        asynchronous one recorded with the engine's work to settle from."""
+        method = getattr(self._engine, cast(str, op.engine))
+        created = time.time_ns()
+        if not _profiler_enabled():
+            work = method(*args, **kwargs)
+        else:
+            work = self._engine_recorded(op, method, args, kwargs)
+        record, timeout = track.recorder.record_lane, self._comm.get_timeout()
+        opts = kwargs.get("opts", args[-1] if args else None)
+        if getattr(opts, "asyncOp", True):
+            record(track, *what, work, timeout, created, False)
+            return work
+        try:
+            work.wait()
+        except BaseException:
+            record(track, *what, work, timeout, created, False)
+            raise
+        record(track, *what, None, timeout, created, True)
+        return work
+
     def _engine_recorded(self, op: BridgeOp, method: Any, args: Any, kwargs: Any) -> Any:
         """An engine-lane call under the profiler: c10d's op record around the engine's
         call, which records its own work as a plain group's engine does."""
@@ -386,13 +412,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
             if track is not None:
                 what = recorded_as(*args, **kwargs)
                 if what is not None:
-                    method = getattr(self._engine, engine_name)
-                    if not _profiler_enabled():
-                        work = method(*args, **kwargs)
-                    else:
-                        work = self._engine_recorded(op, method, args, kwargs)
-                    track.recorder.record_lane(track, *what, work, self._comm.get_timeout())
-                    return work
+                    return self._recorded_call(op, track, what, args, kwargs)
         return self._general(op, args, kwargs)
 
     call.__name__ = call.__qualname__ = op.names[0]

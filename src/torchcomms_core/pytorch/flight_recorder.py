@@ -252,6 +252,9 @@ class _Track:
             del _lane_tracks[id(comm)]
 
 
+# Asynchronous engine-lane entries whose work is kept to settle them, per communicator.
+_LANE_OPEN = 64
+
 # The track of each communicator that one recorder records (by ``id``; the track's weak
 # reference tells a reused id apart), for the c10d bridge's engine lane: see lane_track.
 _lane_tracks: dict[int, _Track] = {}
@@ -496,11 +499,15 @@ class _Recorder:
         out: _Tensor | None,
         work: Any,
         timeout: Any,
+        created: int,
+        done: bool,
     ) -> None:
-        """Record an operation the c10d bridge gave its engine directly (``work`` is the
-        engine's c10d ``Work``), as :meth:`pre` and :meth:`post` would have: one entry,
-        started, settled from the work when read. ``inp``/``out``: its one tensor each
-        way (the same object for in-place operations), or ``None``."""
+        """Record an operation the c10d bridge gave its engine directly, as :meth:`pre`
+        and :meth:`post` would have: one entry. ``done``: the bridge waited for it (a
+        synchronous call) and it completed; else it is started and settled from ``work``
+        (the engine's c10d ``Work``) when read. ``inp``/``out``: its one tensor each way
+        (the same object for in-place operations), or ``None``; ``created``: when it was
+        issued (``time.time_ns()``)."""
         now = time.time_ns()
         frames = _frames()
         one_in = (_ONE, inp.shape, inp.dtype) if inp is not None else None
@@ -515,7 +522,7 @@ class _Recorder:
                 op,
                 None,
                 None,
-                now,
+                created,
                 one_in,
                 one_out,
                 timeout,
@@ -524,16 +531,27 @@ class _Recorder:
                 thread.name,
                 frames,
             )
-            entry[_STARTED] = now
+            entry[_STARTED] = created
+            if done:
+                entry[_STATE] = "completed"
+                entry[_COMPLETED] = now
+                entry[_RETIRED] = True
+                return
             entry[_STATE] = "started"
             entry[_WORK] = work
             # Settle the earlier ones now, so that no finished work (nor the tensors it
-            # holds) stays referenced until a dump.
+            # holds) stays referenced until a dump. Some engine works never say they
+            # completed (gloo's _reduce_scatter_base): past _LANE_OPEN of them, the oldest
+            # is let go, still "started".
             still = track.lane_open
             if still:
                 for earlier in still:
                     self.settle(earlier, now)
                 still = [e for e in still if e[_WORK] is not None]
+                if len(still) >= _LANE_OPEN:
+                    oldest = still.pop(0)
+                    oldest[_WORK] = None
+                    oldest[_RETIRED] = True
             still.append(entry)
             track.lane_open = still
 
