@@ -398,7 +398,7 @@ def test_all_reduce_coalesced_gives_per_tensor_results_and_records(pool) -> None
     assert first[3] == [float(sum(range(n)))] * 3
     assert second[2] == [2, 2] and second[3][1][1] == 3.0 * sum(range(1, n + 1))
     assert [t[2] for t in res[0]["result"]] == [[3], [2, 2]]
-    assert ["gloo:all_reduce", [[3], [2, 2]]] in res[0]["records"]
+    assert ["gloo:all_reduce", [[3], [2, 2]], True] in res[0]["records"]
     assert isinstance(res[0]["mixed_dtypes"], Raised)
 
 
@@ -550,7 +550,7 @@ def test_recv_from_any_source_reports_the_sender(pool) -> None:
     n = pool.world_size
     assert res[0]["recv"] == [[k, [float(k)] * 3] for k in range(1, n)]
     assert res[0]["irecv"] == [[k, [float(10 * k)] * 3] for k in range(1, n)]
-    assert ["gloo:recvAnySource", [[3]]] in res[1]["records"]
+    assert ["gloo:recvAnySource", [[3]], True] in res[1]["records"]
 
 
 def body_recv_any_source_elsewhere() -> list:
@@ -697,7 +697,7 @@ def test_sparse_all_reduce_sums_like_gloo(pool) -> None:
         dense[r + 1] += float(r + 2)
     assert dict(zip(indices[0], values, strict=True)) == {i: v for i, v in enumerate(dense) if v}
     assert isinstance(res[0]["max"], Raised)
-    assert any(name == "gloo:sparse_all_reduce" for name, _ in res[0]["records"])
+    assert any(name == "gloo:sparse_all_reduce" for name, _, _ in res[0]["records"])
 
 
 # -- 5. names and metadata --------------------------------------------------------------------
