@@ -404,15 +404,25 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
         engine = self._engine_for_call()
         if engine is not None and (accept is None or accept(*args, **kwargs)):
             method = getattr(engine, engine_name)
-            if not _profiler_enabled():
-                return method(*args, **kwargs)
-            return self._engine_recorded(op, method, args, kwargs)
+            try:
+                if not _profiler_enabled():
+                    return method(*args, **kwargs)
+                return self._engine_recorded(op, method, args, kwargs)
+            except TypeError as exc:
+                # One of c10d's group-only overloads, which the engine does not bind:
+                # refused before anything ran, so the general path takes it.
+                if "incompatible function arguments" not in str(exc):
+                    raise
         if recorded_as is not None and (accept is None or accept(*args, **kwargs)):
             track = self._recorded_lane()
             if track is not None:
                 what = recorded_as(*args, **kwargs)
                 if what is not None:
-                    return self._recorded_call(op, track, what, args, kwargs)
+                    try:
+                        return self._recorded_call(op, track, what, args, kwargs)
+                    except TypeError as exc:  # as above: an overload the engine lacks
+                        if "incompatible function arguments" not in str(exc):
+                            raise
         return self._general(op, args, kwargs)
 
     call.__name__ = call.__qualname__ = op.names[0]

@@ -102,6 +102,11 @@ def _not_premul(*args: Any, **kwargs: Any) -> bool:
     return not a.is_premul_sum(opts)
 
 
+def _barrier_opts(opts: Any = None, timeout: Any = None) -> bool:
+    # c10d's barrier(timeout=...) form is the group's; the engine takes only options.
+    return timeout is None
+
+
 def _rooted_not_premul(tensors: Any, opts: Any = None, op: Any = None) -> bool:
     # reduce(tensor, root, op) is c10d's C++ form; the engine takes only (tensors, opts).
     return not isinstance(opts, int) and not a.is_premul_sum(opts)
@@ -639,6 +644,7 @@ OPS: tuple[BridgeOp, ...] = (
         "barrier",
         _none,
         engine="barrier",
+        engine_ok=_barrier_opts,
         recorded_as=_barrier_described,
     ),
 )
