@@ -40,9 +40,17 @@ def check(hints: dict[str, str]) -> bool:
 def engine_connects(lazy: bool) -> Iterator[None]:
     """Build the engine inside this block to connect eagerly (default) or lazily.
 
-    The engine reads ``TORCH_GLOO_LAZY_INIT`` when it is built; the block sets it for
-    the build only (under a lock) and puts back what the user had.
+    The engine reads ``TORCH_GLOO_LAZY_INIT`` when it is built. When the environment
+    already says what is asked (the common case: unset, eager), nothing is changed and
+    nothing is held, so engines of several communicators can connect to each other from
+    threads of one process at once. Otherwise the block sets the variable for the build
+    only (under a lock, which the eager build then holds while it connects) and puts
+    back what the user had.
     """
+    before = os.environ.get(_LAZY_VARIABLE)
+    if _truthy(before) == lazy:
+        yield
+        return
     with _lazy_lock:
         before = os.environ.get(_LAZY_VARIABLE)
         os.environ[_LAZY_VARIABLE] = "1" if lazy else "0"
@@ -53,3 +61,8 @@ def engine_connects(lazy: bool) -> Iterator[None]:
                 os.environ.pop(_LAZY_VARIABLE, None)
             else:
                 os.environ[_LAZY_VARIABLE] = before
+
+
+def _truthy(value: str | None) -> bool:
+    """How torch reads a boolean variable (unset: false)."""
+    return value is not None and value.strip().lower() in ("1", "true", "yes", "y", "on")
