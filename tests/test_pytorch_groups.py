@@ -174,6 +174,8 @@ def body_work_future_and_errors() -> list:
         work = dist.all_reduce(t, group=ours, async_op=True)
         fut = work.get_future()
         value = fut.then(lambda f: f.value()[0] * 2).wait()
+        # gloo completes the future just before it marks the work done: wait() first.
+        work.wait()
         assert work.is_completed() and work.is_success() and work.exception() is None
         avg = torch.full((2,), float(r))
         dist.all_reduce(avg, op=dist.ReduceOp.AVG, group=ours)
