@@ -114,10 +114,45 @@ def _file_store(path: str) -> Any:
         return store
 
 
+#: Descriptors a store host keeps for itself beyond one connection per rank.
+_SPARE_FILES = 64
+
+
+def check_open_files(clients: int, what: str) -> None:
+    """Make sure this process may open a connection per client, or say how to allow it.
+
+    A store host holds one connection per rank; past the open-file limit the ranks
+    beyond it hang or fail in ways that do not name the cause. The soft limit is raised
+    up to the hard one when that is enough.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX: the platform's own limits apply
+        return
+    need = clients + _SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+            return
+        except (OSError, ValueError):
+            pass
+    raise BootstrapError(
+        f"{what} needs a connection per rank: {clients} ranks, but this process may open "
+        f"only {soft} files (hard limit {hard}); raise the limit before starting it, e.g. "
+        f"`ulimit -n {need}` in the launching shell (the hard limit needs root or "
+        f"/etc/security/limits.conf), or run fewer ranks"
+    )
+
+
 def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) -> Any:
     """Connect to the TCP store, or host it listening only where ``MASTER_ADDR`` points."""
     from torch._C._distributed_c10d import TCPStore
 
+    if host:
+        check_open_files(size, f"the rendezvous store at {addr}:{port} (hosted by rank 0)")
     fd = _listen_fd(addr, port) if host else None
     if fd is None:
         return TCPStore(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from datetime import timedelta
 
 #: Default operation timeout in seconds (Meta's torchcomms name).
@@ -41,6 +42,8 @@ MASTER_PORT = "MASTER_PORT"
 #: Network interface the gloo backend binds to (e.g. ``eth1``); unset: the host name's address.
 GLOO_HOSTNAME = "TORCHCOMM_GLOO_HOSTNAME"
 GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
+#: gloo connects lazily (on first use) in communicators larger than this; default 64.
+GLOO_LAZY_ABOVE = "TORCHCOMM_GLOO_LAZY_ABOVE"
 #: torchrun sets this when its agent hosts the rendezvous store.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -112,8 +115,20 @@ def rank_size_sources() -> tuple[tuple[str, str, str], ...]:
     return explicit + _QUERY_METHODS[method]
 
 
+# A thread that plays a rank in a simulation (``torchcomms_core.testing.simulated_rank``).
+_simulated = threading.local()
+
+
+def simulate_rank(rank_size: tuple[int, int] | None) -> None:
+    """Make this thread read ``rank_size`` as its launcher's rank and size (``None``: stop)."""
+    _simulated.rank_size = rank_size
+
+
 def rank_and_size() -> tuple[int, int, str] | None:
     """Return ``(rank, size, source)`` from the first launcher whose variables are set."""
+    simulated = getattr(_simulated, "rank_size", None)
+    if simulated is not None:
+        return simulated[0], simulated[1], "a simulated rank (torchcomms_core.testing)"
     env = os.environ
     for rank_var, size_var, source in rank_size_sources():
         if env.get(rank_var, "") != "" and env.get(size_var, "") != "":

@@ -12,14 +12,17 @@ The orchestration lives here so a backend only implements ``reconfigure_engine``
 1. Arguments are checked (a uuid not used before by this communicator, distinct string
    handles including this process's own).
 2. The previous engine is retired with the backend's ``abort`` (never waits for a dead peer).
-3. Membership check through the rendezvous store, namespaced by the uuid:
-   ``reconfigure/<uuid>/member/<handle>`` holds each member's handle list, and
+3. Membership check through the rendezvous store, namespaced by the uuid, at a constant
+   number of store operations per member (see :func:`_meet`): each member writes a short
+   arrival record ``reconfigure/<uuid>/member/<handle>`` and counts itself in under the
+   digest of its handle list and under the uuid; the member that completes its digest's
+   count writes ``reconfigure/<uuid>/outcome`` and the others wait for that one key.
    ``reconfigure/handle/<handle>`` says which uuid a handle last reconfigured with, in what
-   state, and when (a store counter orders attempts). A member whose handle list differs,
-   or who is reconfiguring with another uuid over the same members at the same time, makes
-   every member raise :class:`CommInputError` at once; a member who gives up (its own
-   attempt failed) makes the others fail at once too; a member who never arrives makes the
-   call raise :class:`CommTimeoutError` after ``timeout``.
+   state (a store counter orders attempts). A member whose handle list differs, or who is
+   reconfiguring with another uuid over the same members at the same time, makes every
+   member raise :class:`CommInputError` at once; a member who gives up (its own attempt
+   failed) makes the others fail at once too; a member who never arrives makes the call
+   raise :class:`CommTimeoutError` after ``timeout``, naming it.
 4. ``backend.reconfigure_engine(store, rank, size, timeout, options)`` builds the new
    engine over ``reconfigure/<uuid>/engine/`` of the store; splits and windows of the new
    group work under ``reconfigure/<uuid>/group/``.
@@ -33,9 +36,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._bootstrap import check_open_files
 from ._errors import (
     CommInputError,
     CommOperationError,
@@ -44,6 +49,7 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
+from ._join import missing_keys
 from ._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
 from ._states import ABORTED, FINALIZED, OK, UNBOUND
 from ._validation import check_hints, check_timeout
@@ -129,7 +135,7 @@ def _handle_list(init_handles: Any, mine: str, backend: str, hosted: bool) -> li
             )
         parse_handle(h, backend, hosted, f"reconfigure: init_handles[{i}]")
     if len(set(handles)) != len(handles):
-        dupes = sorted({h for h in handles if handles.count(h) > 1})
+        dupes = sorted(h for h, k in Counter(handles).items() if k > 1)
         raise CommInputError(
             f"reconfigure: init_handles lists {dupes} more than once; list each member once"
         )
@@ -189,12 +195,6 @@ def _announce(
     store.set(f"{_PREFIX}/handle/{handle}", json.dumps(entry))
 
 
-class _UuidMismatch(CommInputError):
-    def __init__(self, message: str, other: str) -> None:
-        super().__init__(message)
-        self.other = other
-
-
 def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
     """Whether a peer's announcement shows it reconfiguring with another uuid right now."""
     if ann["uuid"] == key or ann["uuid"] in used:
@@ -211,11 +211,40 @@ def _includes(store: Any, ann: dict[str, Any], peer: str, mine: str) -> bool:
         return True  # the peer already saw this uuid as the conflict
     theirs_key = f"{_PREFIX}/{ann['uuid']}/member/{peer}"
     if not store.check([theirs_key]):
-        return False  # not published yet: look again at the next poll
-    return mine in json.loads(store.get(theirs_key)).get("handles", [mine])
+        return False  # not published yet: look again at the next scan
+    digest = json.loads(store.get(theirs_key)).get("digest")
+    list_key = f"{_PREFIX}/{ann['uuid']}/digest/{digest}/list"
+    if not store.check([list_key]):
+        return True  # its list is being published: a member of it, most likely
+    return mine in json.loads(store.get(list_key)).get("handles", [mine])
 
 
-def _await_members(
+class _GroupError:
+    """Marks an error whose message speaks for the whole group (a mismatch, a timeout):
+    the members still waiting raise it as it is, not as "member r gave up"."""
+
+
+class _Disagreement(CommInputError, _GroupError):
+    pass
+
+
+class _Absent(CommTimeoutError, _GroupError):
+    pass
+
+
+class _UuidMismatch(CommInputError, _GroupError):
+    def __init__(self, message: str, other: str) -> None:
+        super().__init__(message)
+        self.other = other
+
+
+#: How many absent members a scan looks at (conflicts, exits) and a timeout names.
+_SCANNED = 64
+_NAMED = 6
+_OK = json.dumps({"kind": "ok"})
+
+
+def _meet(
     comm: TorchComm,
     store: Any,
     key: str,
@@ -224,70 +253,165 @@ def _await_members(
     timeout: timedelta,
     seq: int,
 ) -> None:
-    """Wait until every member published the same handle list under ``key``."""
+    """Return once every member arrived under ``key`` with the same handle list.
+
+    A constant number of store operations per member, whatever the size: each member
+    writes a short arrival record and adds one to two counters, one for its list's digest
+    and one for the uuid. The member whose digest count reaches the size has seen the
+    whole group agree and says so in the uuid's outcome key; the others wait for that key.
+    A member that finds a disagreement, gives up or times out writes the outcome instead,
+    so every member waiting learns it at once. Full lists are read only to explain a
+    disagreement. The first member to arrive watches the absent ones (a conflicting uuid,
+    a member that gave up elsewhere, an exited host) and ends the wait when it sees one.
+    """
+    n = len(handles)
+    mine = handles[rank]
+    digest = _digest(handles)
+    base = f"{_PREFIX}/{key}"
     deadline = time.monotonic() + timeout.total_seconds()
-    pending = [r for r in range(len(handles)) if r != rank]
+    store.set(f"{base}/member/{mine}", json.dumps({"rank": rank, "digest": digest}))
+    same = int(store.add(f"{base}/digest/{digest}/count", 1))
+    if same == 1:  # the first with this list publishes it, to explain a disagreement
+        store.set(f"{base}/digest/{digest}/list", json.dumps({"rank": rank, "handles": handles}))
+        store.append(f"{base}/digests", f"{digest},")
+    total = int(store.add(f"{base}/count", 1))
+    if total > same:  # others arrived first: with another list, or just before this one
+        others = [d for d in store.get(f"{base}/digests").decode().split(",") if d]
+        other = next((d for d in others if d != digest), None)
+        if other is not None:
+            raise _disagreement(store, base, key, rank, handles, other)
+    if same >= n:
+        outcome = store.compare_set(f"{base}/outcome", "", _OK)
+    elif total == 1:
+        outcome = _watch(comm, store, key, rank, handles, deadline, seq, timeout)
+    else:
+        outcome = _wait_outcome(store, key, handles, deadline, timeout)
+    _raise_outcome(outcome)
+
+
+def _raise_outcome(raw: bytes | str) -> None:
+    """Return if the outcome says the group agreed, else raise what it says."""
+    outcome = json.loads(raw)
+    kind = outcome["kind"]
+    if kind == "ok":
+        return
+    message = outcome["message"]
+    if kind == "input":
+        raise CommInputError(message)
+    if kind == "timeout":
+        raise CommTimeoutError(message)
+    raise CommOperationError(message)
+
+
+def _disagreement(
+    store: Any, base: str, key: str, rank: int, handles: list[str], other: str
+) -> _Disagreement:
+    theirs = json.loads(store.get(f"{base}/digest/{other}/list"))
+    return _Disagreement(
+        f"reconfigure: members disagree on init_handles for uuid {key!r}: rank {rank} passed "
+        f"{_short(handles)} but rank {theirs['rank']} passed {_short(theirs['handles'])}; "
+        f"every member must pass the same list (or the same set)"
+    )
+
+
+def _absent(store: Any, base: str, handles: list[str], limit: int) -> list[int]:
+    """Ranks (positions in ``handles``) of up to ``limit`` members that did not arrive."""
+    return missing_keys(store, [f"{base}/member/{h}" for h in handles], limit)
+
+
+def _timed_out(store: Any, key: str, handles: list[str], timeout: timedelta) -> _Absent:
+    base = f"{_PREFIX}/{key}"
+    absent = _absent(store, base, handles, _NAMED)
+    try:
+        count = len(handles) - int(store.add(f"{base}/count", 0))
+    except Exception:
+        count = len(absent)
+    count = max(count, len(absent))
+    shown = _short([handles[r] for r in absent]) if absent else "(none named)"
+    return _Absent(
+        f"reconfigure: {count} of {len(handles)} members did not join uuid {key!r} within "
+        f"{timeout}: {shown}; check that they are alive and call reconfigure with the same "
+        f"uuid and handle list"
+    )
+
+
+def _wait_outcome(
+    store: Any, key: str, handles: list[str], deadline: float, timeout: timedelta
+) -> bytes:
+    """Block until the uuid's outcome is written (one operation), or time out."""
+    outcome_key = f"{_PREFIX}/{key}/outcome"
+    remaining = max(deadline - time.monotonic(), 0.001)
+    try:
+        store.wait([outcome_key], timedelta(seconds=remaining))
+    except Exception as exc:
+        if not is_timeout_error(exc):
+            raise
+        raise _timed_out(store, key, handles, timeout) from None
+    result: bytes = store.get(outcome_key)
+    return result
+
+
+def _watch(
+    comm: TorchComm,
+    store: Any,
+    key: str,
+    rank: int,
+    handles: list[str],
+    deadline: float,
+    seq: int,
+    timeout: timedelta,
+) -> bytes:
+    """The first member's wait: poll the outcome and look at the absent members."""
+    base = f"{_PREFIX}/{key}"
+    outcome_key = f"{base}/outcome"
     used = comm._reconfigure_uuids
     mine = handles[rank]
     hosted = comm._rendezvous is not None
     probed = time.monotonic()
     pause = 0.002
-    while pending:
-        for r in list(pending):
-            member_key = f"{_PREFIX}/{key}/member/{handles[r]}"
-            if store.check([member_key]):
-                theirs = json.loads(store.get(member_key))
-                if "withdrawn" in theirs:
-                    error = CommInputError if theirs["kind"] == "input" else CommOperationError
-                    raise error(
-                        f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
-                        f"{key!r}: {theirs['withdrawn']}"
-                    )
-                if theirs["handles"] != handles:
-                    raise CommInputError(
-                        f"reconfigure: members disagree on init_handles for uuid {key!r}: this "
-                        f"rank ({rank}) passed {_short(handles)} but rank {r} passed "
-                        f"{_short(theirs['handles'])}; every member must pass the same list "
-                        f"(or the same set)"
-                    )
-                pending.remove(r)
-                continue
-            ann_key = f"{_PREFIX}/handle/{handles[r]}"
-            if store.check([ann_key]):
-                ann = json.loads(store.get(ann_key))
-                if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
-                    error = CommInputError if ann.get("kind") == "input" else CommOperationError
-                    raise error(
-                        f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
-                        f"{key!r}: {ann.get('error', 'its reconfigure failed')}"
-                    )
-                if _conflicts(ann, key, seq, used) and _includes(store, ann, handles[r], mine):
-                    raise _UuidMismatch(
-                        f"reconfigure: member {r} ({_brief(handles[r])}) is reconfiguring with "
-                        f"uuid {ann['uuid']!r} while this rank uses {key!r}; every member must "
-                        f"pass the same uuid",
-                        ann["uuid"],
-                    )
-        if not pending:
-            return
-        if hosted and time.monotonic() - probed > 0.25:  # a dead member fails the call now
-            probed = time.monotonic()
-            for r in pending:
-                if has_exited(parse_handle(handles[r], comm.get_backend(), True, "member")):
-                    raise CommOperationError(
-                        f"reconfigure: member {r} ({_brief(handles[r])}) has exited (its "
-                        f"rendezvous refuses connections), so uuid {key!r} cannot complete; "
-                        f"reconfigure with a new uuid and a list of live members"
-                    )
+    while True:
+        if store.check([outcome_key]):
+            result: bytes = store.get(outcome_key)
+            return result
+        if int(store.add(f"{base}/count", 0)) < len(handles):
+            absent = _absent(store, base, handles, _SCANNED)
+            for r in absent:
+                _look_at(store, key, r, handles, seq, used, mine)
+            if hosted and time.monotonic() - probed > 0.25:  # a dead member fails it now
+                probed = time.monotonic()
+                for r in absent:
+                    if has_exited(parse_handle(handles[r], comm.get_backend(), True, "member")):
+                        raise CommOperationError(
+                            f"reconfigure: member {r} ({_brief(handles[r])}) has exited (its "
+                            f"rendezvous refuses connections), so uuid {key!r} cannot "
+                            f"complete; reconfigure with a new uuid and a list of live members"
+                        )
         if time.monotonic() >= deadline:
-            missing = [handles[r] for r in pending]
-            raise CommTimeoutError(
-                f"reconfigure: {len(missing)} of {len(handles)} members did not join uuid "
-                f"{key!r} within {timeout}: {_short(missing)}; check that they are alive and "
-                f"call reconfigure with the same uuid and handle list"
-            )
+            raise _timed_out(store, key, handles, timeout)
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
+
+
+def _look_at(
+    store: Any, key: str, r: int, handles: list[str], seq: int, used: set[str], mine: str
+) -> None:
+    """Raise if absent member ``r`` gave up on this uuid or is busy with another one."""
+    ann_key = f"{_PREFIX}/handle/{handles[r]}"
+    if not store.check([ann_key]):
+        return
+    ann = json.loads(store.get(ann_key))
+    if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
+        error = CommInputError if ann.get("kind") == "input" else CommOperationError
+        raise error(
+            f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
+            f"{key!r}: {ann.get('error', 'its reconfigure failed')}"
+        )
+    if _conflicts(ann, key, seq, used) and _includes(store, ann, handles[r], mine):
+        raise _UuidMismatch(
+            f"reconfigure: member {r} ({_brief(handles[r])}) is reconfiguring with uuid "
+            f"{ann['uuid']!r} instead of {key!r}; every member must pass the same uuid",
+            ann["uuid"],
+        )
 
 
 def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: timedelta) -> Any:
@@ -297,6 +421,7 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
 
     if comm._rendezvous is None or handles[0] == mine:
         if comm._rendezvous is not None:
+            check_open_files(len(handles), "the rendezvous store this member hosts")
             comm._rendezvous.set_timeout(timeout)  # gloo's rendezvous waits use it
         return comm._root_store
     first = handles[0]
@@ -365,17 +490,12 @@ def reconfigure(
     _retire(comm, prev_state)
 
     store = _meeting_store(comm, handles, mine, timeout)
-    member_key = f"{_PREFIX}/{key}/member/{mine}"
     seq = 0
     try:
         try:
             seq = int(store.add(f"{_PREFIX}/seq", 1))
             _announce(store, mine, key, "pending", seq)
-            store.set(
-                member_key,
-                json.dumps({"rank": rank, "handles": handles, "digest": _digest(handles)}),
-            )
-            _await_members(comm, store, key, rank, handles, timeout, seq)
+            _meet(comm, store, key, rank, handles, timeout, seq)
         except TorchCommError:
             raise
         except (RuntimeError, OSError) as exc:  # the store itself failed: its host is gone
@@ -404,16 +524,30 @@ def reconfigure(
             raise CommOperationError(f"{what}: {exc}") from exc
     except BaseException as exc:
         try:  # withdraw, so members still waiting fail now instead of at their timeout
-            kind = "input" if isinstance(exc, CommInputError) else "other"
-            store.set(member_key, json.dumps({"withdrawn": str(exc)[:600], "kind": kind}))
+            kind = (
+                "input"
+                if isinstance(exc, CommInputError)
+                else "timeout"
+                if isinstance(exc, _Absent)
+                else "other"
+            )
+            message = (
+                str(exc)
+                if isinstance(exc, _GroupError)
+                else f"reconfigure: member {rank} ({_brief(mine)}) gave up on uuid {key!r}: "
+                f"{str(exc)[:600]}"
+            )
+            outcome = json.dumps({"kind": kind, "message": message})
+            store.compare_set(f"{_PREFIX}/{key}/outcome", "", outcome)
             if isinstance(exc, _UuidMismatch):
                 _announce(store, mine, key, "mismatch", seq, exc.other, exc)
             else:
                 _announce(store, mine, key, "failed", seq, error=exc)
         except Exception:
             pass
-        if isinstance(exc, _UuidMismatch):
-            raise CommInputError(str(exc)) from None
+        if isinstance(exc, _GroupError):  # the public type, without the marker
+            public = CommInputError if isinstance(exc, CommInputError) else CommTimeoutError
+            raise public(str(exc)) from None
         raise
     try:
         _announce(store, mine, key, "done", seq)

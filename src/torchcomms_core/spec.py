@@ -156,6 +156,17 @@ class TorchCommBackend(abc.ABC):
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
         """Create the engine's communicator; ``options`` carries store, rank and size."""
 
+    def init_waits_for_peers(self) -> bool:
+        """Whether ``init`` returned only once every rank's ``init`` had begun.
+
+        True (the default) for engines whose creation is collective: an eager full mesh,
+        ``MPI_Init``, ``ncclCommInitRank``. A backend whose engine connects on first use
+        (gloo's ``lazy`` hint) returns False, and the core then joins the ranks with a
+        two-operation store barrier, so ``new_comm`` and ``split`` still prove that every
+        rank arrived and name the ones that did not.
+        """
+        return True
+
     @abc.abstractmethod
     def finalize(self) -> None:
         """Release the engine's resources. Called once; no operation follows."""

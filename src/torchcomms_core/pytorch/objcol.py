@@ -7,10 +7,13 @@ cannot make this rank run code; full pickle only with ``weights_only=False``, or
 ``TORCHCOMMS_SERIALIZATION=pickle``, which (as in the reference) serializes with plain
 ``pickle`` and decodes with it whatever ``weights_only`` says.
 
-Every call first exchanges a small header (item count, whether the rank accepted its own
+Every call first agrees on a small header (item count, whether the rank accepted its own
 arguments, payload size, size limit), so a mismatch between ranks or an oversized payload
 is refused with the same :class:`CommInputError` on every rank before any payload moves,
 and nothing is allocated from a size a peer declared beyond ``TORCHCOMM_OBJCOL_MAX_BYTES``.
+The rooted ones (gather, broadcast, scatter) agree through one all_reduce of a few
+integers, a cost per rank that does not grow with the world; every rank's header is
+gathered only when that shows a problem, to name the ranks.
 """
 
 from __future__ import annotations
@@ -210,6 +213,25 @@ def _exchange(comm: TorchComm, header: torch.Tensor, timeout: timedelta | None) 
     return table.view(-1, _HEADER).tolist()
 
 
+# A value below every limit and size, for ranks a bound does not concern.
+_LOWEST = -(2**62)
+
+
+def _bounds(comm: TorchComm, values: list[int], timeout: timedelta | None) -> list[int]:
+    """The largest of each value over all ranks: one all_reduce of a few integers.
+
+    Rooted object collectives agree through this instead of gathering a header from every
+    rank, so their cost per rank does not grow with the world: a minimum is the negated
+    maximum of negated values, and a rank a value does not concern passes ``_LOWEST``. Only
+    when the bounds show a problem is every rank's header gathered, to say who and what.
+    """
+    from .._reduce_op import ReduceOp
+
+    bounds = torch.tensor(values, dtype=torch.int64, device=comm.get_device())
+    comm.all_reduce(bounds, ReduceOp.MAX, timeout=timeout)
+    return [int(v) for v in bounds.cpu().tolist()]
+
+
 def _settle(
     table: list[list[int]], error: BaseException | None, where: str, receivers: Iterable[int]
 ) -> None:
@@ -239,6 +261,18 @@ def _settle(
                 f"was allocated or exchanged. Send smaller objects, or raise "
                 f"{_env.OBJCOL_MAX_BYTES} on every rank"
             )
+
+
+def _chunk(out: torch.Tensor, peer: int, where: str) -> torch.Tensor:
+    """The part of a padded chunk that its own size prefix (from :func:`_pack`) covers."""
+    width = out.numel()
+    size = int(out[:_INT64].cpu().clone().view(torch.int64)) if width >= _INT64 else -1
+    if not 0 <= size <= width - _INT64:
+        raise CommOperationError(
+            f"{where}: rank {peer} sent a chunk that declares {size} bytes "
+            f"in {width}; run the same torchcomms version on every rank"
+        )
+    return out[: _INT64 + size]
 
 
 def _padded(data: torch.Tensor, length: int, device: torch.device) -> torch.Tensor:
@@ -307,16 +341,26 @@ def gather_object(
         data = _encode(obj, _use_pickle())
     except Exception as exc:
         error = exc
-    table = _exchange(comm, _header(1, error, data.numel(), limit, device), timeout)
-    _settle(table, error, where, [root])
-    sizes = [row[_NBYTES] for row in table]
-    width = max(sizes)
+    chunk = _pack([data])  # its own size in front: the root needs no table of sizes
+    refused, width, cap = _bounds(
+        comm,
+        [int(error is not None), chunk.numel(), -limit if me == root else _LOWEST],
+        timeout,
+    )
+    if refused or width - _INT64 > -cap:  # say who refused or sent too much, on every rank
+        _settle(
+            _exchange(comm, _header(1, error, data.numel(), limit, device), timeout),
+            error,
+            where,
+            [root],
+        )
     out = torch.zeros(n * width if me == root else 0, dtype=torch.uint8, device=device)
-    comm.gather_single(out, _padded(data, width, device), root, timeout=timeout)
+    comm.gather_single(out, _padded(chunk, width, device), root, timeout=timeout)
     if me == root:
         assert object_gather_list is not None
         for r in range(n):
-            object_gather_list[r] = _decode(out[r * width : r * width + sizes[r]], safe, r, where)
+            (one,) = _unpack(_chunk(out[r * width : (r + 1) * width], r, where), 1, r, where)
+            object_gather_list[r] = _decode(one, safe, r, where)
 
 
 @_reference_order
@@ -348,18 +392,32 @@ def broadcast_object_list(
             blob = _pack([_encode(o, plain) for o in object_list])
     except Exception as exc:
         error = exc
-    table = _exchange(comm, _header(count, error, blob.numel(), limit, device), timeout)
-    _settle(table, error, where, [r for r in range(len(table)) if r != root])
-    expected = table[root][_COUNT]
-    different = [(r, row[_COUNT]) for r, row in enumerate(table) if row[_COUNT] != expected]
-    if different:
-        others = ", ".join(f"rank {r} has {c}" for r, c in different)
-        raise CommInputError(
-            f"{where}: object_list must have the same length on every rank, but root rank "
-            f"{root} has {expected} entries and {others}; nothing was broadcast. Pass a list of "
-            f"{expected} entries on every rank (placeholders such as None on the receivers)"
-        )
-    nbytes = table[root][_NBYTES]
+    is_root = me == root
+    refused, most, fewest, nbytes, cap = _bounds(
+        comm,
+        [
+            int(error is not None),
+            count,
+            -count,
+            blob.numel() if is_root else _LOWEST,
+            _LOWEST if is_root else -limit,
+        ],
+        timeout,
+    )
+    if refused or most != -fewest or (comm.get_size() > 1 and nbytes > -cap):
+        table = _exchange(comm, _header(count, error, blob.numel(), limit, device), timeout)
+        _settle(table, error, where, [r for r in range(len(table)) if r != root])
+        expected = table[root][_COUNT]
+        different = [(r, row[_COUNT]) for r, row in enumerate(table) if row[_COUNT] != expected]
+        if different:
+            others = ", ".join(f"rank {r} has {c}" for r, c in different)
+            raise CommInputError(
+                f"{where}: object_list must have the same length on every rank, but root rank "
+                f"{root} has {expected} entries and {others}; nothing was broadcast. Pass a "
+                f"list of {expected} entries on every rank (placeholders such as None on the "
+                f"receivers)"
+            )
+    expected = most
     if nbytes == 0:
         return
     if me != root:
@@ -408,20 +466,19 @@ def scatter_object_list(
     except Exception as exc:
         error = exc
     width = max((c.numel() for c in chunks), default=0)
-    table = _exchange(comm, _header(1, error, width, limit, device), timeout)
-    _settle(table, error, where, [r for r in range(n) if r != root])
-    width = table[root][_NBYTES]
+    is_root = me == root
+    refused, width, cap = _bounds(
+        comm,
+        [int(error is not None), width if is_root else _LOWEST, _LOWEST if is_root else -limit],
+        timeout,
+    )
+    if refused or (n > 1 and width > -cap):
+        table = _exchange(comm, _header(1, error, max(width, 0), limit, device), timeout)
+        _settle(table, error, where, [r for r in range(n) if r != root])
     padded = [_padded(c, width, device) for c in chunks]
     out = torch.zeros(width, dtype=torch.uint8, device=device)
     comm.scatter(out, padded, root, timeout=timeout)
-    # Each chunk is padded to the widest: its own size prefix says where it ends.
-    size = int(out[:_INT64].cpu().clone().view(torch.int64)) if width >= _INT64 else -1
-    if not 0 <= size <= width - _INT64:
-        raise CommOperationError(
-            f"{where}: rank {root} sent a chunk that declares {size} bytes "
-            f"in {width}; run the same torchcomms version on every rank"
-        )
-    (data,) = _unpack(out[: _INT64 + size], 1, root, where)
+    (data,) = _unpack(_chunk(out, root, where), 1, root, where)
     scatter_object_output_list[0] = _decode(data, safe, root, where)
 
 

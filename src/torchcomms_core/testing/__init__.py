@@ -1,10 +1,22 @@
 """Testing support for torchcomms and for backend authors.
 
-``RankPool`` keeps N live rank processes and runs test bodies on all of them.
+``RankPool`` keeps N live rank processes and runs test bodies on all of them;
+``CountingStore`` counts the store operations a step costs, and ``simulated_rank`` lets a
+thread play one rank.
 """
 
 from __future__ import annotations
 
 from .pool import Outcome, RankFailure, RankPool, current_rank, unique_name
+from .store import CountingStore, StoreCounts, simulated_rank
 
-__all__ = ["Outcome", "RankFailure", "RankPool", "current_rank", "unique_name"]
+__all__ = [
+    "CountingStore",
+    "Outcome",
+    "RankFailure",
+    "RankPool",
+    "StoreCounts",
+    "current_rank",
+    "simulated_rank",
+    "unique_name",
+]

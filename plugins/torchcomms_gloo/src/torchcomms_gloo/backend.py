@@ -61,7 +61,7 @@ class GlooBackend(C10dBackend):
     ) -> Any:
         from torch.distributed import ProcessGroupGloo
 
-        lazy = gloo_hints.check(options.hints)
+        lazy = self._lazy = gloo_hints.check(options.hints, size)
         if size == 1:  # no peers, no connections to close on abort
             self._sockets = {}
             return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
@@ -72,6 +72,10 @@ class GlooBackend(C10dBackend):
         # blocked on a dead peer then ends at its timeout.
         self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
         return engine
+
+    def init_waits_for_peers(self) -> bool:
+        """An eager engine connected every peer at creation; a lazy one heard from none."""
+        return not getattr(self, "_lazy", False)
 
     def abort(self) -> None:
         """Abort the engine and close its connections, so nothing waits for a peer."""

@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 
+from torchcomms_core import CommInputError
 from torchcomms_core.hints import bool_hint
 
 LAZY = "lazy"
@@ -22,36 +23,114 @@ HINT_KEYS: tuple[str, ...] = ("interface", "hostname", LAZY, PERSISTENT_STORE)
 
 # torch's Gloo engine reads this variable each time one is built.
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"
-_lazy_lock = threading.Lock()
 
 
-def check(hints: dict[str, str]) -> bool:
-    """Validate the boolean hints; return whether to connect lazily.
+#: Communicators of more ranks than this connect lazily unless told otherwise.
+LAZY_ABOVE_DEFAULT = 64
+LAZY_ABOVE_VARIABLE = "TORCHCOMM_GLOO_LAZY_ABOVE"
+
+
+def check(hints: dict[str, str], size: int = 1) -> bool:
+    """Validate the boolean hints; return whether a communicator of ``size`` connects lazily.
+
+    ``lazy``, when given, decides. Otherwise torch's ``TORCH_GLOO_LAZY_INIT``, when set,
+    decides, and without either a communicator connects its full mesh at creation up to
+    ``TORCHCOMM_GLOO_LAZY_ABOVE`` ranks (64) and lazily above: an eager mesh costs every
+    rank a store read and a connection per peer, which at a thousand ranks is a million
+    store operations and a million sockets before the first collective.
 
     ``persistent_store``: the store a communicator is given is always used directly and
     kept for its whole life (split and reconfigure rendezvous through it), which is what
     the reference does with ``true``; ``false`` is accepted and changes nothing.
     """
     bool_hint(hints, PERSISTENT_STORE, True)
-    return bool_hint(hints, LAZY, False)
+    if LAZY in hints:
+        return bool_hint(hints, LAZY, False)
+    variable = os.environ.get(_LAZY_VARIABLE, "").strip()
+    if variable:
+        return _truthy(variable)
+    return size > lazy_above()
+
+
+def lazy_above() -> int:
+    """The size above which communicators connect lazily (``TORCHCOMM_GLOO_LAZY_ABOVE``)."""
+    raw = os.environ.get(LAZY_ABOVE_VARIABLE, "").strip()
+    if not raw:
+        return LAZY_ABOVE_DEFAULT
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise CommInputError(
+            f"{LAZY_ABOVE_VARIABLE}={raw!r} must be a non-negative integer (the largest "
+            f"communicator that connects its peers at creation; 0 makes every one lazy)"
+        )
+    return value
+
+
+class _EnvironmentLock:
+    """Many engine builds that read the environment at once, or one that changes it.
+
+    A thread that changes a variable while another thread's engine reads the environment
+    can crash the process (``setenv`` against ``getenv``), so builds that leave the
+    environment alone share this lock and a build that must change it holds it alone.
+    A waiting writer does not keep new readers out: an eager build waits for its peers,
+    which may be threads of this process that must still get in.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._writer = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+_environment = _EnvironmentLock()
 
 
 @contextlib.contextmanager
 def engine_connects(lazy: bool) -> Iterator[None]:
-    """Build the engine inside this block to connect eagerly (default) or lazily.
+    """Build the engine inside this block to connect eagerly or lazily.
 
     The engine reads ``TORCH_GLOO_LAZY_INIT`` when it is built. When the environment
-    already says what is asked (the common case: unset, eager), nothing is changed and
-    nothing is held, so engines of several communicators can connect to each other from
-    threads of one process at once. Otherwise the block sets the variable for the build
-    only (under a lock, which the eager build then holds while it connects) and puts
-    back what the user had.
+    already says what is asked (the common case), nothing is changed and the build only
+    shares a lock with other such builds, so engines of several communicators can connect
+    to each other from threads of one process at once. Otherwise the block sets the
+    variable for the build alone and puts back what the user had. (An eager build that
+    must change the variable holds the lock while it connects: its peers cannot be
+    threads of the same process.)
     """
-    before = os.environ.get(_LAZY_VARIABLE)
-    if _truthy(before) == lazy:
-        yield
-        return
-    with _lazy_lock:
+    with _environment.shared():
+        if _truthy(os.environ.get(_LAZY_VARIABLE)) == lazy:
+            yield
+            return
+    with _environment.exclusive():
         before = os.environ.get(_LAZY_VARIABLE)
         os.environ[_LAZY_VARIABLE] = "1" if lazy else "0"
         try:
