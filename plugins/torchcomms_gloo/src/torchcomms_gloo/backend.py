@@ -15,6 +15,7 @@ from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 from . import fast_paths, teardown
 from . import hints as gloo_hints
 from .interface import engine_options, rendezvous_address
+from .peer_addresses import EngineAddresses, RecordingStore
 
 
 class GlooBackend(C10dBackend):
@@ -62,22 +63,49 @@ class GlooBackend(C10dBackend):
         from torch.distributed import ProcessGroupGloo
 
         lazy = gloo_hints.check(options.hints)
+        self._addresses = EngineAddresses()
+        self._recording: RecordingStore | None = None
+        self._created: dict[int, str] = {}
+        self.connections_at_creation = 0
+        self._lazy = lazy
         if size == 1:  # no peers, no connections to close on abort
-            self._sockets = {}
             return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+        # The engine talks to the store through a recorder that notes its listener and the
+        # peers' (lazily, as it contacts them), so abort finds every connection it opened.
+        recording = RecordingStore(store, self._addresses)
         before = teardown.socket_inodes()
         with gloo_hints.engine_connects(lazy):
-            engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
-        # Lazily, peers connect later: abort cannot see those sockets, and an operation
-        # blocked on a dead peer then ends at its timeout.
-        self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
+            engine = ProcessGroupGloo(recording, rank, size, engine_options(timeout, options.hints))
+        self._recording = recording  # the engine calls back into it: keep it alive
+        if not self._addresses.complete:
+            # Gloo's address values did not parse (not the layout of torch 2.13's gloo):
+            # fall back to the sockets that appeared while the engine was built, which is
+            # the full mesh when connecting eagerly and nothing when lazy.
+            self._created = teardown.engine_sockets(before, teardown.store_ports(store))
+        self.connections_at_creation = len(self.peer_connections())
         return engine
+
+    def peer_connections(self) -> dict[int, str]:
+        """The engine's TCP connections to its peers open now (descriptor: inode)."""
+        own, peers = getattr(self, "_addresses", EngineAddresses()).snapshot()
+        found, _ = teardown.connections(set(own.values()), set(peers.values()))
+        found.update(getattr(self, "_created", {}))
+        return found
 
     def abort(self) -> None:
         """Abort the engine and close its connections, so nothing waits for a peer."""
         # Connections first: dropping the engine joins its worker threads, which must no
-        # longer be blocked on a peer by then.
-        teardown.shut_down(getattr(self, "_sockets", {}))
+        # longer be blocked on a peer by then. The recorder refuses further reads first, so
+        # a lazy engine starts no connection after this.
+        recording = getattr(self, "_recording", None)
+        if recording is not None:
+            recording.close()
+        if getattr(self, "_lazy", False):
+            # Lazily, a pair may also be waiting for a peer to connect: wake those too.
+            teardown.close_lazy_engine(self._addresses)
+            teardown.shut_down(self._created)
+        else:
+            teardown.shut_down(self.peer_connections())
         super().abort()
 
     def reconfigure_engine(
