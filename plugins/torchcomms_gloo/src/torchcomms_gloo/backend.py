@@ -67,20 +67,28 @@ class GlooBackend(C10dBackend):
         self._recording: RecordingStore | None = None
         self._created: dict[int, str] = {}
         self.connections_at_creation = 0
-        self._lazy = lazy
         if size == 1:  # no peers, no connections to close on abort
             return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
-        # The engine talks to the store through a recorder that notes its listener and the
-        # peers' (lazily, as it contacts them), so abort finds every connection it opened.
-        recording = RecordingStore(store, self._addresses)
         before = teardown.socket_inodes()
+        if not lazy:
+            # Eagerly the full mesh is connected when the engine returns: record the sockets
+            # that appeared meanwhile (a recorder would cost each build about 1 ms).
+            with gloo_hints.engine_connects(lazy):
+                engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+            self._created = teardown.engine_sockets(before, teardown.store_ports(store))
+            self.connections_at_creation = len(self._created)
+            return engine
+        # Lazily the engine connects on first use, long after this: it talks to the store
+        # through a recorder that notes its listener and, as it contacts them, the peers',
+        # so abort can find (and wake) every connection it has then.
+        recording = RecordingStore(store, self._addresses)
         with gloo_hints.engine_connects(lazy):
             engine = ProcessGroupGloo(recording, rank, size, engine_options(timeout, options.hints))
         self._recording = recording  # the engine calls back into it: keep it alive
         if not self._addresses.complete:
             # Gloo's address values did not parse (not the layout of torch 2.13's gloo):
-            # fall back to the sockets that appeared while the engine was built, which is
-            # the full mesh when connecting eagerly and nothing when lazy.
+            # fall back to the sockets that appeared while the engine was built (none, as
+            # it connects later), so abort ends operations in flight only at their timeout.
             self._created = teardown.engine_sockets(before, teardown.store_ports(store))
         self.connections_at_creation = len(self.peer_connections())
         return engine
@@ -89,23 +97,26 @@ class GlooBackend(C10dBackend):
         """The engine's TCP connections to its peers open now (descriptor: inode)."""
         own, peers = getattr(self, "_addresses", EngineAddresses()).snapshot()
         found, _ = teardown.connections(set(own.values()), set(peers.values()))
-        found.update(getattr(self, "_created", {}))
+        current = teardown.socket_inodes()
+        found.update(
+            (fd, inode)
+            for fd, inode in getattr(self, "_created", {}).items()
+            if current.get(fd) == inode  # recorded at creation and still open
+        )
         return found
 
     def abort(self) -> None:
         """Abort the engine and close its connections, so nothing waits for a peer."""
         # Connections first: dropping the engine joins its worker threads, which must no
-        # longer be blocked on a peer by then. The recorder refuses further reads first, so
-        # a lazy engine starts no connection after this.
+        # longer be blocked on a peer by then.
         recording = getattr(self, "_recording", None)
         if recording is not None:
+            # Lazy: the recorder refuses the engine's further reads first, so it starts no
+            # connection after this; then its connections are shut down and any pair
+            # waiting for a peer to connect is woken.
             recording.close()
-        if getattr(self, "_lazy", False):
-            # Lazily, a pair may also be waiting for a peer to connect: wake those too.
             teardown.close_lazy_engine(self._addresses)
-            teardown.shut_down(self._created)
-        else:
-            teardown.shut_down(self.peer_connections())
+        teardown.shut_down(getattr(self, "_created", {}))
         super().abort()
 
     def reconfigure_engine(

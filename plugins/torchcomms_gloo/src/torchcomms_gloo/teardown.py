@@ -6,16 +6,17 @@ threads, which wait just as long. Shutting down the engine's TCP connections mak
 blocked send, receive and collective fail immediately, on this rank and on its peers (they
 see "connection closed", as if this rank had died), which is what abort promises.
 
-The engine does not expose its sockets, and a lazy engine (hint ``lazy``) opens them only
-on first use, long after it was built. So abort scans the process's descriptors again and
-picks the engine's connections by their endpoints (``connections``): accepted by the
-engine's own listener, or made to one of the peers' listeners, both learned from the
-addresses the engine exchanged (``peer_addresses.py``). Another communicator's engine has
-other listeners on both sides, so its connections are left alone. Should those addresses
-not parse (another gloo layout), the sockets that appeared while the engine was built are
-used instead (``engine_sockets``: the full mesh when connecting eagerly, nothing lazily).
-Each socket is identified by descriptor and inode, so a descriptor number reused later by
-someone else is never touched.
+The engine does not expose its sockets. Eagerly (the default) gloo connects its full mesh
+while it is built, so the backend records the sockets that appear meanwhile, minus those of
+the rendezvous store (``engine_sockets``). Lazily (hint ``lazy``) the engine connects on
+first use, long after it was built, so abort looks again (``close_lazy_engine``): it picks
+the engine's connections by their endpoints (``connections``: accepted by the engine's own
+listener, or made to one of the peers' listeners, both learned from the addresses the
+engine exchanged, see ``peer_addresses.py``), and it wakes the pairs that wait for a peer
+to connect to them (``wake_waiting_pairs``). Another communicator's engine has other
+listeners on both sides, so its connections are left alone. Each socket is identified by
+descriptor and inode, so a descriptor number reused later by someone else is never
+touched.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from collections.abc import Set
 from typing import Any
 
-from .peer_addresses import EngineAddresses, Endpoint, normalize_ip
+from .peer_addresses import Endpoint, EngineAddresses, normalize_ip
 
 _FD_DIR = "/proc/self/fd"
 
@@ -90,9 +91,7 @@ def engine_sockets(before: dict[int, str], exclude_ports: set[int]) -> dict[int,
     return mine
 
 
-def connections(
-    own: Set[Endpoint], peers: Set[Endpoint]
-) -> tuple[dict[int, str], dict[int, str]]:
+def connections(own: Set[Endpoint], peers: Set[Endpoint]) -> tuple[dict[int, str], dict[int, str]]:
     """This process's TCP sockets with an endpoint of one engine: ``(connections, listeners)``.
 
     A connected socket is the engine's when its local endpoint is one of the engine's
