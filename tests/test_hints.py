@@ -124,7 +124,7 @@ def body_gloo_lazy(lazy: str) -> tuple[int, float, str | None]:
     comm = torchcomms.new_comm(
         "gloo", "cpu", name=unique_name("lazy"), hints={"lazy": lazy, "persistent_store": "true"}
     )
-    connected = len(comm.get_backend_impl()._sockets)
+    connected = comm.get_backend_impl().connections_at_creation
     t = torch.full((3,), float(comm.get_rank() + 1))
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
     comm.finalize()
@@ -133,8 +133,8 @@ def body_gloo_lazy(lazy: str) -> tuple[int, float, str | None]:
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_gloo_lazy_connects_on_first_use(n: int) -> None:
-    # Fresh rank processes: the count is of every TCP connection the process opened while
-    # the engine was built, so nothing an earlier test left running there may add one.
+    # Fresh rank processes: nothing an earlier test left running there may add a connection.
+    # The count is of the engine's own peer connections open when it was built.
     from torchcomms_core.testing import RankPool
 
     with RankPool(n) as pool:

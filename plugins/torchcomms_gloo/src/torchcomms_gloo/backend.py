@@ -15,6 +15,7 @@ from torchcomms_core import C10dBackend, CommOptions, ReduceOp
 from . import fast_paths, teardown
 from . import hints as gloo_hints
 from .interface import engine_options, rendezvous_address
+from .peer_addresses import EngineAddresses, RecordingStore
 
 
 class GlooBackend(C10dBackend):
@@ -62,26 +63,64 @@ class GlooBackend(C10dBackend):
         from torch.distributed import ProcessGroupGloo
 
         lazy = self._lazy = gloo_hints.check(options.hints, size)
+        self._addresses = EngineAddresses()
+        self._recording: RecordingStore | None = None
+        self._created: dict[int, str] = {}
+        self.connections_at_creation = 0
         if size == 1:  # no peers, no connections to close on abort
-            self._sockets = {}
             return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
-        before = teardown.socket_inodes()
+        if not lazy:
+            before = teardown.socket_inodes()
+            # Eagerly the full mesh is connected when the engine returns: record the sockets
+            # that appeared meanwhile (a recorder would cost each build about 1 ms).
+            with gloo_hints.engine_connects(lazy):
+                engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+            self._created = teardown.engine_sockets(before, teardown.store_ports(store))
+            self.connections_at_creation = len(self._created)
+            return engine
+        # Lazily the engine connects on first use, long after this: it talks to the store
+        # through a recorder that notes its listener and, as it contacts them, the peers',
+        # so abort can find (and wake) every connection it has then.
+        recording = RecordingStore(store, self._addresses)
         with gloo_hints.engine_connects(lazy):
-            engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
-        # Lazily, peers connect later: abort cannot see those sockets, and an operation
-        # blocked on a dead peer then ends at its timeout.
-        self._sockets = teardown.engine_sockets(before, teardown.store_ports(store))
+            engine = ProcessGroupGloo(recording, rank, size, engine_options(timeout, options.hints))
+        self._recording = recording  # the engine calls back into it: keep it alive
+        if not self._addresses.complete:
+            # Gloo's address values did not parse (not the layout of torch 2.13's gloo):
+            # no connection is known (it connects later), so abort ends operations in
+            # flight only at their timeout.
+            self._created = {}
+        self.connections_at_creation = len(self.peer_connections())
         return engine
 
     def init_waits_for_peers(self) -> bool:
         """An eager engine connected every peer at creation; a lazy one heard from none."""
         return not getattr(self, "_lazy", False)
 
+    def peer_connections(self) -> dict[int, str]:
+        """The engine's TCP connections to its peers open now (descriptor: inode)."""
+        own, peers = getattr(self, "_addresses", EngineAddresses()).snapshot()
+        found, _ = teardown.connections(set(own.values()), set(peers.values()))
+        current = teardown.socket_inodes()
+        found.update(
+            (fd, inode)
+            for fd, inode in getattr(self, "_created", {}).items()
+            if current.get(fd) == inode  # recorded at creation and still open
+        )
+        return found
+
     def abort(self) -> None:
         """Abort the engine and close its connections, so nothing waits for a peer."""
         # Connections first: dropping the engine joins its worker threads, which must no
         # longer be blocked on a peer by then.
-        teardown.shut_down(getattr(self, "_sockets", {}))
+        recording = getattr(self, "_recording", None)
+        if recording is not None:
+            # Lazy: the recorder refuses the engine's further reads first, so it starts no
+            # connection after this; then its connections are shut down and any pair
+            # waiting for a peer to connect is woken.
+            recording.close()
+            teardown.close_lazy_engine(self._addresses)
+        teardown.shut_down(getattr(self, "_created", {}))
         super().abort()
 
     def reconfigure_engine(
