@@ -197,6 +197,68 @@ def run_size(
     return results
 
 
+_RANK_SCRIPT = """
+import json, os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+import torchcomms
+from torchcomms_core.testing import CountingStore
+rank, size, port, lazy = (int(a) for a in sys.argv[1:5])
+hints = {"lazy": "true" if lazy else "false"}
+store = CountingStore(dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=600), False))
+store.add("ready", 1)
+store.wait(["go"])
+out = {}
+def step(name, fn):
+    before, t0 = store.snapshot(), time.perf_counter()
+    value = fn()
+    out[name] = [time.perf_counter() - t0, (store.snapshot() - before).total]
+    return value
+world = step("new_comm", lambda: torchcomms.new_comm("gloo", "cpu", store=store, name="w",
+                                                    hints=hints))
+group = step("split/8", lambda: world.split(list(range(rank // 8 * 8, min(rank // 8 * 8 + 8,
+                                                                          size))), "g8"))
+t = torch.ones(1024)
+step("all_reduce", lambda: world.all_reduce(t, torchcomms.ReduceOp.SUM))
+assert float(t[0]) == size
+group.finalize(); world.finalize()
+print(json.dumps(out))
+"""
+
+
+def run_processes(n: int, lazy: bool) -> dict[str, Any]:
+    """``n`` real rank processes: new_comm, split into groups of 8, one all_reduce of 4 KiB."""
+    import subprocess
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=600), False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_GLOO", "TORCHCOMM"))}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK_SCRIPT, str(r), str(n), str(server.port), str(int(lazy))],
+            stdout=subprocess.PIPE,
+            env={**env, "TORCHCOMM_RANK": str(r), "TORCHCOMM_SIZE": str(n)},
+            text=True,
+        )
+        for r in range(n)
+    ]
+    while int(server.add("ready", 0)) < n:  # every rank imported torch: time only the steps
+        time.sleep(0.05)
+    server.set("go", "1")
+    results = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError(f"a rank process failed (exit {p.returncode})")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    return {
+        step: {
+            "wall_s": max(r[step][0] for r in results),
+            "ops_max": max(r[step][1] for r in results),
+        }
+        for step in results[0]
+    }
+
+
 def store_rate(port: int, clients: int, seconds: float = 1.0) -> float:
     """Operations per second the store answers: ``clients`` threads doing ``add``."""
     stores = [
@@ -247,6 +309,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per step")
     parser.add_argument("--json", help="write the figures to this file")
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N real rank processes, eager against lazy (new_comm, split, all_reduce)",
+    )
+    parser.add_argument(
         "--no-reconfigure-above",
         type=int,
         default=None,
@@ -255,9 +324,21 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    os.environ["TORCH_GLOO_LAZY_INIT"] = (
-        "0" if args.eager else "1"
-    )  # no change while threads build engines
+    if args.processes:
+        print(f"# {args.processes} rank processes, one TCPStore; load {os.getloadavg()[0]:.1f}")
+        print(f"{'mode':<7}{'step':<12}{'wall s':>9}{'store ops (max)':>17}")
+        both = {}
+        for lazy in (False, True):
+            mode = "lazy" if lazy else "eager"
+            both[mode] = res = run_processes(args.processes, lazy)
+            for step, r in res.items():
+                print(f"{mode:<7}{step:<12}{r['wall_s']:>9.3f}{r['ops_max']:>17}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(both, f, indent=1)
+        return
+    # Say the mode in torch's variable too, so no build changes it while others read it.
+    os.environ["TORCH_GLOO_LAZY_INIT"] = "0" if args.eager else "1"
     hints = {"lazy": "false" if args.eager else "true"}
     biggest = max(args.sizes)
     eager_sockets = biggest * biggest if args.eager else 0

@@ -90,7 +90,10 @@ class GlooBackend(C10dBackend):
             # no connection is known (it connects later), so abort ends operations in
             # flight only at their timeout.
             self._created = {}
-        self.connections_at_creation = len(self.peer_connections())
+        # Peers the engine contacted while it was built (none, lazily). Counted from the
+        # addresses it read rather than from /proc/self/fd: a process that hosts many
+        # ranks (a simulation) would otherwise scan thousands of descriptors per build.
+        self.connections_at_creation = len(self._addresses.snapshot()[1])
         return engine
 
     def init_waits_for_peers(self) -> bool:
