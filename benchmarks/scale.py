@@ -368,6 +368,9 @@ def main() -> None:
                 f"{r['bytes_mean']:>12.0f}{r['longest_key']:>13}{r['wall_s']:>9.3f}"
             )
         sys.stdout.flush()
+        if args.json:  # after every size, so a run stopped early keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(figures, f, indent=1)
     one = store_rate(port, 1)
     many = store_rate(port, 16)
     figures["store_ops_per_s"] = {"1": one, "16": many}
