@@ -17,7 +17,7 @@ from ._batch import BatchSendRecv, P2POp
 from ._comm_base import CommBase, _in
 from ._errors import CommInputError, CommStateError, CommTypeError, TorchCommError
 from ._handles import PersistentAllGather, owned
-from ._join import join, members_key
+from ._join import join_or_finalize, members_key
 from ._names import check_name, claim_name, release_name
 from ._plugins import attach_collective_host, call_lifecycle
 from ._reduce_op import ReduceOp
@@ -650,7 +650,16 @@ class TorchComm(CommBase):
                     f"communicator for members {members}"
                 )
             if not child.init_waits_for_peers():
-                self._join_split(child, store, members, name, options)
+                join_or_finalize(
+                    child,
+                    store,
+                    len(members),
+                    options.timeout,
+                    f"split: communicator {name!r} of {self._name!r}",
+                    claim_key=lambda r: f"names/split/{name}/{r}",
+                    claims=self._store,
+                    members=members,
+                )
         except BaseException:
             release_name(self._store, f"split/{name}", self._rank)
             raise
@@ -658,27 +667,6 @@ class TorchComm(CommBase):
         self._post_plain(hook_args)
         call_lifecycle("torchcomms_comm_created", comm=comm, parent=self)
         return comm
-
-    def _join_split(
-        self, child: Any, store: Any, members: list[int], name: str, options: Any
-    ) -> None:
-        """Join the members of a lazily connected child; on failure release its engine."""
-        try:
-            join(
-                store,
-                len(members),
-                options.timeout,
-                f"split: communicator {name!r} of {self._name!r}",
-                claim_key=lambda r: f"names/split/{name}/{r}",
-                claims=self._store,
-                members=members,
-            )
-        except BaseException:
-            try:
-                child.finalize()
-            except Exception:  # the join's error is the one to report
-                pass
-            raise
 
 
 attach_collective_host(TorchComm._add_collective, TorchComm._remove_collective)

@@ -19,7 +19,7 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._join import join
+from ._join import join_or_finalize
 from ._names import auto_name, check_name, claim_name, release_name
 from ._options import CommOptions
 from ._plugins import call_lifecycle, load_plugins
@@ -154,7 +154,15 @@ def new_comm(
     try:
         instance.init(device, name, options)
         if not instance.init_waits_for_peers():
-            _join_or_release(instance, options, name, size, timeout, claims)
+            join_or_finalize(
+                instance,
+                options.store,
+                size,
+                timeout,
+                f"new_comm: communicator {name!r}",
+                claim_key=lambda r: f"names/{name}/{r}",
+                claims=claims,
+            )
     except TorchCommError:
         release_name(root, name, rank)
         raise
@@ -177,32 +185,6 @@ def new_comm(
     comm = TorchComm(instance, device, name, options, options.store, backend)
     call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
     return comm
-
-
-def _join_or_release(
-    instance: TorchCommBackend,
-    options: CommOptions,
-    name: str,
-    size: int,
-    timeout: timedelta,
-    claims: Any,
-) -> None:
-    """Join the ranks of a lazily connected engine; on failure release the engine."""
-    try:
-        join(
-            options.store,
-            size,
-            timeout,
-            f"new_comm: communicator {name!r}",
-            claim_key=lambda r: f"names/{name}/{r}",
-            claims=claims,
-        )
-    except BaseException:
-        try:
-            instance.finalize()
-        except Exception:  # the join's error is the one to report
-            pass
-        raise
 
 
 def new_reconfigurable_comm(

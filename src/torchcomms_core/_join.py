@@ -72,6 +72,20 @@ def join(
         ) from exc
 
 
+def join_or_finalize(
+    backend: Any, store: Any, size: int, timeout: timedelta, what: str, **explain: Any
+) -> None:
+    """:func:`join` for a backend just created; on failure the backend is finalized."""
+    try:
+        join(store, size, timeout, what, **explain)
+    except BaseException:
+        try:
+            backend.finalize()
+        except Exception:  # the join's error is the one to report
+            pass
+        raise
+
+
 def members_key(members: Sequence[int]) -> str:
     """A key of fixed length for a member list: its size and a digest of its ranks.
 
