@@ -91,7 +91,6 @@ from ._version import __version__
 from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from ._work import TorchWork, WorkStatus
 from .engines import C10dBackend
-from .functional import is_torch_compile_supported, is_torch_compile_supported_and_enabled
 from .hookspecs import hookimpl
 from .spec import SPEC_VERSION, TorchCommBackend, method_support
 
@@ -183,8 +182,6 @@ __all__ = [
     "get_backend_class",
     "get_plugin_manager",
     "hookimpl",
-    "is_torch_compile_supported",
-    "is_torch_compile_supported_and_enabled",
     "list_collectives",
     "load_plugins",
     "method_support",
@@ -197,12 +194,22 @@ __all__ = [
     "unregister_transport",
 ]
 
-if is_torch_compile_supported_and_enabled():
-    # TORCHCOMMS_PATCH_FOR_COMPILE=1: register the torchcomms custom ops and route
-    # TorchComm collectives through them while tracing (docs/torch-compile.md).
-    from .functional import collectives as _compile_collectives  # noqa: F401
 
-# Imported before torch, we were half-initialised when torch.distributed looked for us.
-from .pytorch.c10d_context import complete_torch_registration as _complete_registration  # noqa: E402
+def _complete_torch_registration() -> None:
+    # torch.distributed looks torchcomms up while it is imported; when the core imported
+    # torch (the core first, torch second) it found us half-initialised and turned the
+    # switch off. Give it the names back, loading the bridges only when the switch is on:
+    # the face (``import torchcomms``) completes it in every case.
+    import sys
 
-_complete_registration()
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):
+        return
+    if not getattr(getattr(c10d, "dist_config", None), "use_torchcomms", False):
+        return
+    from .pytorch.c10d_context import complete_torch_registration
+
+    complete_torch_registration()
+
+
+_complete_torch_registration()

@@ -9,16 +9,16 @@ engine-specific steps (MPI RMA, shared memory, ...).
 from __future__ import annotations
 
 import copy
-import enum
 import weakref
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ._errors import CommInputError, CommStateError, CommTypeError
 from ._states import OK
 from ._work import TorchWork, WorkStatus
+from .spec import TorchCommWinAccessType, WindowEngine
 
 if TYPE_CHECKING:
     from ._comm import TorchComm
@@ -29,15 +29,6 @@ __all__ = [
     "TorchCommWindowAttr",
     "WindowEngine",
 ]
-
-
-class TorchCommWinAccessType(enum.IntEnum):
-    """How a rank reaches a peer's window memory."""
-
-    #: Direct loads and stores (same host shared memory, NVLink): ``map_remote_tensor`` works.
-    WIN_ACCESS_TYPE_UNIFIED = 0
-    #: Through the engine only (network RMA).
-    WIN_ACCESS_TYPE_SEPARATE = 1
 
 
 class TorchCommWindowAttr:
@@ -53,35 +44,6 @@ class TorchCommWindowAttr:
 
     def __repr__(self) -> str:
         return f"TorchCommWindowAttr(access_type={self.access_type.name})"
-
-
-class WindowEngine(Protocol):
-    """What a backend's ``new_window()`` returns. Offsets and counts are in elements.
-
-    ``register`` and ``deregister`` are collective. ``put``/``signal``/``wait_signal``
-    return ``None`` when done or an object with ``wait()``; the core has checked every
-    argument. ``signal(peer)`` must make earlier puts to ``peer`` visible before the
-    peer's ``wait_signal`` returns.
-    """
-
-    def register(self, tensor: torch.Tensor) -> list[int]:
-        """Expose ``tensor`` (contiguous); return every rank's element count."""
-
-    def deregister(self) -> None: ...
-
-    def put(
-        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
-    ) -> Any: ...
-
-    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
-
-    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
-
-    def access_type(self, peer_rank: int) -> TorchCommWinAccessType: ...
-
-    def map_remote(self, rank: int) -> torch.Tensor: ...
-
-    def free(self, abort: bool = False) -> None: ...
 
 
 class TorchCommWindow:

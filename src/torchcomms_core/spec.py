@@ -8,15 +8,15 @@ default makes it *native*; :func:`method_support` tells which is which.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from ._optable import DERIVED, names
 from ._reduce_op import RedOpType, ReduceOp
-from ._window import WindowEngine as WindowEngine  # what new_window() returns
 
 if TYPE_CHECKING:
     from ._options import CommOptions
@@ -71,6 +71,44 @@ BASIC_REDUCE_OPS = frozenset(
 #: One operation of a batch as a backend receives it: ``("send" | "recv", tensor, peer)``
 #: (the user-facing ``P2POp`` unpacks to this).
 BatchOp = tuple[str, torch.Tensor, int]
+
+
+class TorchCommWinAccessType(enum.IntEnum):
+    """How a rank reaches a peer's window memory."""
+
+    #: Direct loads and stores (same host shared memory, NVLink): ``map_remote_tensor`` works.
+    WIN_ACCESS_TYPE_UNIFIED = 0
+    #: Through the engine only (network RMA).
+    WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class WindowEngine(Protocol):
+    """What a backend's ``new_window()`` returns. Offsets and counts are in elements.
+
+    ``register`` and ``deregister`` are collective. ``put``/``signal``/``wait_signal``
+    return ``None`` when done or an object with ``wait()``; the core has checked every
+    argument. ``signal(peer)`` must make earlier puts to ``peer`` visible before the
+    peer's ``wait_signal`` returns.
+    """
+
+    def register(self, tensor: torch.Tensor) -> list[int]:
+        """Expose ``tensor`` (contiguous); return every rank's element count."""
+
+    def deregister(self) -> None: ...
+
+    def put(
+        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
+    ) -> Any: ...
+
+    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+
+    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+
+    def access_type(self, peer_rank: int) -> TorchCommWinAccessType: ...
+
+    def map_remote(self, rank: int) -> torch.Tensor: ...
+
+    def free(self, abort: bool = False) -> None: ...
 
 
 class TorchCommBackend(abc.ABC):

@@ -1,0 +1,135 @@
+"""Everything a plugin author needs, in one namespace: ``from torchcomms_core.plugin import ...``.
+
+A backend plugin subclasses :class:`TorchCommBackend` (or :class:`C10dBackend` to wrap a
+``torch.distributed`` engine, :class:`NcclEngineBackend` for the NCCL family), returns
+works the core can wait on (its engine's own, :class:`C10dWork`, :class:`MultiWork`,
+:class:`ThenWork`), and may return a :class:`WindowEngine` from ``new_window()``. A
+collective plugin implements the hooks of :mod:`torchcomms_core.hookspecs` with
+:data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
+implements :class:`TransportProvider`. The conformance suite and the rank helpers of
+:mod:`torchcomms_core.testing` check a plugin against the spec.
+
+The plugins in ``plugins/`` import from this module only (an import contract checks it).
+Importing it loads the core's communicator and the spec, never the PyTorch bridges
+(``torchcomms_core.pytorch``) or the torch.compile ops (``torchcomms_core.functional``).
+"""
+
+from __future__ import annotations
+
+from ._collectives import Collective
+from ._comm import TorchComm
+from ._errors import (
+    BackendLoadError,
+    BackendNotFoundError,
+    BootstrapError,
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+    CommTypeError,
+    TorchCommError,
+)
+from ._options import CommOptions
+from ._reduce_op import RedOpType, ReduceOp
+from ._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from ._work import TorchWork, WorkStatus
+from .engines.c10d_adapter import C10dBackend, C10dWork
+from .engines.cuda_support import (
+    NcclEngineBackend,
+    cuda_unavailable_reason,
+    nccl_available,
+    rocm_version,
+)
+from .hints import UnknownHintWarning, bool_hint, int_hint
+from .hookspecs import hookimpl, hookspec
+from .spec import (
+    BASIC_REDUCE_OPS,
+    DEFAULT_DTYPES,
+    DERIVABLE_METHODS,
+    OPTIONAL_METHODS,
+    REQUIRED_METHODS,
+    SPEC_VERSION,
+    BatchOp,
+    MultiWork,
+    ThenWork,
+    TorchCommBackend,
+    TorchCommWinAccessType,
+    WindowEngine,
+    check_spec_version,
+    flat_chunks,
+    method_support,
+    reduce_rows,
+    split_dim0,
+    then,
+    unflatten_into,
+)
+from .testing import CountingStore, RankPool, StoreCounts, current_rank, simulated_rank
+from .transport_spec import (
+    RESULT_SUCCESS,
+    TRANSPORT_SPEC_VERSION,
+    MemoryRegistration,
+    TransportEndpoint,
+    TransportProvider,
+)
+
+__all__ = [
+    "BASIC_REDUCE_OPS",
+    "DEFAULT_DTYPES",
+    "DERIVABLE_METHODS",
+    "OPTIONAL_METHODS",
+    "REQUIRED_METHODS",
+    "RESULT_SUCCESS",
+    "SPEC_VERSION",
+    "TRANSPORT_SPEC_VERSION",
+    "BackendLoadError",
+    "BackendNotFoundError",
+    "BatchOp",
+    "BootstrapError",
+    "C10dBackend",
+    "C10dWork",
+    "Collective",
+    "CommInputError",
+    "CommOperationError",
+    "CommOptions",
+    "CommStateError",
+    "CommTimeoutError",
+    "CommTypeError",
+    "CountingStore",
+    "MemoryRegistration",
+    "MultiWork",
+    "NcclEngineBackend",
+    "RankPool",
+    "RdmaMemory",
+    "RdmaRemoteBuffer",
+    "RdmaTransport",
+    "RedOpType",
+    "ReduceOp",
+    "StoreCounts",
+    "ThenWork",
+    "TorchComm",
+    "TorchCommBackend",
+    "TorchCommError",
+    "TorchCommWinAccessType",
+    "TorchWork",
+    "TransportEndpoint",
+    "TransportProvider",
+    "UnknownHintWarning",
+    "WindowEngine",
+    "WorkStatus",
+    "bool_hint",
+    "check_spec_version",
+    "cuda_unavailable_reason",
+    "current_rank",
+    "flat_chunks",
+    "hookimpl",
+    "hookspec",
+    "int_hint",
+    "method_support",
+    "nccl_available",
+    "reduce_rows",
+    "rocm_version",
+    "simulated_rank",
+    "split_dim0",
+    "then",
+    "unflatten_into",
+]
