@@ -171,7 +171,7 @@ def per_call_cost(number: int) -> dict[str, float]:
 
     import torchcomms
     from torchcomms import Collective, CommOptions, ReduceOp, TorchCommBackend, hookimpl
-    from torchcomms_core._comm import TorchComm
+    from torchcomms_core.comm.operations import TorchComm
 
     class Nothing(TorchCommBackend):
         def init(self, device, name, options): ...

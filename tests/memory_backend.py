@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from torchcomms_core import CommOptions, TorchCommBackend
-from torchcomms_core._comm import TorchComm
+from torchcomms_core.comm.operations import TorchComm
 
 
 class _Fabric:

@@ -601,7 +601,7 @@ def test_version_check_follows_the_minimum_and_the_override(
 
 _PROBE = """
 import sys, torch, torchcomms
-from torchcomms_core._comm import TorchComm
+from torchcomms_core.comm.operations import TorchComm
 print(hasattr(torch.ops.torchcomms, "torchcomm_all_reduce_"),
       hasattr(TorchComm.all_reduce, "__torchcomms_compile_wrapped__"),
       "torchcomms_core.functional.collectives" in sys.modules,

@@ -269,7 +269,7 @@ def _native_group():
     from torch.distributed import HashStore
 
     from torchcomms import CommOptions
-    from torchcomms_core._comm import TorchComm
+    from torchcomms_core.comm.operations import TorchComm
 
     backend = NativeScaled(_Fabric(1), 0)
     opts = CommOptions(

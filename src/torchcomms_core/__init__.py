@@ -6,9 +6,7 @@ Importing this package touches no ``torch.distributed`` attribute and loads no p
 
 from __future__ import annotations
 
-from ._batch import BatchSendRecv, P2POp, P2POpType
 from ._collectives import Collective
-from ._comm import TorchComm
 from ._create import new_comm
 from ._errors import (
     BackendLoadError,
@@ -21,7 +19,6 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._handles import RemovableHandle
 from ._op_args import (
     POST_HOOK_CLASSES,
     PRE_HOOK_CLASSES,
@@ -88,8 +85,11 @@ from ._transport import (
     unregister_transport,
 )
 from ._version import __version__
-from ._window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from ._work import TorchWork, WorkStatus
+from .comm.batch import BatchSendRecv, P2POp, P2POpType
+from .comm.handles import RemovableHandle
+from .comm.operations import TorchComm
+from .comm.window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
 from .engines import C10dBackend
 from .hookspecs import hookimpl
 from .spec import SPEC_VERSION, TorchCommBackend, method_support

@@ -10,7 +10,6 @@ import torch
 from . import _env
 from ._bootstrap import default_store, resolve_rank_size
 from ._c10d_group import creating_group
-from ._comm import TorchComm
 from ._errors import (
     BackendLoadError,
     CommInputError,
@@ -23,11 +22,12 @@ from ._join import join_or_finalize
 from ._names import auto_name, check_name, claim_name, release_name
 from ._options import CommOptions
 from ._plugins import call_lifecycle, load_plugins
-from ._reconfigure import make_handle, refusal, supports_reconfigure
 from ._registry import get_backend_class
-from ._states import UNBOUND
 from ._validation import check_hints, check_timeout
 from ._work import is_timeout_error
+from .comm.base import Membership
+from .comm.operations import TorchComm
+from .comm.reconfigure import make_handle, refusal, supports_reconfigure
 from .hints import warn_unknown_hints
 from .spec import TorchCommBackend
 
@@ -236,13 +236,10 @@ def new_reconfigurable_comm(
         size=0,
         enable_reconfigure=True,
     )
-    comm = TorchComm(instance, device, name, options, options.store, backend)
-    comm._state = UNBOUND
-    comm._relean()
-    comm._init_handle = handle
-    if rendezvous is not None:  # peers reach it as rendezvous/<token>, whatever their names
-        comm._rendezvous, comm._root_store = rendezvous, store
-    return comm
+    # Unbound until the first reconfigure. A hosted rendezvous: peers reach it as
+    # rendezvous/<token>, whatever their names.
+    membership = Membership(handle, store if rendezvous is not None else options.store, rendezvous)
+    return TorchComm(instance, device, name, options, options.store, backend, membership)
 
 
 def _instance(

@@ -21,7 +21,18 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:
-    from ._comm_base import CommBase as TorchComm  # any communicator
+    from ._protocols import Communicator as TorchComm  # any communicator
+    from ._protocols import FailureListener
+
+# Told when an engine failure ends a work of a communicator, so the communicator can mark
+# itself failed; the communicator registers it (``set_failure_listener``).
+_failure_listener: FailureListener | None = None
+
+
+def set_failure_listener(listener: FailureListener) -> None:
+    """Call ``listener(comm, work, error)`` when an engine failure ends a communicator's work."""
+    global _failure_listener
+    _failure_listener = listener
 
 
 class WorkStatus(enum.Enum):
@@ -292,8 +303,14 @@ class TorchWork:
         self._error = err
         self._inner = None
         self._finishers = None
-        if comm is not None and engine and not isinstance(err, CommStateError):
-            comm._on_work_failure(self, err)
+        listener = _failure_listener
+        if (
+            comm is not None
+            and engine
+            and listener is not None
+            and not isinstance(err, CommStateError)
+        ):
+            listener(comm, self, err)
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._op} {self._status.name}>"

@@ -12,7 +12,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from ._collectives import Collective
-    from ._comm import TorchComm
+    from .comm.operations import TorchComm
 
 hookspec = pluggy.HookspecMarker("torchcomms")
 hookimpl = pluggy.HookimplMarker("torchcomms")

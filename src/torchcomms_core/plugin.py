@@ -17,7 +17,6 @@ Importing it loads the core's communicator and the spec, never the PyTorch bridg
 from __future__ import annotations
 
 from ._collectives import Collective
-from ._comm import TorchComm
 from ._errors import (
     BackendLoadError,
     BackendNotFoundError,
@@ -33,6 +32,7 @@ from ._options import CommOptions
 from ._reduce_op import RedOpType, ReduceOp
 from ._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
 from ._work import TorchWork, WorkStatus
+from .comm.operations import TorchComm
 from .engines.c10d_adapter import C10dBackend, C10dWork
 from .engines.cuda_support import (
     NcclEngineBackend,

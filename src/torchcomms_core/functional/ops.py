@@ -23,7 +23,7 @@ from . import pending
 from .table import INOUT, NAMESPACE, OPS, REDUCE_OP, TENSORS, OpSpec, schema
 
 if TYPE_CHECKING:
-    from .._comm import TorchComm
+    from ..comm.operations import TorchComm
 
 
 class CommRef(OpaqueBase):

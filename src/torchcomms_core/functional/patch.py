@@ -243,8 +243,8 @@ def _wrap_init(original: Any) -> Any:
 
 def mark_plugin_collectives() -> None:
     """Make every installed plugin collective a clean graph break when traced."""
-    from .._comm import TorchComm
     from .._plugins import _collectives
+    from ..comm.operations import TorchComm
 
     for name, coll in list(_collectives.items()):
         method = TorchComm.__dict__.get(name)
@@ -264,7 +264,7 @@ def mark_plugin_collectives() -> None:
 
 def patch_torchcomm() -> None:
     """Wrap ``TorchComm``'s collectives and constructor (idempotent)."""
-    from .._comm import TorchComm
+    from ..comm.operations import TorchComm
 
     for spec in OPS:
         current = TorchComm.__dict__[spec.method]

@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any, TextIO
 
-from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
-from .._handles import RemovableHandle
+from ..comm.handles import RemovableHandle
+from ..comm.operations import TorchComm
 from . import _args
 
 _EVENTS = ("ALL", "LIFECYCLE")

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
-from .._handles import RemovableHandle
+from ..comm.handles import RemovableHandle
+from ..comm.operations import TorchComm
 from . import _args
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._comm import TorchComm
+from ..comm.operations import TorchComm
 
 
 def find_group(comm: TorchComm) -> Any:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from .._comm import TorchComm
 from .._errors import CommTypeError
+from ..comm.operations import TorchComm
 from . import profiling
 from .bridge_ops import OPS, BridgeOp, barrier_tensor
 from .c10d_args import engine_label

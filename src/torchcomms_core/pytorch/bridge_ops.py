@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 import torch
 
-from .._anysource import recv_anysource
-from .._comm import TorchComm
 from .._errors import CommInputError
+from ..comm.anysource import recv_anysource
+from ..comm.operations import TorchComm
 from ..spec import unflatten_into
 from . import c10d_args as a
 from .p2p_batch import P2PBatch, enclosing_p2p_batch

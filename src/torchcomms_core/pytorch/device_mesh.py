@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
+from ..comm.operations import TorchComm
 from .backend_wrapper import _BackendWrapper
 from .groups import as_process_group
 

@@ -8,8 +8,8 @@ so a group made before a reconfigure no longer describes the communicator. After
 
 from __future__ import annotations
 
-from .._comm import TorchComm
 from .._errors import CommStateError, CommTypeError
+from ..comm.operations import TorchComm
 from .backend_wrapper import _BackendWrapper
 from .groups import _global_ranks, _new_wrapper, find_group, register
 

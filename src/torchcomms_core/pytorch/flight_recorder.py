@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from .. import _env
-from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
-from .._handles import RemovableHandle
 from .._op_args import reset_op_ids
 from .._plugins import get_plugin_manager
 from .._work import TorchWork, WorkStatus
+from ..comm.handles import RemovableHandle
+from ..comm.operations import TorchComm
 from ..hooks import _args
 from ..hookspecs import hookimpl
 from ._world import describe

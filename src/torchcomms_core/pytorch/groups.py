@@ -11,8 +11,8 @@ from typing import cast
 import torch
 
 from .. import _env
-from .._comm import TorchComm
 from .._errors import CommInputError, CommTypeError
+from ..comm.operations import TorchComm
 from ._world import describe, find_group, global_ranks_of
 from .backend_wrapper import _BackendWrapper
 

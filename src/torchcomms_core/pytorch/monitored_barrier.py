@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._comm import TorchComm
+from ..comm.operations import TorchComm
 from . import profiling
 
 

@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 import torch
 
 from .. import _env
-from .._comm import TorchComm
 from .._errors import CommInputError, CommOperationError, CommTypeError, TorchCommError
+from ..comm.operations import TorchComm
 
 
 class UnsafeObjectError(TorchCommError, pickle.UnpicklingError):

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from .._comm import TorchComm
     from .._work import TorchWork
+    from ..comm.operations import TorchComm
 
 _batch_code: Any = None
 

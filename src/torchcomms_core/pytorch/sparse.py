@@ -11,8 +11,8 @@ from datetime import timedelta
 
 import torch
 
-from .._comm import TorchComm
 from .._reduce_op import RedOpType, ReduceOp
+from ..comm.operations import TorchComm
 
 
 def sparse_all_reduce(

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..._anysource import recv_anysource
 from ..._errors import CommInputError, CommTypeError
+from ...comm.anysource import recv_anysource
 from ..work import CommWork
 from .world import TorchCommsGroup, resolve
 

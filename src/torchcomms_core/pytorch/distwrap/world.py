@@ -24,9 +24,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from ... import _env
 from ..._c10d_group import GroupContext, given_group
-from ..._comm import TorchComm
 from ..._create import new_comm
 from ..._errors import BootstrapError, CommInputError, CommStateError, CommTypeError
+from ...comm.operations import TorchComm
 
 #: Device type of each backend name (``"cpu:gloo,cuda:nccl"`` names them explicitly).
 DEVICE_OF_BACKEND = {

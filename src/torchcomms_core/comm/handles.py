@@ -6,12 +6,12 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._errors import CommTypeError
+from .._errors import CommTypeError
 
 if TYPE_CHECKING:
     import torch
 
-    from ._comm import TorchComm
+    from .operations import TorchComm
 
 
 class RemovableHandle:

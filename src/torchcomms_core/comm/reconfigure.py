@@ -40,8 +40,8 @@ from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._bootstrap import check_open_files
-from ._errors import (
+from .._bootstrap import check_open_files
+from .._errors import (
     CommInputError,
     CommOperationError,
     CommStateError,
@@ -49,15 +49,15 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._join import missing_keys
-from ._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
-from ._states import ABORTED, FINALIZED, OK, UNBOUND
-from ._validation import check_hints, check_timeout
-from ._work import TorchWork, is_timeout_error
-from .spec import TorchCommBackend, method_support
+from .._join import missing_keys
+from .._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
+from .._states import ABORTED, OK, UNBOUND
+from .._validation import check_hints, check_timeout
+from .._work import TorchWork, is_timeout_error
+from ..spec import TorchCommBackend, method_support
 
 if TYPE_CHECKING:
-    from ._comm_base import CommBase as TorchComm  # any communicator
+    from .base import CommBase as TorchComm  # any communicator
 
 _PREFIX = "reconfigure"
 
@@ -69,7 +69,7 @@ def supports_reconfigure(cls: type[TorchCommBackend]) -> bool:
 
 def reconfigure_backends() -> list[str]:
     """Names of the installed backends that can reconfigure here (for error messages)."""
-    from ._registry import available_backends, get_backend_class
+    from .._registry import available_backends, get_backend_class
 
     found = []
     for name in available_backends():
@@ -169,7 +169,7 @@ def _retire(comm: TorchComm, prev_state: str) -> None:
     """Drop the old engine without waiting for dead peers."""
     if prev_state == UNBOUND or prev_state == ABORTED:
         return  # no engine, or abort() already tore it down
-    backend = comm._backend
+    backend = comm.get_backend_impl()
     try:
         if comm.is_abort_supported():
             backend.abort()
@@ -364,9 +364,9 @@ def _watch(
     """The first member's wait: poll the outcome and look at the absent members."""
     base = f"{_PREFIX}/{key}"
     outcome_key = f"{base}/outcome"
-    used = comm._reconfigure_uuids
+    used = comm._membership.uuids
     mine = handles[rank]
-    hosted = comm._rendezvous is not None
+    hosted = comm._membership.rendezvous is not None
     probed = time.monotonic()
     pause = 0.002
     while True:
@@ -419,18 +419,19 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
     the first handle's member hosts (this communicator's own when the first handle is its)."""
     from torch._C._distributed_c10d import PrefixStore
 
-    if comm._rendezvous is None or handles[0] == mine:
-        if comm._rendezvous is not None:
+    membership = comm._membership
+    if membership.rendezvous is None or handles[0] == mine:
+        if membership.rendezvous is not None:
             check_open_files(len(handles), "the rendezvous store this member hosts")
-            comm._rendezvous.set_timeout(timeout)  # gloo's rendezvous waits use it
-        return comm._root_store
+            membership.rendezvous.set_timeout(timeout)  # gloo's rendezvous waits use it
+        return membership.root_store
     first = handles[0]
-    cached = comm._rendezvous_clients.get(first)
+    cached = membership.clients.get(first)
     if cached is None:
-        comm._rendezvous_clients.clear()  # one live connection: to the current first member
+        membership.clients.clear()  # one live connection: to the current first member
         where = "reconfigure"
         cached = connect(parse_handle(first, comm.get_backend(), True, where), timeout, where)
-        comm._rendezvous_clients[first] = cached
+        membership.clients[first] = cached
     cached.set_timeout(timeout)  # gloo's rendezvous waits use the store's own timeout
     token = first.split(":", 3)[2]
     return PrefixStore(f"rendezvous/{token}", cached)
@@ -438,7 +439,7 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
 
 def _store_failure(comm: TorchComm, handles: list[str], exc: BaseException) -> CommOperationError:
     first = handles[0]
-    comm._rendezvous_clients.pop(first, None)
+    comm._membership.clients.pop(first, None)
     return CommOperationError(
         f"reconfigure: the rendezvous store (hosted by the member of the first handle, "
         f"{_brief(first)}) failed: {exc}; that member may have died. Reconfigure with a new "
@@ -457,36 +458,35 @@ def reconfigure(
     from torch._C._distributed_c10d import PrefixStore
 
     op = "reconfigure"
-    backend = comm._backend
+    backend = comm.get_backend_impl()
     if not supports_reconfigure(type(backend)):
         raise RuntimeError(refusal(comm.get_backend(), type(backend), op))
-    if not comm._options.enable_reconfigure:
+    if not comm.get_options().enable_reconfigure:
         raise CommStateError(
             f"reconfigure: communicator {comm.get_name()!r} was created with "
             f"enable_reconfigure=False; create it with new_comm(..., enable_reconfigure=True)"
         )
-    if comm._state is FINALIZED:
+    if comm.is_finalized():
         raise CommStateError(
             f"reconfigure: communicator {comm.get_name()!r} was finalized; "
             f"create a new one with new_comm(..., enable_reconfigure=True)"
         )
     key = _uuid_key(uuid)
     mine = comm.get_init_handle()  # enable_reconfigure: set at creation
-    handles = _handle_list(init_handles, mine, comm.get_backend(), comm._rendezvous is not None)
-    timeout = check_timeout(timeout, op) if timeout is not None else comm._timeout
+    handles = _handle_list(
+        init_handles, mine, comm.get_backend(), comm._membership.rendezvous is not None
+    )
+    timeout = check_timeout(timeout, op) if timeout is not None else comm.get_timeout()
     hints = dict(check_hints(hints, op)) if hints is not None else {}
-    if key in comm._reconfigure_uuids:
+    if key in comm._membership.uuids:
         raise CommInputError(
             f"reconfigure: uuid {uuid!r} was already used by communicator {comm.get_name()!r}; "
             f"every reconfigure needs a new uuid (an increasing counter or uuid.uuid4().hex)"
         )
-    comm._reconfigure_uuids.add(key)
+    comm._membership.uuids.add(key)
     rank, size = handles.index(mine), len(handles)
 
-    with comm._lock:
-        prev_state = comm._state
-        comm._state = UNBOUND
-    comm._relean()
+    prev_state = comm._unbind()
     _retire(comm, prev_state)
 
     store = _meeting_store(comm, handles, mine, timeout)
@@ -500,12 +500,12 @@ def reconfigure(
             raise
         except (RuntimeError, OSError) as exc:  # the store itself failed: its host is gone
             raise _store_failure(comm, handles, exc) from exc
-        options = comm._options.replace(
+        options = comm.get_options().replace(
             rank=rank,
             size=size,
             timeout=timeout,
             store=PrefixStore(f"{_PREFIX}/{key}/engine", store),
-            hints={**comm._hints, **hints},
+            hints={**comm._default_hints(), **hints},
         )
         try:
             backend.reconfigure_engine(options.store, rank, size, timeout, options)
@@ -555,12 +555,5 @@ def reconfigure(
         pass
 
     group = PrefixStore(f"{_PREFIX}/{key}/group", store)
-    comm._store = group  # splits of the new group meet here
-    backend.options = options.replace(store=group)  # and its windows
-    comm._options.rank, comm._options.size = rank, size
-    comm._options.store = group  # what the PyTorch bridge builds further groups on
-    comm._bind(rank, size)
-    with comm._lock:
-        comm._state = OK
-    comm._relean()
+    comm._rebind(rank, size, group, options)  # splits, windows and bridge groups meet there
     return TorchWork(None, None, comm, op)

@@ -15,13 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._errors import CommInputError, CommStateError, CommTypeError
-from ._states import OK
-from ._work import TorchWork, WorkStatus
-from .spec import TorchCommWinAccessType, WindowEngine
+from .._errors import CommInputError, CommStateError, CommTypeError
+from .._work import TorchWork, WorkStatus
+from ..spec import TorchCommWinAccessType, WindowEngine
 
 if TYPE_CHECKING:
-    from ._comm import TorchComm
+    from .base import CommBase as TorchComm
 
 __all__ = [
     "TorchCommWinAccessType",
@@ -270,7 +269,7 @@ class TorchCommWindow:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> TorchCommWindow:
         """A new window (collective) with a clone of the registered buffer, if any."""
-        clone = self._comm.new_window()
+        clone: TorchCommWindow = self._comm.new_window()
         memo[id(self)] = clone
         if self._tensor is not None:
             clone.tensor_register(copy.deepcopy(self._tensor, memo), self._owning)
@@ -285,9 +284,7 @@ class TorchCommWindow:
     # -- helpers ---------------------------------------------------------------------
 
     def _usable(self, where: str) -> None:
-        comm = self._comm
-        if comm._state is not OK:
-            comm._ensure_usable(f"window {where}")
+        self._comm._check_usable(f"window {where}")
 
     def _bound(self, where: str) -> tuple[torch.dtype, list[int], torch.device]:
         self._usable(where)
@@ -335,10 +332,10 @@ def create_window(comm: TorchComm, tensor: torch.Tensor | None) -> TorchCommWind
             f"new_window: backend {comm.get_backend()!r} does not support one-sided windows; "
             f"use a backend that does (mpi; gloo, across hosts with torchcomms-nixl)"
         )
-    args = comm._pre_plain("new_window", ())
+    args = comm._hooks_before("new_window", ())
     engine = comm.get_backend_impl().new_window()
     window = TorchCommWindow(comm, engine)
     if tensor is not None:
         window.tensor_register(tensor)
-    comm._post_plain(args)
+    comm._hooks_after(args)
     return window

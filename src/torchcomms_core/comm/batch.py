@@ -8,16 +8,15 @@ tuples (the spec's ``P2POp`` alias).
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import Any
 
 import torch
 
-from ._errors import CommTypeError
-from ._options import BatchP2POptions, CallOptions
-
-if TYPE_CHECKING:
-    from ._comm import TorchComm
-    from ._work import TorchWork
+from .._errors import CommTypeError
+from .._options import BatchP2POptions, CallOptions
+from .._work import TorchWork
+from .base import CommBase, _in
 
 
 class P2POpType(enum.IntEnum):
@@ -57,7 +56,7 @@ class P2POp:
 class BatchSendRecv:
     """Sends and receives collected with ``send``/``recv`` and issued together."""
 
-    def __init__(self, comm: TorchComm) -> None:
+    def __init__(self, comm: CommBase) -> None:
         self._comm = comm
         self.ops: list[P2POp] = []
 
@@ -105,7 +104,30 @@ class BatchSendRecv:
             opt_timeout, opt_hints = options.resolved()
             timeout = timeout if timeout is not None else opt_timeout
             hints = hints if hints is not None else opt_hints
-        return self._comm._batch_issue(list(self.ops), async_op, timeout, hints)
+        return issue_batch(self._comm, list(self.ops), async_op, timeout, hints)
+
+
+def issue_batch(
+    comm: CommBase,
+    ops: list[Any],
+    async_op: bool,
+    timeout: timedelta | None,
+    hints: dict[str, str] | None,
+) -> TorchWork:
+    call = comm._guard("batch_op_issue", timeout, hints)
+    prepared = []
+    for i, op in enumerate(ops):  # ``batch.ops`` is writable: check what it holds now
+        if not isinstance(op, P2POp):
+            raise CommTypeError(
+                f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got {type(op).__name__}"
+            )
+        comm.checker.tensor("batch_op_issue", f"ops[{i}].tensor", op.tensor)
+        comm.checker.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=False)
+    for kind, tensor, peer in ops:
+        prepared.append((kind, _in(tensor) if kind == "send" else call.out(tensor), peer))
+    if not prepared:
+        return TorchWork(None, None, comm, "batch_op_issue")
+    return comm._issue(call, (prepared,), async_op, (list(ops),))
 
 
 __all__ = ["BatchP2POptions", "BatchSendRecv", "P2POp", "P2POpType"]

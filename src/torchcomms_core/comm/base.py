@@ -19,22 +19,23 @@ from typing import Any, NoReturn, cast
 
 import torch
 
-from . import _env
-from ._calling import adapt_backend
-from ._collectives import Collective, make_method
-from ._consistency import verify_call
-from ._errors import CommStateError
-from ._handles import RemovableHandle
-from ._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
-from ._options import CommOptions
-from ._plugins import PluginError, call_lifecycle, failed_plugins, load_plugins
-from ._reduce_op import RedOpType, ReduceOp
-from ._registry import backend_version, get_mem_allocator
-from ._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
-from ._validation import Checker, check_hints, check_timeout, lean_pairs, writable
-from ._work import TorchWork, WorkStatus, is_engine_failure
-from .hints import warn_unknown_hints
-from .spec import TorchCommBackend, method_support
+from .. import _env
+from .._calling import adapt_backend
+from .._collectives import Collective
+from .._consistency import verify_call
+from .._errors import CommStateError
+from .._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
+from .._options import CommOptions
+from .._plugins import PluginError, call_lifecycle, failed_plugins, load_plugins
+from .._reduce_op import RedOpType, ReduceOp
+from .._registry import backend_version, get_mem_allocator
+from .._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
+from .._validation import Checker, check_hints, check_timeout, lean_pairs, writable
+from .._work import TorchWork, WorkStatus, is_engine_failure, set_failure_listener
+from ..hints import warn_unknown_hints
+from ..spec import TorchCommBackend, method_support
+from .collectives import make_method
+from .handles import RemovableHandle
 
 # Live communicators, released in order at interpreter exit: engines torn down during
 # module teardown can abort the process (joinable C++ threads), so they go first.
@@ -115,13 +116,58 @@ class _Call:
         return ReduceOp.SUM, red.factor
 
 
+class Membership:
+    """Fault tolerance (``enable_reconfigure``): what ``reconfigure`` keeps between calls.
+
+    ``handle``: this endpoint's init handle; ``uuids``: the uuids used; ``root_store``: the
+    store members meet in when this rank's handle comes first (the one given at creation,
+    or the one it hosts, ``rendezvous``); ``clients``: its connection to the store of the
+    member whose handle came first last time. Owned by ``comm.reconfigure``; the
+    communicator only drops ``clients`` when it ends.
+    """
+
+    __slots__ = ("handle", "uuids", "root_store", "rendezvous", "clients")
+
+    def __init__(
+        self, handle: str | None = None, root_store: Any = None, rendezvous: Any = None
+    ) -> None:
+        self.handle = handle
+        self.uuids: set[str] = set()
+        self.root_store = root_store
+        self.rendezvous = rendezvous
+        self.clients: dict[str, Any] = {}
+
+
 class CommBase:
     """State, hooks and the issuing path every ``TorchComm`` operation goes through.
 
-    ``TorchComm`` (``_comm``) adds the operations; this class owns construction, identity,
-    the lifecycle (finalize, abort, failure), hook registration, and ``_call``/``_issue``:
-    the state guard, per-call checks, staging and backend call shared by every operation.
+    ``TorchComm`` (``comm.operations``) adds the operations; this class alone holds a
+    communicator's mutable state: construction, identity, the lifecycle (finalize, abort,
+    failure), hook registration, and the internal interface the rest of the package uses
+    (:attr:`INTERFACE`): the state guard, per-call checks, staging and backend call shared
+    by every operation.
     """
+
+    #: The members other modules of ``torchcomms_core.comm`` may use; nothing outside the
+    #: package uses any ``_`` member (``tests/test_import_contract.py`` checks both).
+    INTERFACE = frozenset(
+        {
+            "_guard",  # start an operation: state guard, checked timeout and hints
+            "_issue",  # hooks, backend call, the TorchWork
+            "_check_usable",  # refuse an operation on an unusable communicator
+            "_hooks_before",  # hooks of an operation that returns no work
+            "_hooks_after",
+            "_fail",  # an engine failure ended a work: mark the communicator failed
+            "_unbind",  # leave the group (reconfigure): returns the previous state
+            "_rebind",  # join a new group (reconfigure)
+            "_membership",  # fault-tolerance state kept between reconfigures
+            "_default_hints",
+            "_raise_issue_error",
+            "_reduced",
+            "_add_collective",
+            "_remove_collective",
+        }
+    )
 
     def __init__(
         self,
@@ -131,6 +177,7 @@ class CommBase:
         options: CommOptions,
         store: Any,
         backend_name: str | None = None,
+        membership: Membership | None = None,
     ) -> None:
         adapt_backend(backend)  # reference-style methods without timeout=/hints=
         self._backend = backend
@@ -162,15 +209,10 @@ class CommBase:
         # shared (nothing about a completed work changes; it names no communicator, so it
         # holds no reference cycle).
         self._done = {op: TorchWork.completed(None, op) for op in LEAN_OPS}
-        # Fault tolerance (enable_reconfigure): this endpoint's handle, the uuids used, the
-        # store members meet in when this rank's handle comes first (the one given at
-        # creation, or the one it hosts: ``_rendezvous``), and its connection to the store
-        # of the member whose handle came first last time.
-        self._init_handle: str | None = None
-        self._reconfigure_uuids: set[str] = set()
-        self._root_store: Any = store
-        self._rendezvous: Any = None
-        self._rendezvous_clients: dict[str, Any] = {}
+        # Fault tolerance: given (unbound until the first reconfigure) with enable_reconfigure.
+        self._membership = membership or Membership(root_store=store)
+        if membership is not None:
+            self._state = UNBOUND
         self._bind(backend.get_rank(), backend.get_size())
         self._relean()
         _live.add(self)
@@ -340,10 +382,10 @@ class CommBase:
         if not self._end(FINALIZED):
             return
         try:
-            hook_args = self._pre_plain("finalize", (), FINALIZE_OP_ID)
+            hook_args = self._hooks_before("finalize", (), FINALIZE_OP_ID)
         finally:  # a failing hook must not leave the engine running
             self._backend.finalize()
-        self._post_plain(hook_args)
+        self._hooks_after(hook_args)
         call_lifecycle("torchcomms_comm_finalized", comm=self)
 
     def abort(self) -> None:
@@ -373,7 +415,7 @@ class CommBase:
             self._state = state
         self._relean()
         self._finalizer.detach()
-        self._rendezvous_clients.clear()  # connections to other members' rendezvous
+        self._membership.clients.clear()  # connections to other members' rendezvous
         return True
 
     def _release_quietly(self) -> None:
@@ -397,27 +439,45 @@ class CommBase:
 
     def get_init_handle(self) -> str:
         """An opaque handle naming this rank's endpoint of the communicator."""
-        if self._init_handle is not None:  # enable_reconfigure: the token reconfigure expects
-            return self._init_handle
+        handle = self._membership.handle
+        if handle is not None:  # enable_reconfigure: the token reconfigure expects
+            return handle
         return f"{self.get_backend()}://{self._name}/{self._rank}"
 
-    def reconfigure(
-        self,
-        uuid: int | str,
-        init_handles: list[str] | set[str],
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> TorchWork:
-        """Bind the communicator to exactly the members ``init_handles`` names (fault tolerance).
+    # -- the package's internal interface (INTERFACE) -------------------------------
 
-        Rank is the caller's position in the list (sorted order for a set), size its length;
-        ``uuid`` must be new for this communicator. Completed on return. Raises
-        :class:`CommInputError` when members disagree and :class:`CommTimeoutError` when one
-        never arrives. See docs/fault-tolerance.md.
+    def _check_usable(self, op: str) -> None:
+        """Raise :class:`CommStateError` for ``op`` unless the communicator is usable."""
+        if self._state is not OK:
+            self._ensure_usable(op)
+
+    def _default_hints(self) -> dict[str, str]:
+        """A copy of the communicator's default hints (``set_hints``)."""
+        return dict(self._hints)
+
+    def _unbind(self) -> str:
+        """Leave the group (reconfigure starts): no operation runs until ``_rebind``.
+
+        Returns the state before, which says what the old engine needs to be dropped.
         """
-        from ._reconfigure import reconfigure  # fault tolerance loads only when used
+        with self._lock:
+            prev = self._state
+            self._state = UNBOUND
+        self._relean()
+        return prev
 
-        return reconfigure(self, uuid, init_handles, timeout, hints)
+    def _rebind(self, rank: int, size: int, store: Any, options: CommOptions) -> None:
+        """Join a new group as ``rank`` of ``size``: ``store`` is the group's store (its
+        splits, windows and the PyTorch bridge's further groups meet there), ``options``
+        what the backend was rebuilt with."""
+        self._store = store
+        self._backend.options = options.replace(store=store)
+        self._options.rank, self._options.size = rank, size
+        self._options.store = store
+        self._bind(rank, size)
+        with self._lock:
+            self._state = OK
+        self._relean()
 
     def _ensure_usable(self, op: str) -> None:
         state = self._state
@@ -437,7 +497,8 @@ class CommBase:
             f"more operations; finalize it and create a new communicator"
         ) from self._failure
 
-    def _on_work_failure(self, work: TorchWork, error: BaseException) -> None:
+    def _fail(self, work: TorchWork, error: BaseException) -> None:
+        """An engine failure ended ``work``: mark the communicator failed, run the abort hooks."""
         with self._lock:
             if self._state is not OK:
                 return
@@ -510,7 +571,7 @@ class CommBase:
         for hook in tuple(self._post_hooks.values()):
             hook(args.op_id, post)
 
-    def _pre_plain(
+    def _hooks_before(
         self, name: str, values: tuple[Any, ...], op_id: int | None = None
     ) -> OpArgs | None:
         """Pre hooks of an operation that returns no work (split, new_window, finalize)."""
@@ -518,7 +579,7 @@ class CommBase:
             return None
         return self._run_pre_hooks(name, values, op_id=op_id)
 
-    def _post_plain(self, args: OpArgs | None) -> None:
+    def _hooks_after(self, args: OpArgs | None) -> None:
         if args is not None:
             work = args.work
             assert work is not None  # set by _run_pre_hooks
@@ -544,7 +605,7 @@ class CommBase:
 
     # -- issuing ---------------------------------------------------------------------
 
-    def _call(self, op: str, timeout: Any, hints: Any) -> _Call:
+    def _guard(self, op: str, timeout: Any, hints: Any) -> _Call:
         """Start an operation: refuse it on an unusable communicator, check timeout and hints.
 
         Runs first in every operation, so a bad value never reaches the engine and never
@@ -682,3 +743,12 @@ class CommBase:
         """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
         bop, factor = call.lower(red, self._native_ops, out, self._size)
         return bop, inputs if factor is None else [t * factor for t in inputs]
+
+
+def _on_work_failure(comm: Any, work: TorchWork, error: BaseException) -> None:
+    fail = getattr(comm, "_fail", None)  # a work of something else than a communicator
+    if fail is not None:
+        fail(work, error)
+
+
+set_failure_listener(_on_work_failure)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ._comm import TorchComm
-    from ._work import TorchWork
+    from .._work import TorchWork
+    from .operations import TorchComm
 
 #: The ``src`` hooks and flight records see for a receive from any source (c10d's value).
 ANY_SOURCE = -1
@@ -42,7 +42,7 @@ def recv_anysource(
             f"{comm.get_name()!r} cannot receive from any source; pass the sender's rank "
             f"(src=...)"
         )
-    call = comm._call("recv", timeout, hints)
+    call = comm._guard("recv", timeout, hints)
     comm.checker.tensor("recv", "tensor", tensor)
     buf = call.out(tensor)
     issued: list[Any] = []

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
 import torch
 
-from ._batch import BatchSendRecv, P2POp
-from ._comm_base import CommBase, _in
-from ._errors import CommInputError, CommStateError, CommTypeError, TorchCommError
-from ._handles import PersistentAllGather, owned
-from ._join import join_or_finalize, members_key
-from ._names import check_name, claim_name, release_name
-from ._plugins import attach_collective_host, call_lifecycle
-from ._reduce_op import ReduceOp
-from ._states import OK
-from ._validation import check_hints, check_timeout, split_sizes
-from ._window import TorchCommWindow, create_window
-from ._work import TorchWork
+from .._errors import CommInputError, CommStateError, TorchCommError
+from .._join import join_or_finalize, members_key
+from .._names import check_name, claim_name, release_name
+from .._plugins import attach_collective_host, call_lifecycle
+from .._reduce_op import ReduceOp
+from .._states import OK
+from .._validation import check_hints, check_timeout, split_sizes
+from .._work import TorchWork
+from .base import CommBase, _in
+from .batch import BatchSendRecv
+from .handles import PersistentAllGather, owned
+from .window import TorchCommWindow, create_window
 
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -57,7 +56,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Send ``tensor`` to rank ``dst``; the peer posts a matching :meth:`recv`."""
-        call = self._call("send", timeout, hints)
+        call = self._guard("send", timeout, hints)
         self._check.tensor("send", "tensor", tensor)
         dst = self._check.peer("send", "dst", dst, allow_self=False)
         return self._issue(call, (_in(tensor), dst), async_op, (tensor, dst))
@@ -71,38 +70,15 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Receive into ``tensor`` from rank ``src`` (same element count and dtype as sent)."""
-        call = self._call("recv", timeout, hints)
+        call = self._guard("recv", timeout, hints)
         self._check.tensor("recv", "tensor", tensor)
         src = self._check.peer("recv", "src", src, allow_self=False)
         return self._issue(call, (call.out(tensor), src), async_op, (tensor, src))
 
     def batch_op_create(self) -> BatchSendRecv:
         """Start a batch of sends and receives, issued together by its ``issue()``."""
-        if self._state is not OK:
-            self._ensure_usable("batch_op_create")
+        self._check_usable("batch_op_create")
         return BatchSendRecv(self)
-
-    def _batch_issue(
-        self,
-        ops: list[Any],
-        async_op: bool,
-        timeout: timedelta | None,
-        hints: dict[str, str] | None,
-    ) -> TorchWork:
-        call = self._call("batch_op_issue", timeout, hints)
-        prepared = []
-        for i, op in enumerate(ops):  # ``batch.ops`` is writable: check what it holds now
-            if not isinstance(op, P2POp):
-                raise CommTypeError(
-                    f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got {type(op).__name__}"
-                )
-            self._check.tensor("batch_op_issue", f"ops[{i}].tensor", op.tensor)
-            self._check.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=False)
-        for kind, tensor, peer in ops:
-            prepared.append((kind, _in(tensor) if kind == "send" else call.out(tensor), peer))
-        if not prepared:
-            return TorchWork(None, None, self, "batch_op_issue")
-        return self._issue(call, (prepared,), async_op, (list(ops),))
 
     # -- collectives -----------------------------------------------------------------
 
@@ -137,7 +113,7 @@ class TorchComm(CommBase):
             if inner is None:
                 return self._done["broadcast"]
             return self._lean_done(inner, "broadcast")
-        call = self._call("broadcast", timeout, hints)
+        call = self._guard("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
         root = self._check.peer("broadcast", "root", root)
         return self._issue(call, (call.out(tensor, keep=True), root), async_op, (tensor, root))
@@ -176,7 +152,7 @@ class TorchComm(CommBase):
             if inner is None:
                 return self._done["all_reduce"]
             return self._lean_done(inner, "all_reduce")
-        call = self._call("all_reduce", timeout, hints)
+        call = self._guard("all_reduce", timeout, hints)
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
         if red._type in self._native_ops and tensor.is_contiguous():  # the common case, lean
@@ -200,7 +176,7 @@ class TorchComm(CommBase):
 
         Other ranks' tensors are left unchanged. ``op`` as for :meth:`all_reduce`.
         """
-        call = self._call("reduce", timeout, hints)
+        call = self._guard("reduce", timeout, hints)
         self._check.tensor("reduce", "tensor", tensor)
         root = self._check.peer("reduce", "root", root)
         red = self._check.reduce_op("reduce", op, tensor.dtype)
@@ -222,7 +198,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one same-sized entry per rank)."""
-        call = self._call("all_gather", timeout, hints)
+        call = self._guard("all_gather", timeout, hints)
         self._check.tensor("all_gather", "tensor", tensor)
         outs = self._check.blocks("all_gather", "tensor_list", tensor_list, "tensor", tensor)
         return self._issue(
@@ -241,7 +217,7 @@ class TorchComm(CommBase):
 
         ``tensor_list[r]`` is sized for rank ``r``'s ``tensor``.
         """
-        call = self._call("all_gather_v", timeout, hints)
+        call = self._guard("all_gather_v", timeout, hints)
         self._check.tensor("all_gather_v", "tensor", tensor)
         outs = self._check.blocks(
             "all_gather_v", "tensor_list", tensor_list, "tensor", tensor, self._rank
@@ -259,7 +235,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``input`` into ``output`` (size x input's elements, rank order)."""
-        call = self._call("all_gather_single", timeout, hints)
+        call = self._guard("all_gather_single", timeout, hints)
         self._check.pair("all_gather_single", output, input)
         self._check.times_size("all_gather_single", "output", output, "input", input)
         return self._issue(call, (call.out(output), _in(input)), async_op, (output, input))
@@ -302,7 +278,7 @@ class TorchComm(CommBase):
         hints: dict[str, str] | None,
         timeout: timedelta | None,
     ) -> TorchWork:
-        call = self._call(name, timeout, hints)
+        call = self._guard(name, timeout, hints)
         self._check.tensor(name, "output", output)
         only = self._rank if name == "reduce_scatter_v" else None  # _v: blocks may differ
         ins = self._check.blocks(name, "input_list", input_list, "output", output, only)
@@ -321,7 +297,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """:meth:`reduce_scatter` from one ``input`` of size x output's elements (rank order)."""
-        call = self._call("reduce_scatter_single", timeout, hints)
+        call = self._guard("reduce_scatter_single", timeout, hints)
         self._check.pair("reduce_scatter_single", output, input)
         self._check.times_size("reduce_scatter_single", "input", input, "output", output)
         red = self._check.reduce_op("reduce_scatter_single", op, output.dtype)
@@ -341,7 +317,7 @@ class TorchComm(CommBase):
 
         Blocks may differ in size between ranks; all share one dtype.
         """
-        call = self._call("all_to_all", timeout, hints)
+        call = self._guard("all_to_all", timeout, hints)
         c, me = self._check, self._rank
         outs = c.tensor_list("all_to_all", "output_tensor_list", output_tensor_list, self._size)
         ins = c.tensor_list("all_to_all", "input_tensor_list", input_tensor_list, self._size)
@@ -409,7 +385,7 @@ class TorchComm(CommBase):
             if inner is None:
                 return self._done["all_to_all_single"]
             return self._lean_done(inner, "all_to_all_single")
-        call = self._call("all_to_all_single", timeout, hints)
+        call = self._guard("all_to_all_single", timeout, hints)
         self._check.pair("all_to_all_single", output, input)
         self._check.numel(
             "all_to_all_single", "output", output, input.numel(), "the same as the input"
@@ -437,7 +413,7 @@ class TorchComm(CommBase):
         An empty list splits evenly; sizes must sum to the tensor's dim 0.
         """
         op = "all_to_all_v_single"
-        call = self._call(op, timeout, hints)
+        call = self._guard(op, timeout, hints)
         self._check.pair(op, output, input)
         if input.dim() == 0 or output.dim() == 0:
             raise CommInputError(f"{op}: input and output need at least one dimension to split")
@@ -468,7 +444,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Complete once every rank has called ``barrier``."""
-        call = self._call("barrier", timeout, hints)
+        call = self._guard("barrier", timeout, hints)
         return self._issue(call, (), async_op, ())
 
     def scatter(
@@ -484,7 +460,7 @@ class TorchComm(CommBase):
 
         Only ``root`` reads ``input_tensor_list`` (others may pass ``[]``).
         """
-        call = self._call("scatter", timeout, hints)
+        call = self._guard("scatter", timeout, hints)
         self._check.tensor("scatter", "output_tensor", output_tensor)
         root = self._check.peer("scatter", "root", root)
         bins: list[torch.Tensor] = []
@@ -519,7 +495,7 @@ class TorchComm(CommBase):
 
         Only ``root`` writes ``output_tensor_list`` (others may pass ``[]``).
         """
-        call = self._call("gather", timeout, hints)
+        call = self._guard("gather", timeout, hints)
         self._check.tensor("gather", "input_tensor", input_tensor)
         root = self._check.peer("gather", "root", root)
         bouts: list[torch.Tensor] = []
@@ -547,7 +523,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``input`` into root's ``output`` (size x input's elements)."""
-        call = self._call("gather_single", timeout, hints)
+        call = self._guard("gather_single", timeout, hints)
         self._check.tensor("gather_single", "input", input)
         root = self._check.peer("gather_single", "root", root)
         out = output
@@ -576,7 +552,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> PersistentAllGather:
         """Bind ``output`` for repeated all-gathers; returns the handle ``exec`` takes."""
-        self._call("all_gather_p_init", timeout, hints)
+        self._guard("all_gather_p_init", timeout, hints)
         self._check.tensor("all_gather_p_init", "output", output)
         if output.numel() % self._size:
             raise CommInputError(
@@ -605,6 +581,24 @@ class TorchComm(CommBase):
 
     # -- sub-communicators -----------------------------------------------------------
 
+    def reconfigure(
+        self,
+        uuid: int | str,
+        init_handles: list[str] | set[str],
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> TorchWork:
+        """Bind the communicator to exactly the members ``init_handles`` names (fault tolerance).
+
+        Rank is the caller's position in the list (sorted order for a set), size its length;
+        ``uuid`` must be new for this communicator. Completed on return. Raises
+        :class:`CommInputError` when members disagree and :class:`CommTimeoutError` when one
+        never arrives. See docs/fault-tolerance.md.
+        """
+        from .reconfigure import reconfigure  # fault tolerance loads only when used
+
+        return reconfigure(self, uuid, init_handles, timeout, hints)
+
     def split(
         self,
         ranks: Sequence[int],
@@ -623,7 +617,7 @@ class TorchComm(CommBase):
         members = self._check.split_ranks(ranks)
         hints = check_hints(hints, "split") if hints is not None else None
         timeout = check_timeout(timeout, "split") if timeout is not None else self._timeout
-        hook_args = self._pre_plain("split", (list(ranks), name))
+        hook_args = self._hooks_before("split", (list(ranks), name))
         from torch._C._distributed_c10d import PrefixStore  # torch.distributed loads on first use
 
         store = PrefixStore(f"split/{name}/{members_key(members)}", self._store)
@@ -639,7 +633,7 @@ class TorchComm(CommBase):
             # Backends with a collective native split need every parent rank to take part.
             if self._support["split"] == "native":
                 self._backend.split([], name, options)
-            self._post_plain(hook_args)
+            self._hooks_after(hook_args)
             return None
         claim_name(self._store, f"split/{name}", self._rank, self._name)
         try:
@@ -664,7 +658,7 @@ class TorchComm(CommBase):
             release_name(self._store, f"split/{name}", self._rank)
             raise
         comm = TorchComm(child, self._device, name, options, store, self._backend_name)
-        self._post_plain(hook_args)
+        self._hooks_after(hook_args)
         call_lifecycle("torchcomms_comm_created", comm=comm, parent=self)
         return comm
 

@@ -1,0 +1,41 @@
+"""What the core's lower layers need of a communicator, as a ``Protocol``.
+
+The work handle, the hook specifications and the plugin collectives' description are
+below the communicator (``torchcomms_core.comm``) in the layers; they name a communicator
+in their signatures through :class:`Communicator` instead of importing ``TorchComm``, so
+no import circle exists, not even one of type annotations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Communicator(Protocol):
+    """The public face of a communicator that lower layers use (a ``TorchComm`` is one)."""
+
+    def get_name(self) -> str:
+        """The communicator's name."""
+
+    def get_rank(self) -> int:
+        """This process's rank in the communicator."""
+
+    def get_size(self) -> int:
+        """The number of ranks."""
+
+    def get_backend(self) -> str:
+        """The backend name given to ``new_comm``."""
+
+    def get_device(self) -> torch.device:
+        """The communicator's device."""
+
+    def is_aborted(self) -> bool:
+        """Whether ``abort()`` ran."""
+
+
+#: Told when an engine failure ends a work (``comm.base`` registers the communicator's).
+FailureListener = Callable[[Any, Any, BaseException], None]

@@ -1,0 +1,30 @@
+"""The communicator: ``TorchComm`` and what it returns, in one package.
+
+``base`` alone holds a communicator's mutable state (identity, lifecycle state, hooks,
+the lean lane, the fault-tolerance membership) and offers the rest of the package a small
+internal interface (``CommBase.INTERFACE``): start an operation (``_guard``), issue it
+(``_issue``), run the hooks of an operation without a work (``_hooks_before``,
+``_hooks_after``), mark it failed (``_fail``), leave and rejoin a group (``_unbind``,
+``_rebind``), the fault-tolerance membership (``_membership``). ``operations`` holds the
+public operations (``TorchComm``); ``reconfigure``, ``window``, ``batch``, ``anysource``
+and ``handles`` sit beside it and use only that interface. No module outside this package
+reads a ``_`` member of a communicator (``tests/test_import_contract.py`` checks it).
+"""
+
+from __future__ import annotations
+
+from .batch import BatchSendRecv, P2POp, P2POpType
+from .handles import PersistentAllGather, RemovableHandle
+from .operations import TorchComm
+from .window import TorchCommWindow, TorchCommWindowAttr
+
+__all__ = [
+    "BatchSendRecv",
+    "P2POp",
+    "P2POpType",
+    "PersistentAllGather",
+    "RemovableHandle",
+    "TorchComm",
+    "TorchCommWindow",
+    "TorchCommWindowAttr",
+]
