@@ -78,7 +78,7 @@ def _world() -> Any:
 
 
 def body_lanes() -> dict[str, Any]:
-    from torchcomms_core.pytorch.flight_recorder import global_recorder
+    from torchcomms_core.hooks.flight_recorder import global_recorder
 
     pg = _world()
     out: dict[str, Any] = {}

@@ -44,7 +44,7 @@ def test_a_cycle_into_a_lower_layer_is_caught(tmp_path: object) -> None:
         "[importlinter]",
         "root_packages =",
         *[f"    {p}" for p in config["root_packages"]],
-        "exclude_type_checking_imports = True",
+        "exclude_type_checking_imports = False",
         "",
         "[importlinter:contract:flipped]",
         "name = flipped",
@@ -60,4 +60,107 @@ def test_a_cycle_into_a_lower_layer_is_caught(tmp_path: object) -> None:
         [*_lint_imports(), "--config", path], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert res.returncode != 0
-    assert "BROKEN" in res.stdout and "torchcomms_core.comm.operations" in res.stdout
+    assert "BROKEN" in res.stdout and "not allowed to import torchcomms_core.spec" in res.stdout
+
+
+# -- the communicator's private members stay in its package ----------------------------
+
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+_COMM = _ROOT / "src" / "torchcomms_core" / "comm"
+# Receivers that are not communicators but have members of the same names (a work's own
+# lock, a backend's ``_bind``, c10d options' ``_timeout``).
+_NOT_A_COMM = {"work", "child", "instance", "opts"}
+
+
+def _private_members() -> set[str]:
+    """Every ``_`` member CommBase and TorchComm define or assign on ``self``."""
+    import ast
+
+    names: set[str] = set()
+    for path in (_COMM / "base.py", _COMM / "operations.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name in ("CommBase", "TorchComm"):
+                for sub in ast.walk(node):
+                    if (
+                        isinstance(sub, ast.Attribute)
+                        and isinstance(sub.value, ast.Name)
+                        and sub.value.id == "self"
+                    ):
+                        names.add(sub.attr)
+                    elif isinstance(sub, ast.FunctionDef):
+                        names.add(sub.name)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _uses(paths: list[object], members: set[str]) -> list[str]:
+    import ast
+
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text())  # type: ignore[attr-defined]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in members:
+                receiver = ast.unparse(node.value)
+                if receiver not in ("self", "cls") and receiver not in _NOT_A_COMM:
+                    found.append(f"{path}:{node.lineno}: {receiver}.{node.attr}")
+    return found
+
+
+def test_no_private_communicator_member_is_used_outside_its_package() -> None:
+    members = _private_members()
+    assert {"_state", "_lock", "_backend", "_issue", "_guard", "_relean"} <= members
+    outside = [
+        p
+        for p in [*(_ROOT / "src").rglob("*.py"), *(_ROOT / "plugins").glob("*/src/**/*.py")]
+        if _COMM not in p.parents
+    ]
+    assert _uses(outside, members) == []
+
+
+def test_the_package_uses_only_the_state_modules_interface() -> None:
+    import torchcomms_core.comm.base as base
+
+    members = _private_members() - set(base.CommBase.INTERFACE)
+    siblings = [p for p in _COMM.glob("*.py") if p.name not in ("base.py", "operations.py")]
+    assert _uses(siblings, members) == []
+
+
+def test_the_check_sees_a_private_member_read_from_outside(tmp_path: object) -> None:
+    import pathlib
+
+    bad = pathlib.Path(str(tmp_path)) / "reach_in.py"
+    bad.write_text("def f(comm):\n    return comm._state\n")
+    assert _uses([bad], _private_members()) == [f"{bad}:2: comm._state"]
+
+
+def test_plugins_import_the_core_only_through_the_plugin_namespace() -> None:
+    import ast
+
+    wrong = []
+    for path in (_ROOT / "plugins").glob("*/src/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torchcomms"):
+                if node.module != "torchcomms_core.plugin" and node.level == 0:
+                    wrong.append(f"{path}:{node.lineno}: from {node.module} import ...")
+            elif isinstance(node, ast.Import):
+                wrong += [
+                    f"{path}:{node.lineno}: import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("torchcomms")
+                ]
+    assert wrong == []
+
+
+def test_the_plugin_namespace_loads_no_pytorch_bridge() -> None:
+    code = (
+        "import sys, torchcomms_core.plugin\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('torchcomms_core.pytorch',"
+        " 'torchcomms_core.functional', 'torchcomms_core.bench', 'torchcomms.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
+    plugin = __import__("torchcomms_core.plugin", fromlist=["__all__"])
+    missing = [name for name in plugin.__all__ if not hasattr(plugin, name)]
+    assert missing == []

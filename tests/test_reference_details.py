@@ -11,7 +11,7 @@ import torch
 
 import torchcomms
 from torchcomms.hooks import FlightRecorderHook, clog
-from torchcomms_core.pytorch.flight_recorder import ranks_str
+from torchcomms_core.hooks.flight_recorder import ranks_str
 from torchcomms_core.testing import unique_name
 
 

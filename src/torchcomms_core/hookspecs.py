@@ -12,7 +12,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from ._collectives import Collective
-    from .comm.operations import TorchComm
+    from ._protocols import Communicator as TorchComm
 
 hookspec = pluggy.HookspecMarker("torchcomms")
 hookimpl = pluggy.HookimplMarker("torchcomms")

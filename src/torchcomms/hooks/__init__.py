@@ -1,6 +1,6 @@
 """Hooks shipped with torchcomms: ``FlightRecorderHook``, ``NanCheckHook`` and ``clog``.
 
-Re-exports only; the code lives in ``torchcomms_core.pytorch.flight_recorder`` and
+Re-exports only; the code lives in ``torchcomms_core.hooks.flight_recorder`` and
 ``torchcomms_core.hooks``. The submodules ``fr``, ``nan_check`` and ``clog`` hold one
 name each (``from torchcomms.hooks.clog import clog``); ``torchcomms.hooks.clog`` itself
 is the logger class. Importing this module registers the handlers PyTorch's debug server

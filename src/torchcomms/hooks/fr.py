@@ -1,5 +1,5 @@
 """``torchcomms.hooks.fr``: the flight recorder (re-export)."""
 
-from torchcomms_core.pytorch.flight_recorder import FlightRecorderHook
+from torchcomms_core.hooks.flight_recorder import FlightRecorderHook
 
 __all__ = ["FlightRecorderHook"]

@@ -15,7 +15,7 @@ import torch
 
 if TYPE_CHECKING:
     from .._work import TorchWork
-    from .operations import TorchComm
+    from .base import CommBase as TorchComm
 
 #: The ``src`` hooks and flight records see for a receive from any source (c10d's value).
 ANY_SOURCE = -1

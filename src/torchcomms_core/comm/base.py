@@ -21,12 +21,11 @@ import torch
 
 from .. import _env
 from .._calling import adapt_backend
-from .._collectives import Collective
 from .._consistency import verify_call
 from .._errors import CommStateError
 from .._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
 from .._options import CommOptions
-from .._plugins import PluginError, call_lifecycle, failed_plugins, load_plugins
+from .._plugins import call_lifecycle, failed_plugins, load_plugins
 from .._reduce_op import RedOpType, ReduceOp
 from .._registry import backend_version, get_mem_allocator
 from .._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
@@ -34,7 +33,6 @@ from .._validation import Checker, check_hints, check_timeout, lean_pairs, writa
 from .._work import TorchWork, WorkStatus, is_engine_failure, set_failure_listener
 from ..hints import warn_unknown_hints
 from ..spec import TorchCommBackend, method_support
-from .collectives import make_method
 from .handles import RemovableHandle
 
 # Live communicators, released in order at interpreter exit: engines torn down during
@@ -43,6 +41,11 @@ _live: weakref.WeakSet[CommBase] = weakref.WeakSet()
 
 #: The operations with a lean lane (see ``CommBase._relean``).
 LEAN_OPS = ("all_reduce", "broadcast", "all_to_all_single")
+
+
+def live_communicators() -> list[CommBase]:
+    """The communicators of this process not yet garbage-collected."""
+    return list(_live)
 
 
 @atexit.register
@@ -164,8 +167,6 @@ class CommBase:
             "_default_hints",
             "_raise_issue_error",
             "_reduced",
-            "_add_collective",
-            "_remove_collective",
         }
     )
 
@@ -585,23 +586,6 @@ class CommBase:
             assert work is not None  # set by _run_pre_hooks
             work._start(None, None)
             self._run_post_hooks(args, work)
-
-    # -- plugin collectives ------------------------------------------------------------
-
-    @classmethod
-    def _add_collective(cls, coll: Collective) -> None:
-        """Install a plugin collective as a method (the plugin host calls this)."""
-        if hasattr(cls, coll.name):
-            raise PluginError(
-                f"{coll.provider} registers collective {coll.name!r}, which is "
-                f"already a built-in TorchComm method; pick another name"
-            )
-        setattr(cls, coll.name, make_method(coll))
-
-    @classmethod
-    def _remove_collective(cls, name: str) -> None:
-        if getattr(cls.__dict__.get(name), "_plugin_collective", False):
-            delattr(cls, name)
 
     # -- issuing ---------------------------------------------------------------------
 

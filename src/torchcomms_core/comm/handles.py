@@ -11,8 +11,6 @@ from .._errors import CommTypeError
 if TYPE_CHECKING:
     import torch
 
-    from .operations import TorchComm
-
 
 class RemovableHandle:
     """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
@@ -53,12 +51,12 @@ class PersistentAllGather:
 
     __slots__ = ("comm", "output")
 
-    def __init__(self, comm: TorchComm, output: torch.Tensor) -> None:
+    def __init__(self, comm: object, output: torch.Tensor) -> None:
         self.comm = comm
         self.output: torch.Tensor | None = output
 
 
-def owned(handle: Any, comm: TorchComm, where: str) -> PersistentAllGather:
+def owned(handle: Any, comm: object, where: str) -> PersistentAllGather:
     """``handle`` after checking it is a persistent all-gather of ``comm``."""
     if not isinstance(handle, PersistentAllGather) or handle.comm is not comm:
         raise CommTypeError(f"{where}: handle must come from this communicator's all_gather_p_init")

@@ -12,16 +12,18 @@ from datetime import timedelta
 
 import torch
 
+from .._collectives import Collective
 from .._errors import CommInputError, CommStateError, TorchCommError
 from .._join import join_or_finalize, members_key
 from .._names import check_name, claim_name, release_name
-from .._plugins import attach_collective_host, call_lifecycle
+from .._plugins import PluginError, attach_collective_host, call_lifecycle
 from .._reduce_op import ReduceOp
 from .._states import OK
 from .._validation import check_hints, check_timeout, split_sizes
 from .._work import TorchWork
 from .base import CommBase, _in
 from .batch import BatchSendRecv
+from .collectives import make_method
 from .handles import PersistentAllGather, owned
 from .window import TorchCommWindow, create_window
 
@@ -44,6 +46,23 @@ class TorchComm(CommBase):
     :class:`CommTimeoutError` or :class:`CommOperationError` from the call (synchronous)
     or from ``wait()`` (asynchronous) and mark the communicator failed.
     """
+
+    # -- plugin collectives ------------------------------------------------------------
+
+    @classmethod
+    def _add_collective(cls, coll: Collective) -> None:
+        """Install a plugin collective as a method (the plugin host calls this)."""
+        if hasattr(cls, coll.name):
+            raise PluginError(
+                f"{coll.provider} registers collective {coll.name!r}, which is "
+                f"already a built-in TorchComm method; pick another name"
+            )
+        setattr(cls, coll.name, make_method(coll))
+
+    @classmethod
+    def _remove_collective(cls, name: str) -> None:
+        if getattr(cls.__dict__.get(name), "_plugin_collective", False):
+            delattr(cls, name)
 
     # -- point to point --------------------------------------------------------------
 

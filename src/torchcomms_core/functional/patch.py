@@ -276,7 +276,7 @@ def patch_torchcomm() -> None:
     if getattr(init, _WRAPPED, None) is None:
         TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
     # Communicators created before the compile path was switched on get their ref now.
-    from .. import _comm_base as comm_module
+    from ..comm.base import live_communicators
 
-    for live in list(getattr(comm_module, "_live", ())):
+    for live in live_communicators():
         ref_of(live)

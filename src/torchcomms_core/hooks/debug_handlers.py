@@ -37,7 +37,7 @@ def _reply(resp: Any, status: int, body: Any, kind: str = "application/json") ->
 
 def torchcomms_health_check(req: Any, resp: Any) -> None:
     """``{"healthy": bool}``: false once an operation failed under a flight recorder."""
-    from ..pytorch.flight_recorder import is_healthy
+    from .flight_recorder import is_healthy
 
     _reply(resp, 200, {"healthy": is_healthy()})
 
@@ -48,7 +48,7 @@ def torchcomms_fr_trace_json(req: Any, resp: Any) -> None:
     Parameters: ``includecollectives`` (default true; false leaves ``entries`` empty) and
     ``onlyactive`` (default false; true leaves out completed operations).
     """
-    from ..pytorch.flight_recorder import global_recorder
+    from .flight_recorder import global_recorder
 
     try:
         collectives = _param(req, "includecollectives", True)
@@ -65,7 +65,7 @@ def torchcomms_fr_trace_json(req: Any, resp: Any) -> None:
 def torchcomms_fr_dump_file(req: Any, resp: Any) -> None:
     """Write the process-wide recorder's dump file in the background (503 if it has no
     communicator yet)."""
-    from ..pytorch.flight_recorder import (
+    from .flight_recorder import (
         FlightRecorderHook,
         dump_path,
         global_rank,

@@ -22,10 +22,11 @@ from torch._C._distributed_c10d import ProcessGroup, Store
 
 from .._errors import CommTypeError
 from ..comm.operations import TorchComm
+from ..hooks.flight_recorder import lane_track, set_group_describer
 from . import profiling
+from ._world import describe
 from .bridge_ops import OPS, BridgeOp, barrier_tensor
 from .c10d_args import engine_label
-from .flight_recorder import lane_track
 from .p2p_batch import P2PBatch
 from .work import CommWork
 
@@ -490,5 +491,7 @@ def _guard_register_backend() -> None:
 
 
 _guard_register_backend()
+# Flight-recorder dumps name a communicator's c10d group as torch.distributed knows it.
+set_group_describer(describe)
 
 __all__ = ["_BackendWrapper"]

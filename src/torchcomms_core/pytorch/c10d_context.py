@@ -26,8 +26,8 @@ def complete_torch_registration() -> None:
     if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):
         return
     from .._create import new_comm
+    from ..hooks.flight_recorder import FlightRecorderHook
     from .backend_wrapper import _BackendWrapper
-    from .flight_recorder import FlightRecorderHook
 
     c10d._BackendWrapper = _BackendWrapper
     c10d.new_comm = new_comm

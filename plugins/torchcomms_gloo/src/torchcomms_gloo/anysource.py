@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchcomms_core.engines.c10d_adapter import C10dWork
+from torchcomms_core.plugin import C10dWork
 
 
 class AnySourceWork(C10dWork):

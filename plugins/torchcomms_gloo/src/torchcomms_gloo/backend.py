@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from torchcomms_core import C10dBackend, CommOptions, ReduceOp
+from torchcomms_core.plugin import C10dBackend, CommOptions, ReduceOp
 
 from . import fast_paths, teardown
 from . import hints as gloo_hints

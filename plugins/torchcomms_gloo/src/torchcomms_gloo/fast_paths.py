@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core import RedOpType, ReduceOp
+from torchcomms_core.plugin import RedOpType, ReduceOp
 
 #: Point-to-point tag of these transfers, far from the small tags users pick, so a user's
 #: ``send``/``recv`` on the same communicator never matches one of them. Both sides post

@@ -12,8 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from torchcomms_core import CommInputError
-from torchcomms_core.hints import bool_hint
+from torchcomms_core.plugin import CommInputError, bool_hint
 
 LAZY = "lazy"
 PERSISTENT_STORE = "persistent_store"

@@ -9,7 +9,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from torchcomms_core import CommInputError
+from torchcomms_core.plugin import CommInputError
 
 #: The interface (``eth0``) the engine binds to; wins over the hostname.
 GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchcomms_core import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from torchcomms_core.plugin import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
 
 if TYPE_CHECKING:
     from .backend import GlooBackend

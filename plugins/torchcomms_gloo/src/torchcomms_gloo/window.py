@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchcomms_core import (
+from torchcomms_core.plugin import (
     CommInputError,
     CommStateError,
     CommTimeoutError,

@@ -27,8 +27,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from torchcomms_core import BootstrapError, CommInputError, CommOptions, ReduceOp
-from torchcomms_core.spec import BASIC_REDUCE_OPS, DEFAULT_DTYPES, BatchOp, TorchCommBackend
+from torchcomms_core.plugin import (
+    BASIC_REDUCE_OPS,
+    DEFAULT_DTYPES,
+    BatchOp,
+    BootstrapError,
+    CommInputError,
+    CommOptions,
+    ReduceOp,
+    TorchCommBackend,
+)
 
 _UNSET = object()
 

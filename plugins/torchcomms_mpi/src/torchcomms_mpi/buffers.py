@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-from torchcomms_core import RedOpType, ReduceOp
+from torchcomms_core.plugin import RedOpType, ReduceOp
 
 _fromaddress = MPI.buffer.fromaddress
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from mpi4py import MPI
 
-from torchcomms_core import CommTimeoutError, TorchCommWinAccessType
+from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType
 
 from .buffers import MPI_TYPES
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from torchcomms_core import CommTimeoutError
+from torchcomms_core.plugin import CommTimeoutError
 
 _testall = MPI.Request.Testall
 _monotonic = time.monotonic

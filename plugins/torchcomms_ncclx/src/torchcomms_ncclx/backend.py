@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from torchcomms_core.engines.cuda_support import (
+from torchcomms_core.plugin import (
     NcclEngineBackend,
     cuda_unavailable_reason,
     nccl_available,

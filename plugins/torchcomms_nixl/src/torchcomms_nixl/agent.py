@@ -35,7 +35,12 @@ from typing import Any
 
 import torch
 
-from torchcomms_core import CommInputError, CommOperationError, CommStateError, CommTimeoutError
+from torchcomms_core.plugin import (
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+)
 
 from . import engine
 from .keys import Address, Key, decode_key, encode_key

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from typing import Any
 
-from torchcomms_core import CommInputError
+from torchcomms_core.plugin import CommInputError
 
 URL_PREFIX = b"torchcomms-nixl/1 "
 KEY_PREFIX = "nixl1:"

@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import torch
 
-from torchcomms_core import CommStateError
-from torchcomms_core.transport_spec import (
+from torchcomms_core.plugin import (
+    CommStateError,
     MemoryRegistration,
     RdmaRemoteBuffer,
     TransportEndpoint,

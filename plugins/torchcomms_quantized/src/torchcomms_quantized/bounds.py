@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torchcomms_core import RedOpType, ReduceOp
+from torchcomms_core.plugin import RedOpType, ReduceOp
 
 from .quantization import FLUSH_BELOW, padded_cols
 

@@ -48,8 +48,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core import RedOpType, ReduceOp, TorchCommBackend
-from torchcomms_core.spec import MultiWork, ThenWork
+from torchcomms_core.plugin import MultiWork, RedOpType, ReduceOp, ThenWork, TorchCommBackend
 
 from . import workspace
 from .quantization import Layout, padded_cols

@@ -5,7 +5,7 @@ Every ``TorchComm`` then has ``quantized_all_reduce`` and ``quantized_reduce_sca
 
 from __future__ import annotations
 
-from torchcomms_core import Collective, ReduceOp, hookimpl
+from torchcomms_core.plugin import Collective, ReduceOp, hookimpl
 
 from .collectives import quantized_all_reduce, quantized_reduce_scatter
 from .validation import validate_all_reduce, validate_reduce_scatter

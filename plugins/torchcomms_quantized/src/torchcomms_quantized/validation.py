@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core import CommInputError, CommTypeError, RedOpType, ReduceOp, TorchComm
+from torchcomms_core.plugin import CommInputError, CommTypeError, RedOpType, ReduceOp, TorchComm
 
 DEFAULT_BLOCK_SIZE = 256
 #: Element types that can be quantized (converted to float32 exactly first).

@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import torch
 
-from torchcomms_core.engines.cuda_support import NcclEngineBackend, nccl_available, rocm_version
+from torchcomms_core.plugin import NcclEngineBackend, nccl_available, rocm_version
 
 NOT_ROCM_REASON = (
     "needs a ROCm build of PyTorch (torch.version.hip is None); install torch "

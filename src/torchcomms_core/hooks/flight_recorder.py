@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -33,9 +34,25 @@ from .._plugins import get_plugin_manager
 from .._work import TorchWork, WorkStatus
 from ..comm.handles import RemovableHandle
 from ..comm.operations import TorchComm
-from ..hooks import _args
 from ..hookspecs import hookimpl
-from ._world import describe
+from . import _args
+
+
+def _undescribed(comm: TorchComm) -> tuple[str, str, list[int] | None]:
+    return comm.get_name(), "undefined", None
+
+
+# ``(group name, description, global ranks or None)`` of a communicator as torch.distributed
+# knows it. The c10d bridge, the only way a communicator becomes a c10d group, installs its
+# lookup when it loads (``set_group_describer``); without it no group exists to describe.
+_describe: Callable[[TorchComm], tuple[str, str, list[int] | None]] = _undescribed
+
+
+def set_group_describer(describe: Callable[[TorchComm], tuple[str, str, list[int] | None]]) -> None:
+    """Name dumped groups with ``describe(comm)`` (the c10d bridge installs its lookup)."""
+    global _describe
+    _describe = describe
+
 
 #: The c10d flight-recorder format version our dumps follow.
 VERSION = "2.10"
@@ -593,7 +610,7 @@ class _Recorder:
             comm = track.comm()
             if comm is None:
                 continue
-            name, desc, ranks = describe(comm)
+            name, desc, ranks = _describe(comm)
             if ranks is None:
                 ranks = _fallback_ranks(comm)
             groups[track.pg_id] = (name, desc, ranks)
