@@ -48,7 +48,7 @@ def _expected(r: int, n: int) -> dict[str, list]:
 def body_results_and_works() -> dict:
     comm = _comm()
     r, n = comm.get_rank(), comm.get_size()
-    lean_before = comm._lean
+    lean_before = comm.takes_lean_calls()
     got = _lean_calls(comm)
     out = {}
     for op, (work, values) in got.items():
@@ -69,16 +69,16 @@ def body_hooks_switch_the_lane_off_and_on() -> dict:
     posts: list[int] = []
     pre = comm.register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
     post = comm.register_post_hook(lambda op_id, args: posts.append(op_id))
-    hooked_lean = comm._lean
+    hooked_lean = comm.takes_lean_calls()
     got = _lean_calls(comm)
     hooked_ok = all(v == _expected(r, n)[op] for op, (_, v) in got.items())
     hooked_seen = list(seen)
     pre.remove()
-    only_post_lean = comm._lean
+    only_post_lean = comm.takes_lean_calls()
     post.remove()
     seen.clear()
     posts.clear()
-    unhooked_lean = comm._lean
+    unhooked_lean = comm.takes_lean_calls()
     got = _lean_calls(comm)
     unhooked_ok = all(v == _expected(r, n)[op] for op, (_, v) in got.items())
     comm.finalize()
@@ -140,7 +140,7 @@ def body_state_and_bad_arguments() -> dict:
         "errors": errors,
         "strided_ok": strided_ok,
         "healthy": still_healthy,
-        "lean_after_finalize": comm._lean,
+        "lean_after_finalize": comm.takes_lean_calls(),
         "after": after,
     }
 

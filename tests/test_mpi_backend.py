@@ -249,7 +249,8 @@ def body_lean_calls_reuse_buffers_safely() -> dict:
     result stays right when tensors come and go, share memory or pass the blocking limit."""
     comm = _comm()
     r, n = comm.get_rank(), comm.get_size()
-    fast = [comm._fast_all_reduce, comm._fast_broadcast, comm._fast_all_to_all_single]
+    offered = comm.get_backend_impl().lean_calls(comm.get_timeout(), {})
+    fast = [offered.get(op) for op in ("all_reduce", "broadcast", "all_to_all_single")]
     wrong: list[str] = []
 
     def expect(what: str, got: torch.Tensor, want: list) -> None:

@@ -33,14 +33,12 @@ from .._validation import Checker, check_hints, check_timeout, lean_pairs, writa
 from .._work import TorchWork, WorkStatus, is_engine_failure, set_failure_listener
 from ..hints import warn_unknown_hints
 from ..spec import TorchCommBackend, method_support
+from . import lean
 from .handles import RemovableHandle
 
 # Live communicators, released in order at interpreter exit: engines torn down during
 # module teardown can abort the process (joinable C++ threads), so they go first.
 _live: weakref.WeakSet[CommBase] = weakref.WeakSet()
-
-#: The operations with a lean lane (see ``CommBase._relean``).
-LEAN_OPS = ("all_reduce", "broadcast", "all_to_all_single")
 
 
 def live_communicators() -> list[CommBase]:
@@ -201,15 +199,11 @@ class CommBase:
         self._native_ops = frozenset(type(backend).supported_reduce_ops)
         self._support = method_support(type(backend))
         self._check_calls = _env.check_collectives()
-        # The lean lane (``_lean``, see ``_relean``) serves CPU communicators without call
-        # checking.
+        # The lean lane (``comm.lean``, see ``_relean``) serves CPU communicators without
+        # call checking.
         self._lean_static = device.type == "cpu" and not self._check_calls
         self._lean = False
         self._lean_bare = False  # _lean but for the hooks
-        # What a lean call whose backend finished returns: one completed work per operation,
-        # shared (nothing about a completed work changes; it names no communicator, so it
-        # holds no reference cycle).
-        self._done = {op: TorchWork.completed(None, op) for op in LEAN_OPS}
         # Fault tolerance: given (unbound until the first reconfigure) with enable_reconfigure.
         self._membership = membership or Membership(root_store=store)
         if membership is not None:
@@ -662,35 +656,26 @@ class CommBase:
         raise error from exc
 
     def _relean(self) -> None:
-        """Recompute ``_lean``: whether synchronous calls may take the lean lane.
+        """Rebuild the lean lane (``comm.lean``): ``_lane`` is ``None`` unless it may be used.
 
-        The lean lane is the general path with nothing to do left out: a synchronous call
-        with default timeout and hints checks its tensors inline (plain contiguous CPU
-        tensors of a supported dtype, a native reduction), calls the backend and returns a
-        completed work. It needs a usable CPU communicator without hooks or call checking;
-        everything else takes the general path, which also raises the errors. Called
-        whenever the state, the hooks, the default timeout or the hints change, as the
-        backend's own entry points for the lane (``TorchCommBackend.lean_calls``) are made
-        for one timeout and one set of hints.
+        Called whenever the state, the hooks, the default timeout or the hints change: the
+        lane is made for one timeout and one set of hints (see ``comm.lean.COMMUNICATOR``
+        for what the communicator must be).
         """
         self._lean_bare = self._lean_static and self._state is OK
         self._lean = self._lean_bare and not self._pre_hooks and not self._post_hooks
-        backend, timeout, hints = self._backend, self._timeout, self._hints
-        lean_calls = getattr(backend, "lean_calls", None)  # duck-typed backends lack it
-        fast = lean_calls(timeout, dict(hints)) if self._lean and lean_calls else {}
-        # What the lane calls: the backend's entry point, else its method with the defaults.
-        self._fast_all_reduce = fast.get("all_reduce") or (
-            lambda tensor, op: backend.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
-        )
-        self._fast_broadcast = fast.get("broadcast") or (
-            lambda tensor, root: backend.broadcast(
-                tensor, root, False, timeout=timeout, hints=hints
+        self._lane = (
+            lean.build(
+                self,
+                self._backend,
+                self._size,
+                self._check.dtypes,
+                self._lean_pairs,
+                self._timeout,
+                self._hints,
             )
-        )
-        self._fast_all_to_all_single = fast.get("all_to_all_single") or (
-            lambda output, input: backend.all_to_all_single(
-                output, input, False, timeout=timeout, hints=hints
-            )
+            if self._lean
+            else None
         )
 
     def takes_lean_calls(self, own_hooks: int = 0) -> bool:
@@ -712,14 +697,6 @@ class CommBase:
             and len(self._pre_hooks) == own_hooks
             and len(self._post_hooks) == own_hooks
         )
-
-    def _lean_done(self, inner: Any, name: str) -> TorchWork:
-        """The work of a lean-lane call whose backend returned ``inner``."""
-        if inner is None:
-            return TorchWork.completed(self, name)
-        work = TorchWork(inner, None, self, name)
-        work.wait()
-        return work
 
     def _reduced(
         self, call: _Call, red: ReduceOp, out: torch.Tensor | None, inputs: list[torch.Tensor]

@@ -27,11 +27,8 @@ from .collectives import make_method
 from .handles import PersistentAllGather, owned
 from .window import TorchCommWindow, create_window
 
-_Tensor = torch.Tensor
-_STRIDED = torch.strided
-# all_reduce, broadcast and all_to_all_single open with the lean lane (CommBase._relean):
-# its guard and backend call are written out in each, as a shared helper would add a
-# Python call to a path that costs about 1 us in all.
+# all_reduce, broadcast and all_to_all_single open with the lean lane (``comm.lean``): a
+# plain synchronous call that qualifies is checked and issued there.
 
 
 class TorchComm(CommBase):
@@ -110,28 +107,11 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Copy rank ``root``'s ``tensor`` into ``tensor`` on every rank."""
-        if (
-            not async_op
-            and timeout is None
-            and hints is None
-            and type(root) is int
-            and 0 <= root < self._size
-            and self._lean
-            and type(tensor) is _Tensor
-            and tensor.is_cpu
-            and tensor.layout is _STRIDED
-            and not tensor.is_nested
-            and not tensor.is_neg()
-            and tensor.is_contiguous()
-            and tensor.dtype in self._check.dtypes
-        ):
-            try:
-                inner = self._fast_broadcast(tensor, root)
-            except Exception as exc:
-                self._raise_issue_error(exc, "broadcast")
-            if inner is None:
-                return self._done["broadcast"]
-            return self._lean_done(inner, "broadcast")
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.broadcast(tensor, root)
+            if work is not None:
+                return work
         call = self._guard("broadcast", timeout, hints)
         self._check.tensor("broadcast", "tensor", tensor)
         root = self._check.peer("broadcast", "root", root)
@@ -150,27 +130,11 @@ class TorchComm(CommBase):
         ``op`` is a :class:`ReduceOp`; AVG and PREMUL_SUM need a floating-point tensor and
         bitwise ops an integer or bool one (:class:`CommInputError` otherwise).
         """
-        if (
-            not async_op
-            and timeout is None
-            and hints is None
-            and type(op) is ReduceOp
-            and self._lean
-            and type(tensor) is _Tensor
-            and tensor.is_cpu
-            and tensor.layout is _STRIDED
-            and not tensor.is_nested
-            and not tensor.is_neg()
-            and tensor.is_contiguous()
-            and (tensor.dtype, op._type) in self._lean_pairs
-        ):
-            try:
-                inner = self._fast_all_reduce(tensor, op)
-            except Exception as exc:
-                self._raise_issue_error(exc, "all_reduce")
-            if inner is None:
-                return self._done["all_reduce"]
-            return self._lean_done(inner, "all_reduce")
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.all_reduce(tensor, op)
+            if work is not None:
+                return work
         call = self._guard("all_reduce", timeout, hints)
         self._check.tensor("all_reduce", "tensor", tensor)
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
@@ -374,36 +338,11 @@ class TorchComm(CommBase):
         ``output`` receives rank r's block at position r. Raises :class:`CommInputError` when
         dim 0 is not divisible by the size (use :meth:`all_to_all_v_single`).
         """
-        if (
-            not async_op
-            and timeout is None
-            and hints is None
-            and self._lean
-            and type(output) is _Tensor
-            and type(input) is _Tensor
-            and (dtype := input.dtype) is output.dtype
-            and dtype in self._check.dtypes
-            and input.is_cpu
-            and output.is_cpu
-            and input.layout is _STRIDED
-            and output.layout is _STRIDED
-            and not input.is_nested
-            and not output.is_nested
-            and not input.is_neg()
-            and not output.is_neg()
-            and input.is_contiguous()
-            and output.is_contiguous()
-            and (shape := input.shape) == output.shape
-            and shape
-            and not shape[0] % self._size
-        ):
-            try:
-                inner = self._fast_all_to_all_single(output, input)
-            except Exception as exc:
-                self._raise_issue_error(exc, "all_to_all_single")
-            if inner is None:
-                return self._done["all_to_all_single"]
-            return self._lean_done(inner, "all_to_all_single")
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.all_to_all_single(output, input)
+            if work is not None:
+                return work
         call = self._guard("all_to_all_single", timeout, hints)
         self._check.pair("all_to_all_single", output, input)
         self._check.numel(
