@@ -234,14 +234,18 @@ def _member_missing(cls: type, name: str, owner: type, value: object) -> str | N
         # A slot: a `__slots__` dict's text, or a `#:` comment on `self.name = ...`.
         if getattr(value, "__doc__", None):
             return None
-    # A class-level constant (an enum member, a ClassVar, a dataclass field default).
-    module = sys.modules.get(owner.__module__)
-    path = getattr(module, "__file__", None)
-    if path and path.endswith(".py"):
-        if (owner.__qualname__, name) in _attr_docs(path):
+        if owner is not cls:
+            cls = owner
+    # A class-level constant (an enum member, a ClassVar, a dataclass field default), or
+    # a slot without text. Like a method override, an override of a constant shows the
+    # `#:` comment of the project class it overrides (autodoc reads them the same way).
+    for base in inspect.getmro(cls):
+        if not _is_project(base.__module__) or name not in vars(base):
+            continue
+        path = getattr(sys.modules.get(base.__module__), "__file__", None)
+        if path and path.endswith(".py") and (base.__qualname__, name) in _attr_docs(path):
             return None
-        return _short(path)
-    return "?"
+    return _short(getattr(sys.modules.get(owner.__module__), "__file__", None))
 
 
 def _public_names(module: types.ModuleType) -> list[str]:
