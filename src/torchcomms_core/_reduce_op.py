@@ -31,9 +31,11 @@ class RedOpType(enum.Enum):
     BOR = 5
     #: Bitwise exclusive or (integer and bool tensors only).
     BXOR = 6
-    #: Each input multiplied by a factor, then summed (floating-point tensors only).
+    #: Each input multiplied by a factor, then summed (floating-point tensors, unless the
+    #: backend runs it natively).
     PREMUL_SUM = 7
-    #: The mean over the ranks: the sum divided by their number (floating-point only).
+    #: The mean over the ranks: the sum divided by their number (floating-point tensors,
+    #: unless the backend runs it natively).
     AVG = 8
 
     # Members are singletons: identity hashing is correct and, unlike Enum's Python-level
