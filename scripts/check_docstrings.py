@@ -174,7 +174,7 @@ def _own_doc(obj: object) -> str | None:
 
 def _location(obj: object) -> str:
     try:
-        target = inspect.unwrap(obj) if callable(obj) else obj  # type: ignore[arg-type]
+        target = inspect.unwrap(obj) if callable(obj) else obj
         if isinstance(target, property) and target.fget is not None:
             target = target.fget
         path = inspect.getsourcefile(target)  # type: ignore[arg-type]
@@ -265,12 +265,12 @@ def _public_names(module: types.ModuleType) -> list[str]:
     return [name for name in dict.fromkeys(defined) if not name.startswith("_")]
 
 
-def check() -> list[str]:
-    """Every undocumented public name, as ``namespace.name  (location)`` lines."""
+def check(namespaces: tuple[str, ...] = NAMESPACES) -> list[str]:
+    """Every undocumented public name of ``namespaces``, as ``namespace.name  (location)``."""
     missing: list[str] = []
     reported: set[int] = set()
     reported_members: set[tuple[int, str]] = set()
-    for namespace in NAMESPACES:
+    for namespace in namespaces:
         module = importlib.import_module(namespace)
         if not inspect.getdoc(module):
             missing.append(f"{namespace}  (module docstring)")
@@ -300,9 +300,9 @@ def check() -> list[str]:
                     if key in reported_members:
                         continue
                     reported_members.add(key)
-                    where = _member_missing(value, member, owner, raw)
-                    if where is not None:
-                        missing.append(f"{qualified}.{member}  ({where})")
+                    found = _member_missing(value, member, owner, raw)
+                    if found is not None:
+                        missing.append(f"{qualified}.{member}  ({found})")
     return missing
 
 
