@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install torch (CPU build, pinned), the core and every plugin in editable mode, plus the
-# test dependencies, into the active Python environment.
+# test and documentation dependencies, into the active Python environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +12,7 @@ plugins=()
 for dir in plugins/*/; do
     plugins+=(-e "./${dir%/}")
 done
-python -m pip install --quiet torch==2.13.0 -e ".[test]" "${plugins[@]}"
+python -m pip install --quiet torch==2.13.0 -e ".[test,docs]" "${plugins[@]}"
 
 # torchft (tests/test_torchft.py, examples/torchft_training.py, benchmarks/chaos.py): the
 # nightly wheel, pinned, with --no-deps so its loose torch requirement can never move the

@@ -23,17 +23,29 @@ class CommOptions:
     ``timeout`` from ``TORCHCOMM_TIMEOUT_SECONDS`` (600 s).
     """
 
+    #: Abort the process when an operation fails or times out (``new_comm``'s argument).
     abort_process_on_timeout_or_error: bool = dataclasses.field(default_factory=_env.abort_on_error)
+    #: The communicator's default timeout for operations.
     timeout: timedelta = dataclasses.field(default_factory=_env.default_timeout)
+    #: The c10d ``Store`` the ranks rendezvous on, set by the core's bootstrap.
     store: Any = None
+    #: The communicator's name (``new_comm``'s ``name``, or the generated one).
     name: str = ""
+    #: ``True`` for a communicator created unbound, waiting for ``TorchComm.reconfigure``.
     enable_reconfigure: bool = False
+    #: The communicator's hints (``new_comm``'s ``hints``), passed with every call as well.
     hints: dict[str, str] = dataclasses.field(default_factory=dict)
-    #: Communicator-local rank and size, resolved by the core's bootstrap.
+    #: Communicator-local rank, resolved by the core's bootstrap (-1 until then).
     rank: int = -1
+    #: Communicator size, resolved by the core's bootstrap (-1 until then).
     size: int = -1
 
     def replace(self, **changes: Any) -> CommOptions:
+        """A copy with the given fields changed (``dataclasses.replace``).
+
+        Raises:
+            TypeError: a keyword that is not a field.
+        """
         return dataclasses.replace(self, **changes)
 
 
@@ -45,7 +57,9 @@ class CallOptions:
     def __init__(
         self, timeout: timedelta | None = None, hints: dict[str, str] | None = None
     ) -> None:
+        #: The call's timeout; zero means the communicator's default.
         self.timeout = timeout if timeout is not None else timedelta(0)
+        #: The call's hints, passed to the backend with the communicator's.
         self.hints = dict(hints) if hints else {}
 
     def resolved(self) -> tuple[timedelta | None, dict[str, str] | None]:
@@ -129,9 +143,13 @@ class ReconfigureOptions:
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> None:
+        #: Names this reconfiguration: the same on every member, a new one each time.
         self.uuid = uuid
+        #: The ``get_init_handle()`` values of the members, this rank's included.
         self.init_handles = init_handles if init_handles is not None else []
+        #: How long to wait for every member; ``None``: the communicator's timeout.
         self.timeout = timeout
+        #: Hints for this reconfiguration, over the communicator's own.
         self.hints = dict(hints) if hints else {}
 
     def __repr__(self) -> str:

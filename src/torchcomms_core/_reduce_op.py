@@ -17,14 +17,25 @@ from ._errors import CommInputError, CommTypeError
 class RedOpType(enum.Enum):
     """The kind of a reduction, without its parameters."""
 
+    #: Element-wise sum (logical or for ``torch.bool``).
     SUM = 0
+    #: Element-wise product (logical and for ``torch.bool``).
     PRODUCT = 1
+    #: Element-wise minimum.
     MIN = 2
+    #: Element-wise maximum.
     MAX = 3
+    #: Bitwise and (integer and bool tensors only).
     BAND = 4
+    #: Bitwise or (integer and bool tensors only).
     BOR = 5
+    #: Bitwise exclusive or (integer and bool tensors only).
     BXOR = 6
+    #: Each input multiplied by a factor, then summed (floating-point tensors, unless the
+    #: backend runs it natively).
     PREMUL_SUM = 7
+    #: The mean over the ranks: the sum divided by their number (floating-point tensors,
+    #: unless the backend runs it natively).
     AVG = 8
 
     # Members are singletons: identity hashing is correct and, unlike Enum's Python-level
@@ -43,18 +54,42 @@ _OpType: TypeAlias = RedOpType
 
 
 class ReduceOp:
-    """A reduction operator: ``ReduceOp.SUM`` ... or ``ReduceOp.PREMUL_SUM(factor)``."""
+    """A reduction operator: ``ReduceOp.SUM`` ... or ``ReduceOp.PREMUL_SUM(factor)``.
+
+    Instances compare equal to each other by type and factor, and to their
+    :class:`RedOpType`. ``ReduceOp(opType, factor)`` builds one directly.
+
+    Args:
+        opType: the :class:`RedOpType` (the reference's keyword name).
+        factor: ``PREMUL_SUM``'s factor, a number or a one-element tensor; no other type
+            takes one.
+
+    Raises:
+        CommTypeError: ``opType`` is not a ``RedOpType``, or the factor is neither a number
+            nor a tensor.
+        CommInputError: ``PREMUL_SUM`` without a factor or with a tensor of more than one
+            element, or a factor for another type.
+    """
 
     __slots__ = ("_type", "_factor")
 
+    #: Element-wise sum (:attr:`RedOpType.SUM`).
     SUM: ClassVar[ReduceOp]
+    #: Element-wise product (:attr:`RedOpType.PRODUCT`).
     PRODUCT: ClassVar[ReduceOp]
+    #: Element-wise minimum (:attr:`RedOpType.MIN`).
     MIN: ClassVar[ReduceOp]
+    #: Element-wise maximum (:attr:`RedOpType.MAX`).
     MAX: ClassVar[ReduceOp]
+    #: Bitwise and (:attr:`RedOpType.BAND`).
     BAND: ClassVar[ReduceOp]
+    #: Bitwise or (:attr:`RedOpType.BOR`).
     BOR: ClassVar[ReduceOp]
+    #: Bitwise exclusive or (:attr:`RedOpType.BXOR`).
     BXOR: ClassVar[ReduceOp]
+    #: The mean over the ranks (:attr:`RedOpType.AVG`).
     AVG: ClassVar[ReduceOp]
+    #: The reference's ``ReduceOp.RedOpType``: the :class:`RedOpType` enum itself.
     RedOpType: ClassVar[type[RedOpType]] = RedOpType
 
     def __init__(
@@ -88,19 +123,27 @@ class ReduceOp:
 
     @staticmethod
     def PREMUL_SUM(factor: float | torch.Tensor) -> ReduceOp:  # noqa: N802 (public API name)
-        """Multiply each input by ``factor``, then sum."""
+        """Multiply each input by ``factor``, then sum.
+
+        Raises:
+            CommTypeError: ``factor`` is neither a number nor a tensor.
+            CommInputError: ``factor`` is a tensor of more than one element.
+        """
         return ReduceOp(RedOpType.PREMUL_SUM, factor)
 
     @property
     def type(self) -> _OpType:
+        """The operator's :class:`RedOpType`."""
         return self._type
 
     @property
     def factor(self) -> float | torch.Tensor | None:
+        """``PREMUL_SUM``'s factor (a float or a one-element tensor); ``None`` otherwise."""
         return self._factor
 
     @property
     def is_bitwise(self) -> bool:
+        """Whether the operator is ``BAND``, ``BOR`` or ``BXOR``."""
         return self._type in _BITWISE
 
     def __eq__(self, other: object) -> bool:

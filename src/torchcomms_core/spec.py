@@ -43,6 +43,7 @@ DERIVABLE_METHODS: tuple[str, ...] = names(support=DERIVED)
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
 OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource", "reconfigure_engine")
 
+#: The element types a backend accepts unless it declares ``supported_dtypes`` itself.
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
     torch.float64,
@@ -56,6 +57,8 @@ DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
     torch.bool,
 )
 
+#: The reductions a backend performs unless it declares ``supported_reduce_ops`` itself
+#: (every one but ``AVG`` and ``PREMUL_SUM``, which the core derives from ``SUM``).
 BASIC_REDUCE_OPS = frozenset(
     {
         RedOpType.SUM,
@@ -94,21 +97,80 @@ class WindowEngine(Protocol):
     def register(self, tensor: torch.Tensor) -> list[int]:
         """Expose ``tensor`` (contiguous); return every rank's element count."""
 
-    def deregister(self) -> None: ...
+    def deregister(self) -> None:
+        """Withdraw the registered tensor (collective: every rank calls it).
+
+        No ``put`` to this window follows until the next ``register``.
+        """
 
     def put(
         self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
-    ) -> Any: ...
+    ) -> Any:
+        """Write ``tensor`` into ``dst_rank``'s registered tensor, starting at element ``offset``.
 
-    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+        Args:
+            tensor: contiguous data of the window's dtype; the core has checked it fits.
+            dst_rank: the destination rank (may be this rank).
+            offset: the first element written in the destination's registered tensor.
+            async_op: return a work instead of completing before returning.
+            timeout: the deadline for this call.
 
-    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any: ...
+        Returns:
+            ``None`` when the write is done, or an object with ``wait()``.
 
-    def access_type(self, peer_rank: int) -> TorchCommWinAccessType: ...
+        Raises:
+            The engine's error when the write fails or does not finish within ``timeout``.
+        """
 
-    def map_remote(self, rank: int) -> torch.Tensor: ...
+    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        """Tell ``peer_rank`` that this rank's earlier puts to it are visible there.
 
-    def free(self, abort: bool = False) -> None: ...
+        Args:
+            peer_rank: the rank signalled.
+            async_op: return a work instead of completing before returning.
+            timeout: the deadline for this call.
+
+        Returns:
+            ``None`` when sent, or an object with ``wait()``.
+
+        Raises:
+            The engine's error when the signal cannot be delivered within ``timeout``.
+        """
+
+    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        """Wait for one ``signal`` from ``peer_rank``; each signal is consumed by one wait.
+
+        Args:
+            peer_rank: the rank whose signal is awaited.
+            async_op: return a work instead of waiting before returning.
+            timeout: how long to wait for the signal.
+
+        Returns:
+            ``None`` once the signal arrived, or an object with ``wait()``.
+
+        Raises:
+            The engine's error when no signal arrives within ``timeout``.
+        """
+
+    def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
+        """How this rank reaches ``peer_rank``'s registered tensor.
+
+        ``WIN_ACCESS_TYPE_UNIFIED`` promises that :meth:`map_remote` works for that peer.
+        """
+
+    def map_remote(self, rank: int) -> torch.Tensor:
+        """``rank``'s registered tensor as a flat tensor this process can load from and store to.
+
+        Called by the core only for peers whose :meth:`access_type` is ``WIN_ACCESS_TYPE_UNIFIED``.
+        """
+
+    def free(self, abort: bool = False) -> None:
+        """Release the engine and the memory it registered.
+
+        Args:
+            abort: ``True`` when the communicator is going away (after an error or ``abort()``):
+                release without the collective handshake with the peers.
+        """
 
 
 class TorchCommBackend(abc.ABC):
@@ -210,16 +272,23 @@ class TorchCommBackend(abc.ABC):
         """Release the engine's resources. Called once; no operation follows."""
 
     @abc.abstractmethod
-    def get_rank(self) -> int: ...
+    def get_rank(self) -> int:
+        """This process's rank in the communicator: ``0 <= rank < get_size()``.
+
+        After ``reconfigure_engine`` it returns the new rank.
+        """
 
     @abc.abstractmethod
-    def get_size(self) -> int: ...
+    def get_size(self) -> int:
+        """The number of ranks in the communicator (the new number after ``reconfigure_engine``)."""
 
     @abc.abstractmethod
-    def get_backend_name(self) -> str: ...
+    def get_backend_name(self) -> str:
+        """The backend's name (``"gloo"``), reported by ``TorchComm.get_backend()``."""
 
     @abc.abstractmethod
-    def get_comm_name(self) -> str: ...
+    def get_comm_name(self) -> str:
+        """The communicator's name, as given to ``init`` (``self.comm_name``)."""
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Change the default timeout (the core passes a timeout with every call anyway)."""
@@ -279,6 +348,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Copy ``root``'s ``tensor`` into ``tensor`` on every rank.
+
+        Default: ``root`` sends to every peer and the others receive, in one :meth:`batch_op_issue`.
+
+        Args:
+            tensor: the data on ``root``, the destination elsewhere; one shape and dtype on
+                every rank.
+            root: the rank whose tensor is sent.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         me, n = self.get_rank(), self.get_size()
         if me == root:
             ops = [("send", tensor, peer) for peer in range(n) if peer != me]
@@ -295,6 +383,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Gather every rank's ``tensor`` into ``tensor_list`` on every rank; sizes may differ.
+
+        Default: this rank copies its own entry and exchanges with every peer in one
+        :meth:`batch_op_issue`.
+
+        Args:
+            tensor_list: one tensor per rank; ``tensor_list[r]`` receives rank ``r``'s ``tensor``
+                and has its shape.
+            tensor: this rank's contribution.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         me, n = self.get_rank(), self.get_size()
         tensor_list[me].copy_(tensor)
         ops: list[BatchOp] = []
@@ -313,6 +421,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Gather every rank's ``tensor`` into ``tensor_list`` on every rank (equal shapes).
+
+        Default: :meth:`all_gather_v`.
+
+        Args:
+            tensor_list: one tensor per rank, each of ``tensor``'s shape; ``tensor_list[r]``
+                receives rank ``r``'s ``tensor``.
+            tensor: this rank's contribution.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
     def all_gather_single(
@@ -324,6 +451,24 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Gather every rank's ``input`` into one tensor: rank ``r``'s in ``output``'s chunk ``r``.
+
+        Default: :meth:`all_gather` into equal flat views of ``output`` (:func:`flat_chunks`).
+
+        Args:
+            output: ``get_size() * input.numel()`` elements, on every rank.
+            input: this rank's contribution.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         chunks = flat_chunks(output, self.get_size())
         return self.all_gather(chunks, input.view(-1), async_op, timeout=timeout, hints=hints)
 
@@ -336,6 +481,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Send ``input_tensor_list[p]`` to rank ``p``; receive its into ``output_tensor_list[p]``.
+
+        Default: this rank's own entry is copied locally, every peer is exchanged with in one
+        :meth:`batch_op_issue`.
+
+        Args:
+            output_tensor_list: one tensor per rank; entry ``p`` receives what rank ``p`` sent
+                to this rank.
+            input_tensor_list: one tensor per rank; entry ``p`` is sent to rank ``p``.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         me, n = self.get_rank(), self.get_size()
         output_tensor_list[me].copy_(input_tensor_list[me])
         ops: list[BatchOp] = []
@@ -356,6 +521,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """All-to-all over dim 0 of one input and one output tensor, with per-rank block sizes.
+
+        Default: :meth:`all_to_all` over the blocks (:func:`split_dim0`).
+
+        Args:
+            output: receives rank ``p``'s block for this rank as its ``p``-th block along dim 0.
+            input: block ``p`` along dim 0 is sent to rank ``p``.
+            output_split_sizes: the rows of each output block; empty: ``get_size()`` equal blocks.
+            input_split_sizes: the rows of each input block; empty: ``get_size()`` equal blocks.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         n = self.get_size()
         outs = split_dim0(output, output_split_sizes, n)
         ins = split_dim0(input, input_split_sizes, n)
@@ -370,6 +555,24 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """All-to-all over dim 0 in equal blocks: block ``p`` of ``input`` goes to rank ``p``.
+
+        Default: :meth:`all_to_all_v_single` with empty split sizes.
+
+        Args:
+            output: receives rank ``p``'s block for this rank as its ``p``-th block along dim 0.
+            input: dim 0 divides by ``get_size()``; block ``p`` is sent to rank ``p``.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         return self.all_to_all_v_single(
             output, input, [], [], async_op, timeout=timeout, hints=hints
         )
@@ -383,6 +586,27 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Reduce ``tensor`` over every rank with ``op``; every rank's ``tensor`` holds the result.
+
+        Default: every rank gathers every contribution (:meth:`all_gather_single` into a
+        temporary of ``get_size()`` times ``tensor``'s size) and reduces the rows in rank order, so
+        the result is bit-identical on every rank.
+
+        Args:
+            tensor: this rank's contribution, overwritten with the result.
+            op: a reduction in :attr:`supported_reduce_ops` (the core has resolved ``AVG`` and
+                ``PREMUL_SUM`` already).
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         # Every rank gathers every contribution and reduces them in rank order, so the
         # result is bit-identical on all ranks.
         n = self.get_size()
@@ -405,6 +629,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Reduce ``tensor`` over every rank with ``op`` into ``root``'s ``tensor``.
+
+        Default: :meth:`all_reduce`, on a copy of ``tensor`` on ranks other than ``root``.
+
+        Args:
+            tensor: this rank's contribution; on ``root`` overwritten with the result, left
+                unchanged elsewhere.
+            root: the rank that receives the result.
+            op: a reduction in :attr:`supported_reduce_ops`.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         target = tensor if self.get_rank() == root else tensor.clone()
         return self.all_reduce(target, op, async_op, timeout=timeout, hints=hints)
 
@@ -418,6 +662,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Reduce ``input_list[r]`` over every rank into rank ``r``'s ``output``; sizes may differ.
+
+        Default: an :meth:`all_to_all` delivers every rank's block for this rank, which is then
+        reduced locally in rank order.
+
+        Args:
+            output: this rank's result: the reduction of every rank's ``input_list[rank]``.
+            input_list: one tensor per rank; entry ``r`` has rank ``r``'s output size.
+            op: a reduction in :attr:`supported_reduce_ops`.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         # Each rank receives every peer's block for it and reduces them in rank order.
         n = self.get_size()
         flat_out = output.view(-1)
@@ -445,6 +709,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Reduce ``input_list[r]`` over every rank into rank ``r``'s ``output`` (equal sizes).
+
+        Default: :meth:`reduce_scatter_v`.
+
+        Args:
+            output: this rank's result: the reduction of every rank's ``input_list[rank]``.
+            input_list: one tensor per rank, each of ``output``'s size.
+            op: a reduction in :attr:`supported_reduce_ops`.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
     def reduce_scatter_single(
@@ -457,6 +740,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Reduce chunk ``r`` of ``input`` over every rank into rank ``r``'s ``output``.
+
+        Default: :meth:`reduce_scatter_v` over equal flat views of ``input`` (:func:`flat_chunks`).
+
+        Args:
+            output: this rank's result.
+            input: ``get_size() * output.numel()`` elements.
+            op: a reduction in :attr:`supported_reduce_ops`.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         n = self.get_size()
         blocks = flat_chunks(input, n)
         return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
@@ -471,6 +773,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Send ``root``'s ``input_tensor_list[r]`` to rank ``r``'s ``output_tensor``.
+
+        Default: ``root`` copies its own entry and sends the others in one :meth:`batch_op_issue`.
+
+        Args:
+            output_tensor: receives this rank's entry.
+            input_tensor_list: on ``root``, one tensor per rank; ignored elsewhere.
+            root: the rank that scatters.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         me, n = self.get_rank(), self.get_size()
         if me != root:
             return self.batch_op_issue(
@@ -490,6 +811,26 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Collect every rank's ``input_tensor`` into ``root``'s ``output_tensor_list``.
+
+        Default: ranks other than ``root`` send, ``root`` receives in one :meth:`batch_op_issue`.
+
+        Args:
+            output_tensor_list: on ``root``, one tensor per rank (entry ``r`` receives rank
+                ``r``'s); ignored elsewhere.
+            input_tensor: this rank's contribution.
+            root: the rank that gathers.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         me, n = self.get_rank(), self.get_size()
         if me != root:
             return self.batch_op_issue(
@@ -509,6 +850,25 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Gather every rank's ``input`` into ``root``'s ``output``: rank ``r``'s in chunk ``r``.
+
+        Default: :meth:`gather` into equal flat views of ``output``.
+
+        Args:
+            output: on ``root``, ``get_size() * input.numel()`` elements; ignored elsewhere.
+            input: this rank's contribution.
+            root: the rank that gathers.
+                async_op: return a work to wait on instead of completing before returning.
+                timeout: the deadline for this call, already resolved by the core.
+                hints: the call's hints merged with the communicator's.
+
+            Returns:
+                ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+            Raises:
+                Whatever the backend's ``send``, ``recv`` and their works raise (from ``wait()``
+                when ``async_op`` is true).
+        """
         n = self.get_size()
         if self.get_rank() != root:
             return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
@@ -522,6 +882,21 @@ class TorchCommBackend(abc.ABC):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        """Return (or complete the work) once every rank has entered the barrier.
+
+        Default: an :meth:`all_reduce` of a one-element tensor on the communicator's device.
+
+        Args:
+            async_op: return a work to wait on instead of completing before returning.
+            timeout: the deadline for this call, already resolved by the core.
+            hints: the call's hints merged with the communicator's.
+
+        Returns:
+            ``None`` once complete, or a work (``wait()``, optionally ``is_completed()``).
+
+        Raises:
+            Whatever the backend's ``all_reduce`` raises (from ``wait()`` when ``async_op``).
+        """
         token = torch.zeros(1, dtype=torch.float32, device=self.device)
         return self.all_reduce(token, ReduceOp.SUM, async_op, timeout=timeout, hints=hints)
 
@@ -617,6 +992,13 @@ class MultiWork:
         self._works = works
 
     def wait(self) -> bool:
+        """Wait for every work; return ``True``.
+
+        Every work is waited on even when an earlier one failed, so none is left in flight.
+
+        Raises:
+            The first error a work raised, once all of them are settled.
+        """
         first_error: BaseException | None = None
         for work in self._works:
             try:
@@ -629,6 +1011,7 @@ class MultiWork:
         return True
 
     def is_completed(self) -> bool:
+        """Whether every work reports completion; one without ``is_completed()`` counts as not."""
         return all(getattr(w, "is_completed", lambda: False)() for w in self._works)
 
 
@@ -643,6 +1026,11 @@ class ThenWork:
         self._done = False
 
     def wait(self) -> bool:
+        """Wait for ``inner``, then run ``step`` once (however often ``wait`` is called); ``True``.
+
+        Raises:
+            What ``inner.wait()`` or ``step`` raise; ``step`` does not run when ``inner`` failed.
+        """
         if not self._done:
             self._inner.wait()
             self._step()
@@ -650,6 +1038,7 @@ class ThenWork:
         return True
 
     def is_completed(self) -> bool:
+        """Whether ``step`` ran or ``inner`` reports completion (``wait()`` then runs ``step``)."""
         probe = getattr(self._inner, "is_completed", None)
         return self._done or (probe is not None and bool(probe()))
 

@@ -43,8 +43,11 @@ class RdmaRemoteBuffer:
     __slots__ = ("ptr", "len", "access_key")
 
     def __init__(self, ptr: int, len: int, access_key: str) -> None:  # noqa: A002 - reference name
+        #: The memory's address in the owner's process.
         self.ptr = ptr
+        #: The number of bytes.
         self.len = len
+        #: The transport's key for the memory, from the owner's ``to_remote_buffer()``.
         self.access_key = access_key
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -69,11 +69,21 @@ class C10dWork:
         self._timeout = timeout
 
     def wait(self) -> bool:
+        """Wait for the c10d work, within the operation's timeout when it has one.
+
+        Returns:
+            What the c10d work's ``wait()`` returns (``True``).
+
+        Raises:
+            The engine's error (``RuntimeError`` or torch's ``DistBackendError``) when the
+            operation failed or did not finish within the timeout.
+        """
         if self._timeout is None:
             return self._work.wait()
         return self._work.wait(self._timeout)
 
     def is_completed(self) -> bool:
+        """Whether the c10d work has finished (successfully or not), without waiting."""
         return self._work.is_completed()
 
 

@@ -323,6 +323,16 @@ class NcclEngineBackend(C10dBackend):
         return ProcessGroupNCCL
 
     def hint(self, hints: dict[str, str], name: str, default: bool) -> bool:
+        """Read the boolean hint ``<hint_prefix>.<name>`` (``"nccl.<name>"``).
+
+        Args:
+            hints: the hints to read from (the communicator's or a call's).
+            name: the key without the prefix.
+            default: the value when the key is absent.
+
+        Raises:
+            CommInputError: the value is not a boolean (``true``/``false``, ``1``/``0``, ...).
+        """
         return bool_hint(hints, f"{self.hint_prefix}.{name}", default)
 
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -435,6 +445,7 @@ class NcclEngineBackend(C10dBackend):
         self._engine.register_mem_pool(pool)
 
     def deregister_mem_pool(self, pool: Any) -> None:
+        """Withdraw a ``torch.cuda.MemPool`` registered with :meth:`register_mem_pool` from NCCL."""
         self._engine.deregister_mem_pool(pool)
 
     def allocate_tensor(self, numel: int, dtype: torch.dtype) -> torch.Tensor:

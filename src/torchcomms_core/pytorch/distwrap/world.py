@@ -186,6 +186,7 @@ class TorchCommsGroup(dist.ProcessGroup):
         return self  # never a _BackendWrapper: c10d then leaves finalizing to shutdown()
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's virtual method name
+        """c10d's backend name: ``"<device>:<backend>"`` per communicator, comma-separated."""
         return ",".join(f"{d}:{c.get_backend()}" for d, c in self.comms.items())
 
     def __repr__(self) -> str:
@@ -212,6 +213,15 @@ class TorchCommsGroup(dist.ProcessGroup):
         return next(iter(self.comms.values()))
 
     def group_rank(self, global_rank: int, what: str) -> int:
+        """The rank in this group of the process whose global rank is ``global_rank``.
+
+        Args:
+            global_rank: a rank of the default group.
+            what: the calling operation's name, for the error message.
+
+        Raises:
+            CommInputError: ``global_rank`` is not a member of the group.
+        """
         try:
             return self.global_ranks.index(int(global_rank))
         except ValueError:
