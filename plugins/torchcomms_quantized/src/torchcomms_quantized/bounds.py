@@ -9,7 +9,8 @@ import torch
 
 from torchcomms_core.plugin import RedOpType, ReduceOp
 
-from .quantization import FLUSH_BELOW, padded_cols
+from .constants import FLUSH_BELOW
+from .quantization import padded_cols
 
 #: Per block, |error| <= (sum over ranks of the block's max|x|) / divisor (SUM).
 ALL_REDUCE_DIVISOR = 126

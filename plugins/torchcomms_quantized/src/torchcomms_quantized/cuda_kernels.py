@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .quantization import FLUSH_BELOW, QMAX
+from .constants import FLUSH_BELOW, QMAX
 
 #: Threads per CUDA block; the absmax reduction in shared memory assumes this size.
 _THREADS = 256

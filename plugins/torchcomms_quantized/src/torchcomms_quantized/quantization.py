@@ -9,14 +9,10 @@ import dataclasses
 
 import torch
 
-#: Largest quantized magnitude: int8 values lie in [-127, 127], symmetric around zero.
-QMAX = 127
-#: Blocks whose largest magnitude is below this are sent as zeros. ``127 / absmax`` would
-#: overflow float32 for the tiniest blocks; flushing costs at most 2**-100 per element.
-FLUSH_BELOW = 2.0**-100
-#: Elements per slice of the torch-op path on CPU: its temporaries stay in cache, which
-#: makes large tensors several times faster than whole-tensor ops.
-CPU_SLICE = 1 << 17
+from . import cuda_kernels
+from .constants import CPU_SLICE
+from .constants import FLUSH_BELOW as FLUSH_BELOW  # re-exported (the numbers live there)
+from .constants import QMAX as QMAX
 
 
 def quantize_blocks(
@@ -51,8 +47,6 @@ def quantize_blocks(
     if scales_out is None:
         scales_out = torch.empty(x.shape[:-1] + (nblocks,), dtype=torch.float32, device=x.device)
     if _use_fused(x, fused):
-        from . import cuda_kernels
-
         cuda_kernels.quantize(x, block_size, q_out, scales_out)
         return q_out, scales_out
     x3 = x.reshape(rows, nblocks, block_size)
@@ -110,8 +104,6 @@ def dequantize_blocks(
     rows, nblocks = _check_blocks(q, block_size, "q")
     out = _check_dequantize_args(q, scales, block_size, nblocks, out, accumulate)
     if _use_fused(q, fused):
-        from . import cuda_kernels
-
         cuda_kernels.dequantize(q, scales, block_size, out, accumulate)
         return out
     dequantize_rows(q, scales, block_size, out, accumulate)
@@ -267,8 +259,6 @@ def _use_fused(t: torch.Tensor, fused: bool | None) -> bool:
         if fused:
             raise ValueError(f"fused=True needs a CUDA tensor, got one on {t.device}")
         return False
-    from . import cuda_kernels
-
     if cuda_kernels.available():
         return True
     if fused:
