@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core import CommOptions, TorchCommBackend
+from torchcomms_core.plugin import CommOptions, TorchCommBackend
 
 
 class _PendingRecv:
