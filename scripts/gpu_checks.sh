@@ -126,11 +126,12 @@ EOF
     timeout 120 "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
         "$WORK/quickstart_cuda.py"
 
-    step "pytest -m gpu tests/test_gpu_plugins.py"
-    timeout 180 "$PY" -m pytest -p no:cacheprovider -m gpu tests/test_gpu_plugins.py -v -s
+    local gpu_tests=plugins/torchcomms_ncclx/tests/test_gpu_plugins.py
+    step "pytest -m gpu $gpu_tests"
+    timeout 180 "$PY" -m pytest -p no:cacheprovider -m gpu "$gpu_tests" -v -s
 
     step "the same file's checks that need no GPU"
-    timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" tests/test_gpu_plugins.py -q
+    timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" "$gpu_tests" -q
 }
 
 LOG_DIR="${OUT:-$ROOT/docs/results}"

@@ -2,7 +2,7 @@
 """Run PyTorch's own ``DistributedTest`` suite over the torchcomms bridge, as a gate.
 
 The suite ships in the torch wheel (``torch/testing/_internal/distributed/
-distributed_test.py``); ``tests/torch_suite/dist_spawn_suite.py`` wires it as torch's
+distributed_test.py``); ``tests/bridge/torch_suite/dist_spawn_suite.py`` wires it as torch's
 ``test/distributed/test_distributed_spawn.py`` does (gloo, ``WORLD_SIZE`` spawned ranks per
 test, ``file://`` rendezvous). With ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1`` every group of
 every test is a torchcomms communicator behind ``_BackendWrapper``.
@@ -13,7 +13,7 @@ every test is a torchcomms communicator behind ``_BackendWrapper``.
     python scripts/torch_suite.py -k barrier         # a subset (no gate on the rest)
     python scripts/torch_suite.py --start spawn      # ranks spawned, as torch does
 
-The gate: every test listed in ``tests/torch_suite/gloo-<N>ranks.txt`` (the tests that
+The gate: every test listed in ``tests/bridge/torch_suite/gloo-<N>ranks.txt`` (the tests that
 pass on plain gloo with this torch, written by ``--refresh`` with the switch off) must pass
 with the switch on. A listed test that fails, errors or is skipped fails the run; the
 summary names each. Tests that plain gloo does not pass (CUDA/NCCL-only ones skip here)
@@ -34,11 +34,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-SUITE = ROOT / "tests" / "torch_suite" / "dist_spawn_suite.py"
+SUITE = ROOT / "tests" / "bridge" / "torch_suite" / "dist_spawn_suite.py"
 
 
 def baseline_path(world_size: int) -> Path:
-    return ROOT / "tests" / "torch_suite" / f"gloo-{world_size}ranks.txt"
+    return ROOT / "tests" / "bridge" / "torch_suite" / f"gloo-{world_size}ranks.txt"
 
 
 def run_suite(

@@ -26,7 +26,7 @@ except Exception as exc:  # not installed, or its native part does not load here
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _scenario(name: str, timeout: float = 240) -> dict:

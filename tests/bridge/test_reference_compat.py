@@ -20,7 +20,7 @@ import torchcomms
 from torchcomms import OpName, ReduceOp
 from torchcomms_core.testing import unique_name
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _clean_env(**extra: str) -> dict[str, str]:

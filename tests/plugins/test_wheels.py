@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PROJECTS = ["", "plugins/torchcomms_gloo", "plugins/torchcomms_quantized", "examples/vendor_plugin"]
 
 

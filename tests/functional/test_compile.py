@@ -21,7 +21,7 @@ import torch
 
 from torchcomms_core.testing import RankPool, current_rank, unique_name
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _MINUTE = timedelta(seconds=60)  # made outside: the tracer cannot construct a timedelta
 TIMEOUT = 400.0
 

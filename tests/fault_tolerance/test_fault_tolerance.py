@@ -399,7 +399,7 @@ def test_shrink_then_grow_after_sigkill_4_ranks(pool4: RankPool) -> None:
 
 
 def test_elastic_training_example_survives_sigkill_and_rejoin(tmp_path) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "elastic.json"
     proc = subprocess.run(
         [

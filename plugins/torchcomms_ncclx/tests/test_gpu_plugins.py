@@ -70,7 +70,7 @@ def test_backends_resolve_by_entry_point(name: str, cls: type) -> None:
 
 
 def test_gpu_plugins_share_the_core_engine_adapter() -> None:
-    # That no plugin imports another is the import contract (tests/test_import_contract.py).
+    # That no plugin imports another is the import contract (tests/plugins/test_import_contract.py).
     assert issubclass(NCCLXBackend, NcclEngineBackend)
     assert issubclass(RCCLBackend, NcclEngineBackend)
 

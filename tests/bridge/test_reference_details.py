@@ -160,7 +160,7 @@ def test_the_reference_sheet_is_covered_names_and_hint_keys() -> None:
     """scripts/reference_api_check.py: every name and hint key of the sheet is found."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "reference_api_check.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "reference_api_check.py")
     spec = importlib.util.spec_from_file_location("reference_api_check", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

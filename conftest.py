@@ -1,8 +1,9 @@
-"""What this repository's tests add to torchcomms' pytest plugin.
+"""What this repository's tests add to torchcomms' pytest plugin, for every test folder.
 
 The rank-pool fixtures (``pool2``, ``pool4``, ``pool``, ``mpi_pool``) come from the shipped
 plugin, ``torchcomms_core.testing.plugin``; ``mpi_ranks`` is re-exported for test modules
-that build their own parametrization around it.
+that build their own parametrization around it. Being at the repository root, this file
+serves ``tests/<subject>/`` and every ``plugins/<name>/tests/`` alike (tests/README.md).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from torchcomms_core.testing.plugin import mpi_ranks
 
 __all__ = ["mpi_ranks"]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # rank processes import test bodies from this folder
-    sys.path.insert(0, HERE)
+# Shared helper modules (memory_backend) live in tests/; test modules import them by name,
+# and rank processes import test bodies by module name from their folders (pytest puts each
+# test file's folder on sys.path, and spawned ranks inherit it).
+HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
+if HELPERS not in sys.path:
+    sys.path.insert(0, HELPERS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
