@@ -1,7 +1,7 @@
 """torchft's own test cases over our communicators (gloo, cpu), one scenario per process.
 
-``python tests/fault_tolerance/torchft_scenarios.py NAME`` runs one scenario and prints one JSON line
-(``RESULT {...}``) that ``test_torchft.py`` checks. The scenarios use torchft's Manager,
+``python tests/fault_tolerance/torchft_scenarios.py NAME`` runs one scenario and prints one
+JSON line (``RESULT {...}``) that ``test_torchft.py`` checks. The scenarios use torchft's Manager,
 lighthouse, DDP and optimizer wrappers, LocalSGD, DiLoCo and the helpers of its integration
 tests (``Runner``, ``EventInjector``, ``MyModel``, ``DiLoCoTrainer``) as torchft's tests do,
 with ``ProcessGroupTorchComms`` over ``new_comm("gloo", "cpu", enable_reconfigure=True)``
