@@ -65,7 +65,7 @@ def test_a_cycle_into_a_lower_layer_is_caught(tmp_path: object) -> None:
 
 # -- the communicator's private members stay in its package ----------------------------
 
-_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 _COMM = _ROOT / "src" / "torchcomms_core" / "comm"
 # Receivers that are not communicators but have members of the same names (a work's own
 # lock, a backend's ``_bind``, c10d options' ``_timeout``).

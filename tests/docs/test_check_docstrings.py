@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 FIXTURE = '''
 """A namespace with documented and undocumented names."""
