@@ -8,7 +8,7 @@ internal interface (``CommBase.INTERFACE``): start an operation (``_guard``), is
 ``_rebind``), the fault-tolerance membership (``_membership``). ``operations`` holds the
 public operations (``TorchComm``); ``reconfigure``, ``window``, ``batch``, ``anysource``
 and ``handles`` sit beside it and use only that interface. No module outside this package
-reads a ``_`` member of a communicator (``tests/test_import_contract.py`` checks it).
+reads a ``_`` member of a communicator (``tests/plugins/test_import_contract.py`` checks it).
 """
 
 from __future__ import annotations

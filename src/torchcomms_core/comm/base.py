@@ -150,7 +150,7 @@ class CommBase:
     """
 
     #: The members other modules of ``torchcomms_core.comm`` may use; nothing outside the
-    #: package uses any ``_`` member (``tests/test_import_contract.py`` checks both).
+    #: package uses any ``_`` member (``tests/plugins/test_import_contract.py`` checks both).
     INTERFACE = frozenset(
         {
             "_guard",  # start an operation: state guard, checked timeout and hints

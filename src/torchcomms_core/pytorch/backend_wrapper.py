@@ -494,4 +494,16 @@ _guard_register_backend()
 # Flight-recorder dumps name a communicator's c10d group as torch.distributed knows it.
 set_group_describer(describe)
 
+
+def _complete_registration() -> None:
+    # The bridge is loading: if torch.distributed was imported from inside the core and
+    # found us half-initialised, give it our names now, so a switch turned on at run time
+    # (``dist.config.use_torchcomms = True``) finds the bridge.
+    from .c10d_context import complete_torch_registration
+
+    complete_torch_registration()
+
+
+_complete_registration()
+
 __all__ = ["_BackendWrapper"]

@@ -46,7 +46,7 @@ def enclosing_p2p_batch() -> list[Any] | None:
     group it calls ``isend``/``irecv`` one by one and nothing tells the group how many are
     coming. The list is a local of that call and the one place that says. If torch renames
     the function or the variable, this finds nothing and each send and receive is issued
-    on its own (``tests/test_bridge_internals.py`` fails first, naming what changed).
+    on its own (``tests/bridge/test_bridge_internals.py`` fails first, naming what changed).
     """
     code = batch_isend_irecv_code()
     frame: FrameType | None = sys._getframe(2)
