@@ -68,8 +68,8 @@ def test_a_cycle_into_a_lower_layer_is_caught(tmp_path: object) -> None:
 _ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 _COMM = _ROOT / "src" / "torchcomms_core" / "comm"
 # Receivers that are not communicators but have members of the same names (a work's own
-# lock, a backend's ``_bind``, c10d options' ``_timeout``).
-_NOT_A_COMM = {"work", "child", "instance", "opts"}
+# lock, a backend's ``_bind``, c10d options' ``_timeout``, a test engine's ``_store``).
+_NOT_A_COMM = {"work", "child", "instance", "opts", "backend", "b", "sopts", "self._backend"}
 
 
 def _private_members() -> set[str]:
@@ -101,7 +101,11 @@ def _uses(paths: list[object], members: set[str]) -> list[str]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in members:
                 receiver = ast.unparse(node.value)
-                if receiver not in ("self", "cls") and receiver not in _NOT_A_COMM:
+                if (
+                    receiver not in ("self", "cls")
+                    and receiver not in _NOT_A_COMM
+                    and not receiver.endswith((".options", ".opts"))
+                ):
                     found.append(f"{path}:{node.lineno}: {receiver}.{node.attr}")
     return found
 
@@ -109,11 +113,16 @@ def _uses(paths: list[object], members: set[str]) -> list[str]:
 def test_no_private_communicator_member_is_used_outside_its_package() -> None:
     members = _private_members()
     assert {"_state", "_lock", "_backend", "_issue", "_guard", "_relean"} <= members
-    outside = [
-        p
-        for p in [*(_ROOT / "src").rglob("*.py"), *(_ROOT / "plugins").glob("*/src/**/*.py")]
-        if _COMM not in p.parents
+    code = [
+        *(_ROOT / "src").rglob("*.py"),
+        *(_ROOT / "plugins").glob("*/src/**/*.py"),
+        *(_ROOT / "plugins").glob("*/tests/**/*.py"),
+        *(_ROOT / "tests").rglob("*.py"),
+        *(_ROOT / "benchmarks").rglob("*.py"),
+        *(_ROOT / "examples").rglob("*.py"),
+        *(_ROOT / "scripts").rglob("*.py"),
     ]
+    outside = [p for p in code if _COMM not in p.parents]
     assert _uses(outside, members) == []
 
 

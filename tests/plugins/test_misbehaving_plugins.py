@@ -189,12 +189,12 @@ def body_backend_conflict(root: str, env: dict[str, str], name: str) -> dict:
         out["cli_json"] = {r["name"]: r for r in json.loads(_cli("backends", "--json"))}
         out["cli_text"] = _cli("backends")
     if comm is not None:
-        out["class"] = type(comm._backend).__name__
+        out["class"] = type(comm.get_backend_impl()).__name__
         out["sum"] = _all_reduce(comm)
         comm.finalize()
     # Whatever happened, the real gloo still runs.
     plain = torchcomms.new_comm("gloo", "cpu", name=unique_name("plain"))
-    out["plain"] = (type(plain._backend).__name__, _all_reduce(plain))
+    out["plain"] = (type(plain.get_backend_impl()).__name__, _all_reduce(plain))
     plain.finalize()
     return out
 

@@ -237,7 +237,7 @@ def body_scratch_is_reused() -> int:
     out = torch.zeros(COUNT)
     with _low_crossover():
         comm.reduce_scatter_single(out, x, ReduceOp.SUM)
-    pool = comm._backend._scratch
+    pool = comm.get_backend_impl()._scratch
     first = [b.data_ptr() for b in pool._free]
     with _low_crossover():
         comm.reduce_scatter_single(out, x, ReduceOp.SUM)
