@@ -25,14 +25,24 @@ class Collective:
     communication and returns the (possibly converted) ``(args, kwargs)``.
     """
 
+    #: The ``TorchComm`` method the collective becomes (a public identifier).
     name: str
+    #: The portable implementation, run when the backend has no method named ``name``.
     impl: Callable[..., Any]
+    #: The names of the positional arguments before ``async_op``, in order.
     args: tuple[str, ...]
+    #: Values of trailing ``args`` a caller may leave out, by name.
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``validate(comm, args, kwargs) -> (args, kwargs)``: run on every call after the
+    #: communicator's state, ``timeout`` and ``hints`` are checked and before hooks or any
+    #: communication, with ``args`` completed from ``defaults``; it raises the user's error
+    #: and may convert arguments. ``None``: no check beyond the core's.
     validate: (
         Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
         | None
     ) = None
+    #: The docstring of the ``TorchComm`` method the collective becomes (default: a line
+    #: naming the provider).
     doc: str = ""
     #: Filled in by the plugin manager: who provides it.
     provider: str = ""
