@@ -33,18 +33,19 @@ class Collective:
     args: tuple[str, ...]
     #: Values of trailing ``args`` a caller may leave out, by name.
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: ``validate(comm, args, kwargs) -> (args, kwargs)``: run on every call after the
-    #: communicator's state, ``timeout`` and ``hints`` are checked and before hooks or any
-    #: communication, with ``args`` completed from ``defaults``; it raises the user's error
-    #: and may convert arguments. ``None``: no check beyond the core's.
+    #: A check run on every call as ``validate(comm, args, kwargs) -> (args, kwargs)``,
+    #: after the communicator's state, ``timeout`` and ``hints`` are checked and before
+    #: hooks or any communication, with ``args`` completed from ``defaults``; it raises the
+    #: user's error and may convert arguments. ``None`` (the default) checks nothing beyond
+    #: the core's checks.
     validate: (
         Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
         | None
     ) = None
-    #: The docstring of the ``TorchComm`` method the collective becomes (default: a line
-    #: naming the provider).
+    #: The docstring of the ``TorchComm`` method the collective becomes; left empty, the
+    #: method gets a line naming the provider.
     doc: str = ""
-    #: Filled in by the plugin manager: who provides it.
+    #: Who provides the collective, filled in by the plugin manager.
     provider: str = ""
 
     def __post_init__(self) -> None:

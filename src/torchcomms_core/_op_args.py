@@ -80,11 +80,11 @@ class OpName(enum.IntEnum):
     gather = 16
     #: The ``gather_single`` operation (``TorchComm.gather_single``).
     gather_single = 17
-    #: ``TorchComm.split``: a sub-communicator.
+    #: ``TorchComm.split``, which makes a sub-communicator.
     split = 18
     #: ``TorchComm.new_window``.
     new_window = 19
-    #: ``BatchSendRecv.issue``: a batch of sends and receives.
+    #: ``BatchSendRecv.issue``, which issues a batch of sends and receives.
     batch_op_issue = 20
     #: ``TorchComm.finalize``.
     finalize = 21
@@ -139,15 +139,16 @@ class OpArgs:
         self.op_id = op_id
         #: The call's ``async_op`` (``False`` for ``split``, ``new_window`` and ``finalize``).
         self.async_op = async_op
-        #: The call's ``timeout`` after checking (a number of seconds becomes a
-        #: ``timedelta``); ``None``: the communicator's default applies, and always for
-        #: ``split``, ``new_window`` and ``finalize``.
+        #: The call's ``timeout`` after checking, a number of seconds made a ``timedelta``
+        #: (``None`` when the communicator's default applies, and always for ``split``,
+        #: ``new_window`` and ``finalize``).
         self.timeout = timeout
-        #: The call's ``hints``; ``None``: the communicator's hints apply, and always for
-        #: ``split``, ``new_window`` and ``finalize``.
+        #: The call's ``hints`` (``None`` when the communicator's hints apply, and always
+        #: for ``split``, ``new_window`` and ``finalize``).
         self.hints = hints
-        #: The operation's ``TorchWork``: ``NOT_STARTED`` while pre-hooks run, then the same
-        #: object the call returns (one already completed for operations that return none).
+        #: The operation's ``TorchWork``, ``NOT_STARTED`` while pre-hooks run and then the
+        #: same object the call returns (one already completed for operations that return
+        #: none).
         self.work: TorchWork | None = None
         self._values = dict(zip(self.fields, values, strict=False))
 

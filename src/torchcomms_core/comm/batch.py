@@ -46,7 +46,7 @@ class P2POp:
 
     @property
     def kind(self) -> str:
-        """``"send"`` or ``"recv"``: the spelling backends receive."""
+        """``"send"`` or ``"recv"``, the spelling backends receive."""
         return _KIND[self.type]
 
     def __iter__(self) -> Any:

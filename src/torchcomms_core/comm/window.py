@@ -39,9 +39,9 @@ class TorchCommWindowAttr:
         self,
         access_type: TorchCommWinAccessType = (TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE),
     ) -> None:
-        #: How this rank reaches the peer's window: ``WIN_ACCESS_TYPE_UNIFIED`` (direct
+        #: How this rank reaches the peer's window, ``WIN_ACCESS_TYPE_UNIFIED`` (direct
         #: loads and stores, ``map_remote_tensor`` works) or ``WIN_ACCESS_TYPE_SEPARATE``
-        #: (through the engine only: ``put``).
+        #: (through the engine only, with ``put``).
         self.access_type = access_type
 
     def __repr__(self) -> str:
