@@ -25,16 +25,27 @@ class Collective:
     communication and returns the (possibly converted) ``(args, kwargs)``.
     """
 
+    #: The ``TorchComm`` method the collective becomes (a public identifier).
     name: str
+    #: The portable implementation, run when the backend has no method named ``name``.
     impl: Callable[..., Any]
+    #: The names of the positional arguments before ``async_op``, in order.
     args: tuple[str, ...]
+    #: Values of trailing ``args`` a caller may leave out, by name.
     defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: A check run on every call as ``validate(comm, args, kwargs) -> (args, kwargs)``,
+    #: after the communicator's state, ``timeout`` and ``hints`` are checked and before
+    #: hooks or any communication, with ``args`` completed from ``defaults``; it raises the
+    #: user's error and may convert arguments. ``None`` (the default) checks nothing beyond
+    #: the core's checks.
     validate: (
         Callable[[Any, tuple[Any, ...], dict[str, Any]], tuple[tuple[Any, ...], dict[str, Any]]]
         | None
     ) = None
+    #: The docstring of the ``TorchComm`` method the collective becomes; left empty, the
+    #: method gets a line naming the provider.
     doc: str = ""
-    #: Filled in by the plugin manager: who provides it.
+    #: Who provides the collective, filled in by the plugin manager.
     provider: str = ""
 
     def __post_init__(self) -> None:

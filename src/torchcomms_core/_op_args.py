@@ -44,27 +44,49 @@ class OpName(enum.IntEnum):
     (``_optable.OPS``), which is checked when this module is imported.
     """
 
+    #: The ``send`` operation (``TorchComm.send``).
     send = 0
+    #: The ``recv`` operation (``TorchComm.recv``).
     recv = 1
+    #: The ``broadcast`` operation (``TorchComm.broadcast``).
     broadcast = 2
+    #: The ``all_reduce`` operation (``TorchComm.all_reduce``).
     all_reduce = 3
+    #: The ``reduce`` operation (``TorchComm.reduce``).
     reduce = 4
+    #: The ``all_gather`` operation (``TorchComm.all_gather``).
     all_gather = 5
+    #: The ``all_gather_v`` operation (``TorchComm.all_gather_v``).
     all_gather_v = 6
+    #: The ``all_gather_single`` operation (``TorchComm.all_gather_single``).
     all_gather_single = 7
+    #: The ``reduce_scatter`` operation (``TorchComm.reduce_scatter``).
     reduce_scatter = 8
+    #: The ``reduce_scatter_v`` operation (``TorchComm.reduce_scatter_v``).
     reduce_scatter_v = 9
+    #: The ``reduce_scatter_single`` operation (``TorchComm.reduce_scatter_single``).
     reduce_scatter_single = 10
+    #: The ``all_to_all_single`` operation (``TorchComm.all_to_all_single``).
     all_to_all_single = 11
+    #: The ``all_to_all_v_single`` operation (``TorchComm.all_to_all_v_single``).
     all_to_all_v_single = 12
+    #: The ``all_to_all`` operation (``TorchComm.all_to_all``).
     all_to_all = 13
+    #: The ``barrier`` operation (``TorchComm.barrier``).
     barrier = 14
+    #: The ``scatter`` operation (``TorchComm.scatter``).
     scatter = 15
+    #: The ``gather`` operation (``TorchComm.gather``).
     gather = 16
+    #: The ``gather_single`` operation (``TorchComm.gather_single``).
     gather_single = 17
+    #: ``TorchComm.split``, which makes a sub-communicator.
     split = 18
+    #: ``TorchComm.new_window``.
     new_window = 19
+    #: ``BatchSendRecv.issue``, which issues a batch of sends and receives.
     batch_op_issue = 20
+    #: ``TorchComm.finalize``.
     finalize = 21
 
     def __str__(self) -> str:
@@ -94,7 +116,10 @@ class OpArgs:
 
     __slots__ = ("op_name", "op_id", "async_op", "timeout", "hints", "work", "_values")
 
+    #: The method's parameter names, in order (what ``as_dict()`` keys by).
     fields: tuple[str, ...] = ()
+    #: The reference's field names, each mapped to the parameter it reads (``peer`` ->
+    #: ``dst`` for ``send``); a plugin collective's are its parameter names.
     hook_fields: dict[str, str] = {}
 
     def __init__(
@@ -106,11 +131,24 @@ class OpArgs:
         timeout: Any,
         hints: Any,
     ) -> None:
+        #: The operation's name as a plain string (``"all_reduce"``, or a plugin
+        #: collective's name); pre-hooks get its ``OpName`` as their first argument.
         self.op_name = op_name
+        #: The process-wide id of this operation (``FINALIZE_OP_ID`` for ``finalize``);
+        #: its post-hooks see the same.
         self.op_id = op_id
+        #: The call's ``async_op`` (``False`` for ``split``, ``new_window`` and ``finalize``).
         self.async_op = async_op
+        #: The call's ``timeout`` after checking, a number of seconds made a ``timedelta``
+        #: (``None`` when the communicator's default applies, and always for ``split``,
+        #: ``new_window`` and ``finalize``).
         self.timeout = timeout
+        #: The call's ``hints`` (``None`` when the communicator's hints apply, and always
+        #: for ``split``, ``new_window`` and ``finalize``).
         self.hints = hints
+        #: The operation's ``TorchWork``, ``NOT_STARTED`` while pre-hooks run and then the
+        #: same object the call returns (one already completed for operations that return
+        #: none).
         self.work: TorchWork | None = None
         self._values = dict(zip(self.fields, values, strict=False))
 
@@ -158,14 +196,19 @@ class PostHookArgs:
 
     def __init__(self, pre: OpArgs, work: Any) -> None:
         self._pre = pre
+        #: The operation's ``TorchWork``, the object its pre-hooks saw as ``args.work``;
+        #: completed for a synchronous call and for ``split``, ``new_window`` and
+        #: ``finalize`` (which return none), possibly still in progress for an async one.
         self.work = work
 
     @property
     def op_id(self) -> int:
+        """The operation's id, the same its pre-hooks saw."""
         return self._pre.op_id
 
     @property
     def op_name(self) -> str:
+        """The operation's name as a plain string, as its pre-hooks' ``args.op_name``."""
         return self._pre.op_name
 
     def __getattr__(self, item: str) -> Any:
@@ -178,22 +221,36 @@ class PostHookArgs:
 
 
 class CollectivePostHookArgs(PostHookArgs):
+    """What post-hooks of an operation without a class of its own receive: the collectives,
+    ``send`` and ``recv``, and plugin collectives (``op_id``, ``op_name``, ``work``)."""
+
     __slots__ = ()
 
 
 class SplitPostHookArgs(PostHookArgs):
+    """What post-hooks of ``split`` receive, once the sub-communicator exists (on a rank
+    outside ``ranks``, before ``split`` returns ``None``)."""
+
     __slots__ = ()
 
 
 class NewWindowPostHookArgs(PostHookArgs):
+    """What post-hooks of ``new_window`` receive, once the window is built (and its tensor
+    registered, when one was given)."""
+
     __slots__ = ()
 
 
 class BatchOpIssuePostHookArgs(PostHookArgs):
+    """What post-hooks of ``BatchSendRecv.issue`` receive."""
+
     __slots__ = ()
 
 
 class FinalizePostHookArgs(PostHookArgs):
+    """What post-hooks of ``finalize`` receive, after the backend is finalized (``op_id`` is
+    ``FINALIZE_OP_ID``, ``2**64 - 1``)."""
+
     __slots__ = ()
 
 
@@ -223,11 +280,38 @@ def _class_name(op: str) -> str:
     return "".join(part.capitalize() for part in op.split("_")) + "PreHookArgs"
 
 
+def _class_doc(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> str:
+    """The docstring of ``op``'s pre-hook class: the operation and the fields it answers."""
+    if op in OpName.__members__:
+        method = "BatchSendRecv.issue" if op == "batch_op_issue" else f"TorchComm.{op}"
+        head = f"Arguments of ``{method}`` as pre-hooks see them."
+    else:
+        head = f"Arguments of the plugin collective ``TorchComm.{op}`` as pre-hooks see them."
+    named = [
+        f"``{field}``" + ("" if param == field else f" (the method's ``{param}``)")
+        for field, param in hook_fields.items()
+    ]
+    if "ops" in fields:
+        named.append("``num_ops`` (the number of operations in ``ops``)")
+    listed = f"Fields: {', '.join(named)}." if named else "No fields of the operation's own."
+    return (
+        f"{head}\n\n{listed} Every ``OpArgs`` also has ``op_name``, ``op_id``, ``async_op``, "
+        f"``timeout``, ``hints`` and ``work``; ``as_dict()`` gives the arguments by the "
+        f"method's parameter names."
+    )
+
+
 def _make(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> type[OpArgs]:
     return type(
         _class_name(op),
         (OpArgs,),
-        {"__slots__": (), "fields": fields, "hook_fields": hook_fields, "__module__": __name__},
+        {
+            "__slots__": (),
+            "__doc__": _class_doc(op, fields, hook_fields),
+            "fields": fields,
+            "hook_fields": hook_fields,
+            "__module__": __name__,
+        },
     )
 
 

@@ -36,10 +36,23 @@ def set_failure_listener(listener: FailureListener) -> None:
 
 
 class WorkStatus(enum.Enum):
+    """The state of a ``TorchWork``, as its ``status`` and ``get_status()`` report it.
+
+    The state moves on when ``wait()``, ``wait_blocking()`` or ``is_completed()`` sees the
+    operation end; reading it does not ask the engine.
+    """
+
+    #: Created for an operation whose pre-hooks run before the backend is called.
     NOT_STARTED = 0
+    #: Issued to the backend and not seen finished yet.
     INPROGRESS = 1
+    #: Finished successfully, its results (copy-backs included) in place.
     COMPLETED = 2
+    #: Did not finish within its timeout; ``error`` holds the ``CommTimeoutError`` that
+    #: ``wait()`` raises.
     TIMEDOUT = 3
+    #: Failed (the engine failed, a copy-back step failed, or the communicator was aborted
+    #: while it was in flight); ``error`` holds the exception ``wait()`` raises.
     ERROR = 4
 
 
@@ -154,6 +167,7 @@ class TorchWork:
 
     @property
     def status(self) -> WorkStatus:
+        """The work's current :class:`WorkStatus` (the reference's attribute spelling)."""
         return self._status
 
     @property
@@ -162,6 +176,8 @@ class TorchWork:
         return self._error
 
     def get_status(self) -> WorkStatus:
+        """The work's current :class:`WorkStatus` (the reference's method spelling of
+        :attr:`status`)."""
         return self._status
 
     def wait(self) -> bool:

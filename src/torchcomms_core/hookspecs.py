@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from ._collectives import Collective
     from ._protocols import Communicator as TorchComm
 
+#: Marks a function of this module as a torchcomms hook specification.
 hookspec = pluggy.HookspecMarker("torchcomms")
+#: Marks a plugin's function as its implementation of the torchcomms hook of the same name
+#: (``@hookimpl def torchcomms_register_collectives(): ...``).
 hookimpl = pluggy.HookimplMarker("torchcomms")
 
 

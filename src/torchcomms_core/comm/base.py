@@ -233,15 +233,22 @@ class CommBase:
     # -- identity and what plugin authors may use -------------------------------------
 
     def get_rank(self) -> int:
+        """This process's rank in the communicator, ``0 <= rank < get_size()``.
+
+        A ``reconfigure`` that moves this process to a new group changes it.
+        """
         return self._rank
 
     def get_size(self) -> int:
+        """The number of ranks in the communicator (a ``reconfigure`` may change it)."""
         return self._size
 
     def get_name(self) -> str:
+        """The communicator's name: ``new_comm``'s ``name``, or the generated ``comm_<n>``."""
         return self._name
 
     def get_device(self) -> torch.device:
+        """The ``torch.device`` the communicator works on (``new_comm``'s ``device``)."""
         return self._device
 
     def get_backend(self) -> str:
@@ -267,6 +274,12 @@ class CommBase:
         return self.get_mem_allocator()
 
     def get_options(self) -> CommOptions:
+        """The ``CommOptions`` the backend was initialised with (store, rank, size, timeout,
+        hints, name).
+
+        The communicator's own object, not a copy: ``set_timeout`` and ``reconfigure``
+        update it; ``set_hints`` does not (its hints are the ones given at creation).
+        """
         return self._options
 
     def get_backend_impl(self) -> TorchCommBackend:
@@ -322,6 +335,12 @@ class CommBase:
         return int(transport())
 
     def get_timeout(self) -> timedelta:
+        """The default timeout of the communicator's operations.
+
+        ``new_comm``'s ``timeout``, else ``TORCHCOMM_TIMEOUT_SECONDS``, until
+        :meth:`set_timeout` changes it; an operation's own ``timeout=`` overrides it for
+        that call.
+        """
         return self._timeout
 
     def set_timeout(self, timeout: timedelta) -> None:
@@ -332,6 +351,18 @@ class CommBase:
         self._relean()  # the backend's lean calls are made for one timeout and hints
 
     def set_hints(self, hints: dict[str, str]) -> None:
+        """Replace the communicator's default hints, passed to the backend with every later
+        operation that gives no ``hints=`` of its own.
+
+        A key the backend does not declare warns ``UnknownHintWarning`` (once per backend
+        and key in a process); the hints are set all the same.
+
+        Args:
+            hints: the new hints; they replace the current ones rather than add to them.
+
+        Raises:
+            CommTypeError: ``hints`` is not a ``dict[str, str]``.
+        """
         self._hints = dict(check_hints(hints, "set_hints"))
         warn_unknown_hints(self._backend_name, type(self._backend).hint_keys, self._hints)
         self._relean()
@@ -424,12 +455,16 @@ class CommBase:
             self._backend.finalize()
 
     def is_aborted(self) -> bool:
+        """Whether :meth:`abort` ended the communicator."""
         return self._state is ABORTED
 
     def is_finalized(self) -> bool:
+        """Whether :meth:`finalize` ended the communicator."""
         return self._state is FINALIZED
 
     def is_abort_supported(self) -> bool:
+        """Whether the backend implements ``abort`` itself (``method_support()["abort"] ==
+        "native"``); where it does not, :meth:`abort` finalizes the backend instead."""
         return self._support.get("abort") == "native"
 
     def get_init_handle(self) -> str:

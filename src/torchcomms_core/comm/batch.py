@@ -22,7 +22,9 @@ from .base import CommBase, _in
 class P2POpType(enum.IntEnum):
     """Direction of one batched operation."""
 
+    #: Send ``tensor`` to ``peer``.
     SEND = 0
+    #: Receive into ``tensor`` from ``peer``.
     RECV = 1
 
 
@@ -35,13 +37,16 @@ class P2POp:
     __slots__ = ("type", "tensor", "peer")
 
     def __init__(self, type: P2POpType, tensor: torch.Tensor, peer: int) -> None:  # noqa: A002
+        #: ``P2POpType.SEND`` or ``P2POpType.RECV`` (``0`` and ``1`` are converted to them).
         self.type = P2POpType(type)
+        #: The tensor sent, or received into.
         self.tensor = tensor
+        #: The other rank, in the communicator's numbering.
         self.peer = peer
 
     @property
     def kind(self) -> str:
-        """``"send"`` or ``"recv"``: the spelling backends receive."""
+        """``"send"`` or ``"recv"``, the spelling backends receive."""
         return _KIND[self.type]
 
     def __iter__(self) -> Any:

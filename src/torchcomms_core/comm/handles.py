@@ -35,6 +35,10 @@ class RemovableHandle:
             changed()
 
     def remove(self) -> None:
+        """Unregister the hook; calling it again does nothing.
+
+        Leaving a ``with handle:`` block calls it too.
+        """
         self._table.pop(self._key, None)
         if self._changed is not None:
             self._changed()

@@ -39,6 +39,9 @@ class TorchCommWindowAttr:
         self,
         access_type: TorchCommWinAccessType = (TorchCommWinAccessType.WIN_ACCESS_TYPE_SEPARATE),
     ) -> None:
+        #: How this rank reaches the peer's window, ``WIN_ACCESS_TYPE_UNIFIED`` (direct
+        #: loads and stores, ``map_remote_tensor`` works) or ``WIN_ACCESS_TYPE_SEPARATE``
+        #: (through the engine only, with ``put``).
         self.access_type = access_type
 
     def __repr__(self) -> str:
@@ -142,14 +145,17 @@ class TorchCommWindow:
 
     @property
     def dtype(self) -> torch.dtype | None:
+        """The registered tensor's dtype; ``None`` while no tensor is registered."""
         return self._meta[0] if self._meta else None
 
     @property
     def shape(self) -> list[int]:
+        """The registered tensor's shape (a new list); ``[]`` while no tensor is registered."""
         return list(self._meta[1]) if self._meta else []
 
     @property
     def device(self) -> torch.device | None:
+        """The registered tensor's device; ``None`` while no tensor is registered."""
         return self._meta[2] if self._meta else None
 
     # -- one-sided operations --------------------------------------------------------
@@ -221,6 +227,18 @@ class TorchCommWindow:
         return self._work("wait_signal", inner, async_op)
 
     def get_attr(self, peer_rank: int) -> TorchCommWindowAttr:
+        """How this rank reaches ``peer_rank``'s window, as a :class:`TorchCommWindowAttr`.
+
+        Its ``access_type`` says whether :meth:`map_remote_tensor` works for that peer
+        (``WIN_ACCESS_TYPE_UNIFIED``) or only :meth:`put` does (``WIN_ACCESS_TYPE_SEPARATE``).
+
+        Args:
+            peer_rank: the peer, in the communicator's numbering (this rank included).
+
+        Raises:
+            CommTypeError: ``peer_rank`` is not an int.
+            CommInputError: ``peer_rank`` is out of range for the communicator.
+        """
         peer = self._comm.checker.peer("get_attr", "peer_rank", peer_rank)
         return TorchCommWindowAttr(self._engine.access_type(peer))
 

@@ -770,6 +770,7 @@ class FlightRecorderHook:
 
     @property
     def enabled(self) -> bool:
+        """Whether the recorder keeps any entries (the property spelling of :meth:`is_enabled`)."""
         return self._recorder.enabled
 
     def is_enabled(self) -> bool:
