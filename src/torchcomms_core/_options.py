@@ -143,11 +143,11 @@ class ReconfigureOptions:
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> None:
-        #: Names this reconfiguration: the same on every member, a new one each time.
+        #: Names this reconfiguration; the same on every member, a new one each time.
         self.uuid = uuid
         #: The ``get_init_handle()`` values of the members, this rank's included.
         self.init_handles = init_handles if init_handles is not None else []
-        #: How long to wait for every member; ``None``: the communicator's timeout.
+        #: How long to wait for every member (``None`` means the communicator's timeout).
         self.timeout = timeout
         #: Hints for this reconfiguration, over the communicator's own.
         self.hints = dict(hints) if hints else {}

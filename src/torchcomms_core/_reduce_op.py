@@ -34,7 +34,7 @@ class RedOpType(enum.Enum):
     #: Each input multiplied by a factor, then summed (floating-point tensors, unless the
     #: backend runs it natively).
     PREMUL_SUM = 7
-    #: The mean over the ranks: the sum divided by their number (floating-point tensors,
+    #: The mean over the ranks, the sum divided by their number (floating-point tensors,
     #: unless the backend runs it natively).
     AVG = 8
 

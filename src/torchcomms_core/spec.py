@@ -79,7 +79,7 @@ BatchOp = tuple[str, torch.Tensor, int]
 class TorchCommWinAccessType(enum.IntEnum):
     """How a rank reaches a peer's window memory."""
 
-    #: Direct loads and stores (same host shared memory, NVLink): ``map_remote_tensor`` works.
+    #: Direct loads and stores (same host shared memory, NVLink), so ``map_remote_tensor`` works.
     WIN_ACCESS_TYPE_UNIFIED = 0
     #: Through the engine only (network RMA).
     WIN_ACCESS_TYPE_SEPARATE = 1
@@ -192,7 +192,7 @@ class TorchCommBackend(abc.ABC):
     supported_reduce_ops: ClassVar[frozenset[RedOpType]] = BASIC_REDUCE_OPS
     #: Element types the backend accepts.
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
-    #: ``False`` for engines that rendezvous by themselves (MPI): without ``MASTER_ADDR``
+    #: ``False`` for engines that rendezvous by themselves (MPI); without ``MASTER_ADDR``
     #: the core then gives the communicator a store local to the process.
     needs_store: ClassVar[bool] = True
     #: ``"mpiexec"`` when the ranks must be MPI processes started by ``mpiexec``; tools that
@@ -202,7 +202,7 @@ class TorchCommBackend(abc.ABC):
     #: ``*`` stands for every key with that prefix (``"ncclx::*"``). A hint the backend
     #: does not list is reported once with a warning. ``None``: not declared, not checked.
     hint_keys: ClassVar[tuple[str, ...] | None] = None
-    #: ``False`` for backends whose operations do not really communicate (``fake``): the
+    #: ``False`` for backends whose operations do not really communicate (``fake``); the
     #: conformance suite then runs only its API-shape contracts, not the numerical ones.
     communicates: ClassVar[bool] = True
 

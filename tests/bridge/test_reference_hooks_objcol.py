@@ -310,7 +310,7 @@ def test_hooks_module_is_laid_out_as_the_reference() -> None:
 
 def test_the_process_wide_recorder_is_sized_by_the_environment(monkeypatch) -> None:
     from torchcomms.hooks import FlightRecorderHook
-    from torchcomms_core.pytorch import flight_recorder
+    from torchcomms_core.hooks import flight_recorder
 
     monkeypatch.setattr(flight_recorder, "_global", None)
     monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "7")
@@ -449,7 +449,7 @@ def body_debug_handlers(dump_dir: str) -> dict:
 
     from torchcomms import ReduceOp
     from torchcomms.hooks import FlightRecorderHook
-    from torchcomms_core.pytorch import flight_recorder
+    from torchcomms_core.hooks import flight_recorder
 
     os.environ["TORCHCOMM_FR_DUMP_TEMP_FILE"] = os.path.join(dump_dir, "handler_")
     server = _WorkerServer("127.0.0.1", 0)
