@@ -252,9 +252,10 @@ def test_every_op_compiles_fullgraph_and_matches_eager(cpool: RankPool) -> None:
 def _inplace_and_trailing(comm: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The in-place ops called directly, and hints/timeout passed both ways."""
     from torchcomms import ReduceOp
+    from torchcomms_core.functional.patch import ref_of
 
     ops = torch.ops.torchcomms
-    ref = comm._compile_ref
+    ref = ref_of(comm)
     a = x * 1.0
     ops.torchcomm_all_reduce_(ref, a, "SUM", None, False, None, None)
     g = x.new_empty(x.numel() * comm.get_size())

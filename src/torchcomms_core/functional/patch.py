@@ -8,6 +8,7 @@ collectives are not ops: while tracing they are a graph break with an explanatio
 from __future__ import annotations
 
 import functools
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -140,11 +141,16 @@ def _seconds(timeout: Any) -> float | None:
     return float(timeout)
 
 
+# Each communicator's CommRef, kept here rather than on the communicator (whose members
+# are its package's): made when the communicator is created, gone with it.
+_refs: weakref.WeakKeyDictionary[Any, CommRef] = weakref.WeakKeyDictionary()
+
+
 def ref_of(comm: Any) -> CommRef:
     """The communicator's :class:`CommRef` (made when the communicator is created)."""
-    ref: CommRef | None = comm.__dict__.get("_compile_ref")
+    ref = _refs.get(comm)
     if ref is None:
-        ref = comm._compile_ref = CommRef(comm)
+        ref = _refs[comm] = CommRef(comm)
     return ref
 
 
@@ -158,7 +164,7 @@ def _via_ops(plan: _Plan, comm: Any, args: tuple[Any, ...], kwargs: dict[str, An
     values, async_op, hints, timeout = _bind(plan, args, kwargs)
     compiling = torch.compiler.is_compiling()
     tracing = compiling or _needs_ops(False, values)
-    ref = comm._compile_ref if compiling else ref_of(comm)
+    ref = _refs[comm] if compiling else ref_of(comm)
     svals = _schema_values(plan, values)
     hints = None if hints is None else dict(hints)
     seconds = _seconds(timeout)
@@ -234,7 +240,7 @@ def _wrap_init(original: Any) -> Any:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, *args, **kwargs)
-        self._compile_ref = CommRef(self)
+        _refs[self] = CommRef(self)
         mark_plugin_collectives()
 
     setattr(__init__, _WRAPPED, original)
