@@ -1,6 +1,6 @@
 """The base of ``TorchComm``: state, lifecycle, hooks, and the path every operation takes.
 
-An operation starts with ``_call`` (state guard, per-call timeout and hints), stages its
+An operation starts with ``_guard`` (state guard, per-call timeout and hints), stages its
 tensors on the returned ``_Call`` (contiguous stand-ins copied back on completion, AVG and
 PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend call, ``TorchWork``).
 """
@@ -202,8 +202,7 @@ class CommBase:
         # The lean lane (``comm.lean``, see ``_relean``) serves CPU communicators without
         # call checking.
         self._lean_static = device.type == "cpu" and not self._check_calls
-        self._lean = False
-        self._lean_bare = False  # _lean but for the hooks
+        self._lean_bare = False  # the lean lane's conditions but for the hooks
         # Fault tolerance: given (unbound until the first reconfigure) with enable_reconfigure.
         self._membership = membership or Membership(root_store=store)
         if membership is not None:
@@ -698,7 +697,6 @@ class CommBase:
         for what the communicator must be).
         """
         self._lean_bare = self._lean_static and self._state is OK
-        self._lean = self._lean_bare and not self._pre_hooks and not self._post_hooks
         self._lane = (
             lean.build(
                 self,
@@ -709,7 +707,7 @@ class CommBase:
                 self._timeout,
                 self._hints,
             )
-            if self._lean
+            if self._lean_bare and not self._pre_hooks and not self._post_hooks
             else None
         )
 
@@ -724,7 +722,7 @@ class CommBase:
         to the backend's engine, as a plain c10d group would (recording into the flight
         recorder itself when that is the only hook).
         """
-        if self._lean:
+        if self._lane is not None:
             return True
         return (
             own_hooks > 0

@@ -110,6 +110,10 @@ class Lane:
         self.all_to_all_single = all_to_all_single
 
 
+if Lane.__slots__ != LEAN_OPS:
+    raise ImportError("torchcomms_core.comm.lean: Lane and TABLE disagree; add the lane to both")
+
+
 def build(
     comm: Any,
     backend: Any,
@@ -126,13 +130,10 @@ def build(
     lean_calls = getattr(backend, "lean_calls", None)  # duck-typed backends lack it
     fast = lean_calls(timeout, dict(hints)) if lean_calls else {}
     fail = comm._raise_issue_error
-    done = {name: TorchWork.completed(None, name) for name in LEAN_OPS}
     # Shared completed works: nothing about one changes, and it names no communicator.
-    reduced, broadcast_done, exchanged = (
-        done["all_reduce"],
-        done["broadcast"],
-        done["all_to_all_single"],
-    )
+    reduced = TorchWork.completed(None, "all_reduce")
+    broadcast_done = TorchWork.completed(None, "broadcast")
+    exchanged = TorchWork.completed(None, "all_to_all_single")
 
     def finish(inner: Any, name: str) -> TorchWork:
         work = TorchWork(inner, None, comm, name)

@@ -1,7 +1,7 @@
 """``TorchComm``: the communicator users hold (``new_comm`` builds it, in ``_create``).
 
 Each operation checks its arguments, stages what the backend cannot take as given, and
-issues the call through ``CommBase`` (``_comm_base``), which owns the state, the hooks and
+issues the call through ``CommBase`` (``comm.base``), which owns the state, the hooks and
 the backend call.
 """
 
