@@ -45,12 +45,11 @@ def make_method(coll: Collective) -> Callable[..., Any]:
             args = args + tuple(fill[given - first_default :])
         if validate is not None:
             args, kwargs = validate(self, args, kwargs)
-        native = getattr(self.get_backend_impl(), name, None)
+        backend = self.get_backend_impl()
+        native = getattr(backend, name, None)
         if native is not None:
             return self._issue(call, args, bool(async_op), args, native, extra=kwargs)
-        return self._issue(
-            call, (self.get_backend_impl(), *args), bool(async_op), args, impl, extra=kwargs
-        )
+        return self._issue(call, (backend, *args), bool(async_op), args, impl, extra=kwargs)
 
     method.__name__ = name
     method.__qualname__ = f"TorchComm.{name}"
