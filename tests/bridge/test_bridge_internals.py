@@ -107,6 +107,26 @@ def body_lanes() -> dict[str, Any]:
         handle.remove()
         out["after removal"] = pg._recorded_lane() is not None
         out["result"] = t.tolist()
+        # The lane follows the communicator's changes: timeout, the recorder leaving.
+        comm = pg.get_comm()
+        comm.set_timeout(timedelta(seconds=321))
+        out["lane timeout"] = pg._lane_timeout.total_seconds()
+        from torchcomms.hooks import FlightRecorderHook
+
+        recorders = FlightRecorderHook.attached_to(comm)
+        for recorder in recorders:
+            recorder.unregister()
+        out["unrecorded"] = (pg._engine_for_call() is not None, pg._recorded_lane() is not None)
+        for recorder in recorders:
+            recorder.register_with_comm(comm)
+        out["recorded again"] = pg._recorded_lane() is not None
+        # A wrapper the communicator outlives is not kept alive by it.
+        import gc
+        import weakref
+
+        extra = weakref.ref(_BackendWrapper(comm))
+        gc.collect()
+        out["extra wrapper freed"] = extra() is None
     finally:
         dist.destroy_process_group()
     return out
@@ -126,4 +146,8 @@ def test_calls_take_the_engine_lane_unless_a_hook_observes_them(pool) -> None:
         assert out["hooked work type"] == "CommWork"
         assert out["hook saw"] and "all_reduce" in out["hook saw"][0].lower()
         assert out["after removal"] is True
+        assert out["lane timeout"] == 321.0
+        assert out["unrecorded"] == (True, False)
+        assert out["recorded again"] is True
+        assert out["extra wrapper freed"] is True
         assert out["result"] == [float(n * n)] * 4

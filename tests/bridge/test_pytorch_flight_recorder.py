@@ -268,3 +268,101 @@ def test_split_groups_inherit_the_recorder_and_an_abort_dumps(pool2, tmp_path) -
         assert inherited
         assert groups == [0, 1]
         assert dumped
+
+
+# -- the c10d bridge's engine lane: stacks borrowed from c10d's own recorder ----------------
+
+
+def body_lane_stacks(c10d_size: str | None) -> dict:
+    """A bridged group's lane entries, with c10d's recorder sized ``c10d_size``."""
+    import threading
+
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    if c10d_size is None:
+        os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    else:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = c10d_size
+    comm = _comm()
+    try:
+        recorder = FlightRecorderHook(max_entries=16, isolated=True).register_with_comm(comm)
+        pg = as_process_group(comm)
+        wrapper = pg._get_backend(torch.device("cpu"))
+        n = comm.get_size()
+
+        def training_step() -> None:
+            dist.all_reduce(torch.ones(4), group=pg)
+            dist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2), group=pg)
+            work = dist.broadcast(torch.ones(3), 0, group=pg, async_op=True)
+            work.wait()
+
+        training_step()
+        entries = recorder.dump_dict()["entries"]
+        return {
+            "borrows": wrapper._lane_borrows,
+            "names": [e["profiling_name"] for e in entries],
+            "frames": [[f["name"] for f in e["frames"]] for e in entries],
+            "own frames": [
+                f["filename"]
+                for e in entries
+                for f in e["frames"]
+                if "torchcomms_core" in f["filename"]
+            ],
+            "threads": {e["thread_name"] for e in entries},
+            "thread": threading.current_thread().name,
+        }
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
+        if dist.is_initialized():
+            dist.destroy_process_group()  # as_process_group made it the default group
+        comm.finalize()
+
+
+@pytest.mark.parametrize(
+    ("c10d_size", "borrows"),
+    [(None, True), ("4", False), ("0", False), ("lots", False)],
+    ids=["c10d-default-2000", "c10d-smaller-than-ours", "c10d-off", "c10d-size-not-a-number"],
+)
+def test_lane_entries_have_the_callers_stack_borrowed_or_captured(
+    pool2, c10d_size, borrows
+) -> None:
+    # Borrowed from the engine's record in c10d's recorder when that keeps at least as many
+    # entries as ours (16 here), else captured by our own: the same frames either way.
+    for out in pool2.run(body_lane_stacks, c10d_size):
+        assert out["borrows"] is borrows
+        assert out["names"] == ["gloo:all_reduce", "gloo:all_gather_single", "gloo:broadcast"], out
+        for frames in out["frames"]:
+            # torch.distributed's own frames first (as in a plain group's dump), then ours.
+            at = frames.index("training_step")
+            assert frames[at : at + 2] == ["training_step", "body_lane_stacks"], frames
+        assert out["own frames"] == []
+        assert out["threads"] == {out["thread"]}
+
+
+def test_borrowed_frames_match_the_first_c10d_record_in_the_call_window() -> None:
+    from torchcomms_core.hooks import flight_recorder as fr
+
+    def entry(created: int, issued: int) -> list:
+        e = [None] * 21
+        e[fr._CREATED], e[fr._FRAMES] = created, issued
+        return e
+
+    def frame(name: str, filename: str = "/user/train.py") -> dict:
+        return {"name": name, "filename": filename, "line": 7}
+
+    ours = frame("call", os.path.join(fr._HERE, "pytorch", "backend_wrapper.py"))
+    stacks = (
+        [100, 205, 300, 420],
+        [[frame("a")], [ours, frame("b"), frame("main")], [frame("c")], [frame("d")]],
+    )
+    got = fr._borrowed_frames(
+        [entry(200, 210), entry(301, 400), entry(90, 99), entry(410, 425)], stacks
+    )
+    assert got[0] == [frame("b"), frame("main")]  # the record at 205; our own frame left out
+    assert got[1] == []  # nothing recorded between 301 and 400: c10d's ring moved on
+    assert got[2] == []  # before anything c10d still holds
+    assert got[3] == [frame("d")]
+    many = ([5], [[frame(f"f{i}") for i in range(40)]])
+    assert len(fr._borrowed_frames([entry(1, 9)], many)[0]) == fr._MAX_FRAMES

@@ -394,3 +394,41 @@ def test_a_backends_lean_calls_serve_the_lane_with_the_current_defaults(pool) ->
         # remade for the new timeout, then the hints; not while a hook was registered
         assert res["remade"] == [(40.0, {}), (40.0, {"tag": "x"}), (40.0, {"tag": "x"})]
         assert res["lean_again_ok"] and res["used_again"] == ops
+
+
+def body_lane_listeners_hear_every_change() -> dict:
+    from datetime import timedelta
+
+    comm = _comm()
+    heard: list[bool] = []
+    handle = comm.register_lane_listener(lambda: heard.append(comm.takes_lean_calls()))
+    steps = {}
+    hook = comm.register_pre_hook(lambda *a: None)
+    steps["hook added"] = list(heard)
+    hook.remove()
+    steps["hook removed"] = list(heard)
+    comm.set_timeout(timedelta(seconds=77))
+    steps["timeout"] = list(heard)
+    comm.set_hints({"x": "1"})
+    steps["hints"] = list(heard)
+    handle.remove()
+    comm.register_pre_hook(lambda *a: None)
+    steps["after removal"] = list(heard)
+    comm.finalize()
+    steps["finalized"] = list(heard)
+    try:
+        comm.register_lane_listener(42)  # type: ignore[arg-type]
+    except TypeError as exc:
+        steps["refused"] = str(exc)
+    return steps
+
+
+def test_lane_listeners_hear_every_change_until_removed(pool2) -> None:
+    for steps in pool2.run(body_lane_listeners_hear_every_change):
+        assert steps["hook added"] == [False]
+        assert steps["hook removed"] == [False, True]
+        assert steps["timeout"] == [False, True, True]
+        assert len(steps["hints"]) == 4
+        assert steps["after removal"] == steps["hints"]
+        assert steps["finalized"] == steps["hints"]
+        assert "register_lane_listener: expected a callable" in steps["refused"]

@@ -192,6 +192,8 @@ class CommBase:
         self._pre_hooks: dict[int, Callable[..., Any]] = {}
         self._post_hooks: dict[int, Callable[..., Any]] = {}
         self._abort_hooks: dict[int, Callable[..., Any]] = {}
+        # Told after every _relean (see register_lane_listener).
+        self._lane_listeners: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
         # Async works not yet waited on; at exit a communicator with any is aborted rather
         # than finalized, so exit never waits for a peer that will not come.
@@ -576,6 +578,15 @@ class CommBase:
         """Call ``callback()`` when the communicator aborts or an operation fails or times out."""
         return RemovableHandle(self._abort_hooks, callback, "register_abort_hook")
 
+    def register_lane_listener(self, callback: Callable[[], None]) -> RemovableHandle:
+        """Call ``callback()`` whenever :meth:`takes_lean_calls` may answer differently.
+
+        That is after the hooks, the state, the default timeout or the hints changed. A
+        caller that would ask on every operation (the c10d bridge) asks once per change
+        instead. ``callback`` runs on the thread that made the change, and must not raise.
+        """
+        return RemovableHandle(self._lane_listeners, callback, "register_lane_listener")
+
     def _run_pre_hooks(
         self,
         name: str,
@@ -710,6 +721,8 @@ class CommBase:
             if self._lean_bare and not self._pre_hooks and not self._post_hooks
             else None
         )
+        for listener in tuple(self._lane_listeners.values()):
+            listener()
 
     def takes_lean_calls(self, own_hooks: int = 0) -> bool:
         """Whether operations may skip the general path right now.

@@ -10,6 +10,7 @@ captured in C++, counters); dumps turn them into c10d's dicts.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import functools
@@ -217,6 +218,76 @@ def _frame_lists(captured: list[Any]) -> list[list[dict[str, Any]]]:
     return out
 
 
+# -- stacks the engine recorded ----------------------------------------------------
+#
+# A c10d engine (``ProcessGroupGloo``) records each operation it is given into c10d's
+# own flight recorder, with the caller's Python stack. When the c10d bridge hands an
+# operation to such an engine directly, capturing the same stack a second time is what
+# recording would cost most (Python 3.11 makes a frame object for every frame a stack
+# walk passes), so such an entry keeps, in its frames field, the time the engine call
+# returned: its stack is the one c10d's recorder took between the entry's creation and
+# that time, fetched when dumping.
+
+
+def c10d_recorder_size() -> int:
+    """The size of c10d's own flight recorder, as c10d reads it (``TORCH_FR_BUFFER_SIZE``,
+    else ``TORCH_NCCL_TRACE_BUFFER_SIZE``, else 2000); 0 when it records nothing or the
+    value is not an integer (c10d would refuse it)."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            try:
+                return max(0, int(raw))
+            except ValueError:
+                return 0
+    return 2000
+
+
+def _keep_frame(frame: dict[str, Any], here: str = _HERE) -> bool:
+    return not frame["filename"].startswith(here)
+
+
+def _engine_stacks() -> tuple[list[int], list[list[dict[str, Any]]]]:
+    """c10d's recorded operations as ``(creation times, frames)``, oldest first."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
+
+        trace = pickle.loads(_dump_fr_trace(True, True, False))
+    except Exception:  # noqa: BLE001 - no c10d recorder here: no stacks to borrow
+        return [], []
+    pairs = sorted(
+        (int(e.get("time_created_ns", 0)), e.get("frames") or []) for e in trace.get("entries", ())
+    )
+    return [t for t, _ in pairs], [f for _, f in pairs]
+
+
+def _borrowed_frames(
+    entries: list[list[Any]], stacks: tuple[list[int], list[list[dict[str, Any]]]]
+) -> list[list[dict[str, Any]]]:
+    """The frames of entries whose stack the engine recorded (see above): the stack of the
+    first operation c10d recorded from each one's creation to the engine call's return,
+    or none when c10d's recorder no longer holds it."""
+    times, frames = stacks
+    out = []
+    for entry in entries:
+        at = bisect.bisect_left(times, entry[_CREATED])
+        kept: list[dict[str, Any]] = []
+        if at < len(times) and times[at] <= entry[_FRAMES]:
+            for frame in frames[at]:
+                if _keep_frame(frame):
+                    kept.append(
+                        {
+                            "name": frame["name"],
+                            "filename": frame["filename"],
+                            "line": frame["line"],
+                        }
+                    )
+                    if len(kept) == _MAX_FRAMES:
+                        break
+        out.append(kept)
+    return out
+
+
 # Operation names as hooks pass them (``OpName`` members, or a plugin collective's
 # name) -> the plain names recorded.
 _OP_NAMES: dict[Any, str] = {}
@@ -261,12 +332,24 @@ class _Track:
         self.handles: list[RemovableHandle] = []
 
     def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        # Out of the lane table first: removing the hooks tells the c10d bridge to look
+        # again, and it must no longer find this track.
         comm = self.comm()
         if comm is not None and _lane_tracks.get(id(comm)) is self:
             del _lane_tracks[id(comm)]
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+# Each thread's ``threading.Thread``, for the engine lane's entries (a thread-local read
+# costs a third of ``threading.current_thread()``). Those entries keep the thread and
+# dumps read its name (as much again as the rest of the entry, when recording).
+_this_thread = threading.local()
+
+
+def _thread_name(thread: threading.Thread | str) -> str:
+    return thread if isinstance(thread, str) else thread.name
 
 
 # Asynchronous engine-lane entries whose work is kept to settle them, per communicator.
@@ -307,8 +390,8 @@ def lane_track(comm: TorchComm) -> _Track | None:
     _TIMEOUT,  # a timedelta, or None
     _IS_P2P,
     _THREAD_ID,  # an int
-    _THREAD_NAME,
-    _FRAMES,  # what _frames returned
+    _THREAD_NAME,  # a str, or the threading.Thread (engine-lane entries)
+    _FRAMES,  # what _frames returned, or an int (see _borrowed_frames)
     _WORK,  # the operation's work until it is seen finished
 ) = range(21)
 
@@ -518,59 +601,83 @@ class _Recorder:
         timeout: Any,
         created: int,
         done: bool,
+        issued: int | None = None,
     ) -> None:
         """Record an operation the c10d bridge gave its engine directly, as :meth:`pre`
         and :meth:`post` would have: one entry. ``done``: the bridge waited for it (a
         synchronous call) and it completed; else it is started and settled from ``work``
         (the engine's c10d ``Work``) when read. ``inp``/``out``: its one tensor each way
         (the same object for in-place operations), or ``None``; ``created``: when it was
-        issued (``time.time_ns()``)."""
+        issued (``time.time_ns()``). ``issued``: when the engine call returned, given when
+        the engine recorded the caller's stack into c10d's recorder (see
+        ``_borrowed_frames``); else the stack is captured here."""
         now = time.time_ns()
-        frames = _frames()
+        frames = _frames() if issued is None else issued
         one_in = (_ONE, inp.shape, inp.dtype) if inp is not None else None
         one_out = (
             one_in if out is inp else (_ONE, out.shape, out.dtype) if out is not None else None
         )
-        thread = threading.current_thread()
-        with self.lock:
+        try:
+            thread = _this_thread.thread
+        except AttributeError:
+            thread = _this_thread.thread = threading.current_thread()
+        thread_id = threading.get_ident()
+        # This runs on every call the bridge records: _append's entry is written out, and
+        # the lock taken without a with block (a third of the cost, here).
+        lock = self.lock
+        lock.acquire()
+        try:
             track.collective_seq += 1
-            entry = self._append(
+            track.op_seq += 1
+            entry = [
+                self.record_ids,
                 track,
+                track.collective_seq,
+                track.p2p_seq,
+                track.op_seq,
                 op,
                 None,
                 None,
                 created,
                 one_in,
                 one_out,
+                "completed" if done else "started",
+                created,
+                now if done else 0,
+                done,
                 timeout,
                 False,
-                threading.get_ident(),
-                thread.name,
+                thread_id,
+                thread,  # its name is read when dumping
                 frames,
-            )
-            entry[_STARTED] = created
+                None,
+            ]
+            self.record_ids += 1
+            self.entries.append(entry)
             if done:
-                entry[_STATE] = "completed"
-                entry[_COMPLETED] = now
-                entry[_RETIRED] = True
                 return
-            entry[_STATE] = "started"
-            entry[_WORK] = work
-            # Settle the earlier ones now, so that no finished work (nor the tensors it
-            # holds) stays referenced until a dump. Some engine works never say they
-            # completed (gloo's _reduce_scatter_base): past _LANE_OPEN of them, the oldest
-            # is let go, still "started".
-            still = track.lane_open
-            if still:
-                for earlier in still:
-                    self.settle(earlier, now)
-                still = [e for e in still if e[_WORK] is not None]
-                if len(still) >= _LANE_OPEN:
-                    oldest = still.pop(0)
-                    oldest[_WORK] = None
-                    oldest[_RETIRED] = True
-            still.append(entry)
-            track.lane_open = still
+            self._open_lane(track, entry, work, now)
+        finally:
+            lock.release()
+
+    def _open_lane(self, track: _Track, entry: list[Any], work: Any, now: int) -> None:
+        """Keep an asynchronous lane entry's work to settle it from (the lock is held)."""
+        entry[_WORK] = work
+        # Settle the earlier ones now, so that no finished work (nor the tensors it
+        # holds) stays referenced until a dump. Some engine works never say they
+        # completed (gloo's _reduce_scatter_base): past _LANE_OPEN of them, the oldest
+        # is let go, still "started".
+        still = track.lane_open
+        if still:
+            for earlier in still:
+                self.settle(earlier, now)
+            still = [e for e in still if e[_WORK] is not None]
+            if len(still) >= _LANE_OPEN:
+                oldest = still.pop(0)
+                oldest[_WORK] = None
+                oldest[_RETIRED] = True
+        still.append(entry)
+        track.lane_open = still
 
     @staticmethod
     def settle(entry: list[Any], now: int) -> None:
@@ -636,7 +743,17 @@ class _Recorder:
                     status["last_completed_collective"] = seq
             if include_completed or state != "completed":
                 kept.append(entry)
-        frames = _frame_lists([entry[_FRAMES] for entry in kept])
+        # Stacks the engine recorded (an int: see _borrowed_frames), then our own.
+        borrowed = [entry for entry in kept if type(entry[_FRAMES]) is int]
+        if borrowed:
+            own = [entry for entry in kept if type(entry[_FRAMES]) is not int]
+            lent = _borrowed_frames(borrowed, _engine_stacks())
+            by_entry = dict(zip(map(id, borrowed), lent, strict=True))
+            taken = _frame_lists([entry[_FRAMES] for entry in own])
+            by_entry.update(zip(map(id, own), taken, strict=True))
+            frames = [by_entry[id(entry)] for entry in kept]
+        else:
+            frames = _frame_lists([entry[_FRAMES] for entry in kept])
         out = []
         for entry, entry_frames in zip(kept, frames, strict=True):
             pg_id = entry[_TRACK].pg_id
@@ -664,7 +781,7 @@ class _Recorder:
                 "timeout_ms": (int(timeout.total_seconds() * 1000) if timeout is not None else 0),
                 "is_p2p": entry[_IS_P2P],
                 "thread_id": str(entry[_THREAD_ID]),
-                "thread_name": entry[_THREAD_NAME],
+                "thread_name": _thread_name(entry[_THREAD_NAME]),
                 "frames": entry_frames,
                 "process_group": [name, desc],
             }

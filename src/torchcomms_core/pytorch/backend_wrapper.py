@@ -13,6 +13,7 @@ here touches ``torch.distributed`` at import time (only ``torch._C._distributed_
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -22,7 +23,7 @@ from torch._C._distributed_c10d import ProcessGroup, Store
 
 from .._errors import CommTypeError
 from ..comm.operations import TorchComm
-from ..hooks.flight_recorder import lane_track, set_group_describer
+from ..hooks.flight_recorder import c10d_recorder_size, lane_track, set_group_describer
 from . import profiling
 from ._world import describe
 from .bridge_ops import OPS, BridgeOp, barrier_tensor
@@ -32,6 +33,11 @@ from .work import CommWork
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
+
+
+_time_ns = time.time_ns
+# _BackendWrapper._lane's answer for a call nothing observes.
+_UNRECORDED = object()
 
 
 def _profiler_enabled() -> bool:
@@ -70,6 +76,9 @@ class _BackendWrapper(ProcessGroup):
         self.comm = comm
         self._device = torch.device(comm.get_device().type)
         self._engine = _c10d_engine(comm)
+        # How many entries c10d's own flight recorder keeps of what the engine records,
+        # stacks included (0: the engine records nothing there); see _recorded_call.
+        self._c10d_records = c10d_recorder_size() if _records_into_c10d(self._engine) else 0
         # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
         self._backend_name = (
             str(self._engine.name()) if self._engine is not None else comm.get_backend()
@@ -85,6 +94,14 @@ class _BackendWrapper(ProcessGroup):
         self.pending: P2PBatch | None = None
         self.coalescing: list[CommWork] | None = None
         self._split_names: dict[str, int] = {}
+        # The lane c10d's calls take while nothing is being batched (see _lane), and the
+        # timeout recorded calls are recorded with: recomputed when the communicator says
+        # they may have changed, rather than asked on every call.
+        self._lane_now: Any = None
+        self._lane_timeout = comm.get_timeout()
+        self._lane_borrows = False
+        _listen_for_lane_changes(self, comm)
+        self._update_lane()
         if self._engine is not None:
             # C++ callers (DDP's logger) look the engine up by the type the name says.
             self._register_backend(self._device, _backend_type(self._backend_name), self._engine)
@@ -264,20 +281,46 @@ class _BackendWrapper(ProcessGroup):
             self.coalescing.append(work)
         return work
 
+    def _update_lane(self) -> None:
+        """Recompute which lane calls take (the communicator changed: hooks, state,
+        timeout or hints): ``_UNRECORDED`` (the engine, nothing observes the call), a
+        flight recorder's track (the engine, recorded here: the recorder's hooks are the
+        communicator's only ones), or ``None`` (the general path)."""
+        comm = self._comm
+        lane: Any = None
+        if self._engine is not None:
+            if comm.takes_lean_calls():
+                lane = _UNRECORDED
+            else:
+                track = lane_track(comm)
+                if track is not None and comm.takes_lean_calls(1):
+                    lane = track
+        self._lane_timeout = comm.get_timeout()
+        # A recorded call borrows the stack the engine recorded into c10d's recorder when
+        # that holds at least as many entries as ours (see _recorded_call).
+        self._lane_borrows = (
+            lane is not None
+            and lane is not _UNRECORDED
+            and self._c10d_records >= max(lane.recorder.max_entries, 1)
+        )
+        self._lane_now = lane
+
+    def _lane(self) -> Any:
+        """The lane this call may take (see ``_update_lane``): none while a coalescing
+        block or a point-to-point batch collects calls."""
+        if self.coalescing is not None or self.pending is not None:
+            return None
+        return self._lane_now
+
     def _engine_for_call(self) -> Any:
         """The engine when this call may take the engine lane unrecorded, else ``None``."""
-        if self.coalescing is None and self.pending is None and self._comm.takes_lean_calls():
-            return self._engine
-        return None
+        return self._engine if self._lane() is _UNRECORDED else None
 
     def _recorded_lane(self) -> Any:
         """The flight recorder's track when the engine lane may take this call and record
         it there itself (the recorder's hooks being the communicator's only ones)."""
-        if self.coalescing is None and self.pending is None and self._engine is not None:
-            track = lane_track(self._comm)
-            if track is not None and self._comm.takes_lean_calls(1):
-                return track
-        return None
+        lane = self._lane()
+        return None if lane is _UNRECORDED else lane
 
     def _recorded_call(
         self, op: BridgeOp, track: Any, what: tuple[str, Any, Any], args: Any, kwargs: Any
@@ -286,22 +329,25 @@ class _BackendWrapper(ProcessGroup):
         waited for here (c10d waits right after anyway) and recorded completed, an
         asynchronous one recorded with the engine's work to settle from."""
         method = getattr(self._engine, cast(str, op.engine))
-        created = time.time_ns()
+        created = _time_ns()
         if not _profiler_enabled():
             work = method(*args, **kwargs)
         else:
             work = self._engine_recorded(op, method, args, kwargs)
-        record, timeout = track.recorder.record_lane, self._comm.get_timeout()
+        record = track.recorder.record_lane
+        # The entry borrows the caller's stack the engine recorded, rather than take it
+        # again, when c10d's recorder keeps it as long as ours keeps the entry.
+        issued = _time_ns() if self._lane_borrows else None
         opts = kwargs.get("opts", args[-1] if args else None)
         if getattr(opts, "asyncOp", True):
-            record(track, *what, work, timeout, created, False)
+            record(track, *what, work, self._lane_timeout, created, False, issued)
             return work
         try:
             work.wait()
         except BaseException:
-            record(track, *what, work, timeout, created, False)
+            record(track, *what, work, self._lane_timeout, created, False, issued)
             raise
-        record(track, *what, None, timeout, created, True)
+        record(track, *what, None, self._lane_timeout, created, True, issued)
         return work
 
     def _engine_recorded(self, op: BridgeOp, method: Any, args: Any, kwargs: Any) -> Any:
@@ -402,28 +448,28 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
         return general
 
     def call(self: _BackendWrapper, *args: Any, **kwargs: Any) -> Any:
-        engine = self._engine_for_call()
-        if engine is not None and (accept is None or accept(*args, **kwargs)):
-            method = getattr(engine, engine_name)
+        lane = self._lane_now
+        if (
+            lane is not None
+            and self.coalescing is None
+            and self.pending is None
+            and (accept is None or accept(*args, **kwargs))
+        ):
             try:
-                if not _profiler_enabled():
-                    return method(*args, **kwargs)
-                return self._engine_recorded(op, method, args, kwargs)
+                if lane is _UNRECORDED:
+                    method = getattr(self._engine, engine_name)
+                    if not _profiler_enabled():
+                        return method(*args, **kwargs)
+                    return self._engine_recorded(op, method, args, kwargs)
+                if recorded_as is not None:
+                    what = recorded_as(*args, **kwargs)
+                    if what is not None:
+                        return self._recorded_call(op, lane, what, args, kwargs)
             except TypeError as exc:
                 # One of c10d's group-only overloads, which the engine does not bind:
                 # refused before anything ran, so the general path takes it.
                 if "incompatible function arguments" not in str(exc):
                     raise
-        if recorded_as is not None and (accept is None or accept(*args, **kwargs)):
-            track = self._recorded_lane()
-            if track is not None:
-                what = recorded_as(*args, **kwargs)
-                if what is not None:
-                    try:
-                        return self._recorded_call(op, track, what, args, kwargs)
-                    except TypeError as exc:  # as above: an overload the engine lacks
-                        if "incompatible function arguments" not in str(exc):
-                            raise
         return self._general(op, args, kwargs)
 
     call.__name__ = call.__qualname__ = op.names[0]
@@ -436,6 +482,27 @@ for _op in OPS:
     for _name in _op.names:
         setattr(_BackendWrapper, _name, _fn)
 del _op, _fn, _name
+
+
+def _listen_for_lane_changes(wrapper: _BackendWrapper, comm: TorchComm) -> None:
+    """Have ``comm`` call ``wrapper._update_lane`` on every change, holding the wrapper
+    weakly (the communicator may outlive its groups) and stopping when it is gone."""
+    handles: list[Any] = []
+    ref = weakref.ref(wrapper, lambda _: [h.remove() for h in handles])
+
+    def changed() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._update_lane()
+
+    handles.append(comm.register_lane_listener(changed))
+
+
+def _records_into_c10d(engine: Any) -> bool:
+    """Whether ``engine`` records each operation, with the caller's stack, into c10d's
+    flight recorder (``ProcessGroupGloo`` does)."""
+    gloo = getattr(torch._C._distributed_c10d, "ProcessGroupGloo", None)
+    return gloo is not None and isinstance(engine, gloo)
 
 
 def _c10d_engine(comm: TorchComm) -> Any:
