@@ -204,18 +204,20 @@ def _frame_lists(captured: list[Any]) -> list[list[dict[str, Any]]]:
     each stack :func:`_frames` returned."""
     if _symbolize_tracebacks is None:
         return [[{"name": n, "filename": f, "line": ln} for n, f, ln in c] for c in captured]
+    return [_kept_frames(frames) for frames in _symbolize_tracebacks(captured)]
+
+
+def _kept_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """c10d's ``frames`` of a symbolized stack: at most 32, without torchcomms' own."""
     here = _HERE
-    out = []
-    for frames in _symbolize_tracebacks(captured):
-        kept = []
-        for frame in frames:
-            filename = frame["filename"]
-            if not filename.startswith(here):
-                kept.append({"name": frame["name"], "filename": filename, "line": frame["line"]})
-                if len(kept) == _MAX_FRAMES:
-                    break
-        out.append(kept)
-    return out
+    kept = []
+    for frame in frames:
+        filename = frame["filename"]
+        if not filename.startswith(here):
+            kept.append({"name": frame["name"], "filename": filename, "line": frame["line"]})
+            if len(kept) == _MAX_FRAMES:
+                break
+    return kept
 
 
 # -- stacks the engine recorded ----------------------------------------------------
@@ -243,10 +245,6 @@ def c10d_recorder_size() -> int:
     return 2000
 
 
-def _keep_frame(frame: dict[str, Any], here: str = _HERE) -> bool:
-    return not frame["filename"].startswith(here)
-
-
 def _engine_stacks() -> tuple[list[int], list[list[dict[str, Any]]]]:
     """c10d's recorded operations as ``(creation times, frames)``, oldest first."""
     try:
@@ -271,20 +269,8 @@ def _borrowed_frames(
     out = []
     for entry in entries:
         at = bisect.bisect_left(times, entry[_CREATED])
-        kept: list[dict[str, Any]] = []
-        if at < len(times) and times[at] <= entry[_FRAMES]:
-            for frame in frames[at]:
-                if _keep_frame(frame):
-                    kept.append(
-                        {
-                            "name": frame["name"],
-                            "filename": frame["filename"],
-                            "line": frame["line"],
-                        }
-                    )
-                    if len(kept) == _MAX_FRAMES:
-                        break
-        out.append(kept)
+        found = at < len(times) and times[at] <= entry[_FRAMES]
+        out.append(_kept_frames(frames[at]) if found else [])
     return out
 
 
@@ -743,17 +729,16 @@ class _Recorder:
                     status["last_completed_collective"] = seq
             if include_completed or state != "completed":
                 kept.append(entry)
-        # Stacks the engine recorded (an int: see _borrowed_frames), then our own.
-        borrowed = [entry for entry in kept if type(entry[_FRAMES]) is int]
-        if borrowed:
-            own = [entry for entry in kept if type(entry[_FRAMES]) is not int]
-            lent = _borrowed_frames(borrowed, _engine_stacks())
-            by_entry = dict(zip(map(id, borrowed), lent, strict=True))
-            taken = _frame_lists([entry[_FRAMES] for entry in own])
-            by_entry.update(zip(map(id, own), taken, strict=True))
-            frames = [by_entry[id(entry)] for entry in kept]
-        else:
-            frames = _frame_lists([entry[_FRAMES] for entry in kept])
+        # Our own stacks, and those the engine recorded (an int: see _borrowed_frames).
+        frames: list[list[dict[str, Any]]] = [[] for _ in kept]
+        lent = [i for i, entry in enumerate(kept) if type(entry[_FRAMES]) is int]
+        own = [i for i, entry in enumerate(kept) if type(entry[_FRAMES]) is not int]
+        for i, stack in zip(own, _frame_lists([kept[i][_FRAMES] for i in own]), strict=True):
+            frames[i] = stack
+        if lent:
+            stacks = _borrowed_frames([kept[i] for i in lent], _engine_stacks())
+            for i, stack in zip(lent, stacks, strict=True):
+                frames[i] = stack
         out = []
         for entry, entry_frames in zip(kept, frames, strict=True):
             pg_id = entry[_TRACK].pg_id

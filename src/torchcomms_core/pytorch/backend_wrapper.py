@@ -448,7 +448,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
         return general
 
     def call(self: _BackendWrapper, *args: Any, **kwargs: Any) -> Any:
-        lane = self._lane_now
+        lane = self._lane_now  # _BackendWrapper._lane, written out: every call runs it
         if (
             lane is not None
             and self.coalescing is None
