@@ -520,6 +520,42 @@ class RdmaTransport:
         """Copy the peer's ``remote_buffer`` into ``local_buffer`` (a mutable view); 0 when done."""
         return self._transfer("read", local_buffer, remote_buffer, timeout)
 
+    def supports_signals(self) -> bool:
+        """Whether this transport carries ``signal``/``signals`` (a torchcomms extension)."""
+        return bool(self._open("supports_signals").supports_signals)
+
+    def signal(self, *, timeout: timedelta | None = None) -> int:
+        """Tell the peer that this endpoint's transfers so far are done; 0 when sent.
+
+        A torchcomms extension (the reference has no completion message): the peer's
+        ``signals()`` grows by one, and a peer that sees it also sees every byte this
+        endpoint wrote before the call. Use it after ``write`` to say "the data is there"
+        without a second channel.
+        """
+        where = "signal"
+        endpoint = self._signalling(where)
+        endpoint.signal(_timeout(timeout, where, self._timeout))
+        return RESULT_SUCCESS
+
+    def signals(self) -> int:
+        """How many times the peer has called ``signal()`` on its end so far (a torchcomms
+        extension; poll it to wait for the peer)."""
+        return self._signalling("signals").signals()
+
+    def _signalling(self, where: str) -> TransportEndpoint:
+        endpoint = self._open(where)
+        if not endpoint.supports_signals:
+            raise CommStateError(
+                f"{where}: the installed transport does not carry signals; write a flag into "
+                f"the peer's memory instead (check supports_signals() first)"
+            )
+        if not endpoint.connected():
+            raise CommStateError(
+                f"{where}: this RdmaTransport is not connected; call connect() with the peer's "
+                f"bind() first (on both sides)"
+            )
+        return endpoint
+
     def close(self) -> None:
         """Release the connection (idempotent)."""
         endpoint, self._endpoint = self._endpoint, None

@@ -25,7 +25,7 @@ __all__ = [
 
 #: Version of this spec a provider declares in ``spec_version`` (same rules as backends: the
 #: same major, a minor no newer than the core's).
-TRANSPORT_SPEC_VERSION = "1.0"
+TRANSPORT_SPEC_VERSION = "1.1"
 
 #: What ``connect``, ``write`` and ``read`` return when they succeed: the reference's
 #: ``commSuccess``. Failures raise an exception that says what went wrong.
@@ -100,7 +100,15 @@ class TransportEndpoint(abc.ABC):
     ends, and raise on failure, on a peer's death, and after ``timeout``. A provider refuses,
     before any byte moves, a remote buffer whose key is not from this endpoint's peer, that
     lies outside the memory the key exposes, or whose memory the peer released.
+
+    Since spec 1.1 an endpoint may also carry *signals*: ``signal`` tells the peer's endpoint
+    that this one's transfers so far are done, ``signals`` counts those received. A provider
+    that implements them sets ``supports_signals``; windows over the transport then signal
+    with one message instead of a counter written into the peer's memory.
     """
+
+    #: Whether ``signal`` and ``signals`` are implemented (spec 1.1).
+    supports_signals: ClassVar[bool] = False
 
     @abc.abstractmethod
     def bind(self) -> bytes:
@@ -139,6 +147,17 @@ class TransportEndpoint(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection (idempotent); later transfers are refused."""
+
+    def signal(self, timeout: timedelta) -> None:
+        """Add one to the peer endpoint's count of signals, delivered after every transfer
+        this endpoint completed (so the peer sees their bytes once it sees the count); raise
+        when the peer cannot be reached, or after ``timeout``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement signals")
+
+    def signals(self) -> int:
+        """How many signals the peer's endpoint has sent this one, after letting the engine
+        take in what has arrived (waiters call it in their poll loop)."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement signals")
 
 
 class TransportProvider(abc.ABC):

@@ -26,13 +26,21 @@ NO_TRANSPORT = None if torchcomms.RdmaTransport.supported() else "no transport p
 
 
 @pytest.fixture(
-    params=["gloo-2", "gloo-4", "gloo_transport-2", "gloo_transport-4", "mpi-2", "mpi-4"]
+    params=[
+        "gloo-2",
+        "gloo-4",
+        "gloo_transport-2",
+        "gloo_transport-4",
+        "gloo_counters-2",
+        "mpi-2",
+        "mpi-4",
+    ]
 )
 def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> tuple[str, RankPool]:
     """``(backend, pool)``: gloo on the spawned pools, mpi on ranks started by mpiexec."""
     backend, size = request.param.split("-")
     n = int(size)
-    if backend == "gloo_transport" and NO_TRANSPORT:
+    if backend in ("gloo_transport", "gloo_counters") and NO_TRANSPORT:
         pytest.skip(
             f"gloo windows over the transport: {NO_TRANSPORT} (pip install torchcomms-nixl)"
         )
@@ -45,17 +53,49 @@ def ranks(request: pytest.FixtureRequest, pool2: RankPool, pool4: RankPool) -> t
 
 
 def _comm(backend: str):
-    """A communicator; ``gloo_transport`` is gloo whose windows go through the transport."""
-    if backend == "gloo_transport":
+    """A communicator; ``gloo_transport`` is gloo whose windows go through the transport,
+    ``gloo_counters`` the same on a transport without signals (counters written instead)."""
+    os.environ.pop("TORCHCOMM_TRANSPORT", None)
+    if backend in ("gloo_transport", "gloo_counters"):
         os.environ[WINDOW_TRANSPORT] = "transport"
+        if backend == "gloo_counters":
+            _register_transport_without_signals()
+            os.environ["TORCHCOMM_TRANSPORT"] = "nixl-counters"
         backend = "gloo"
     else:
         os.environ.pop(WINDOW_TRANSPORT, None)
     return torchcomms.new_comm(backend, torch.device("cpu"), name=unique_name("win"))
 
 
+def _register_transport_without_signals() -> None:
+    """``nixl-counters``: NIXL whose endpoints say they carry no signals, as a spec-1.0
+    transport would, so windows write their counters into the peers' memory."""
+    from torchcomms_core._transport import register_transport
+    from torchcomms_nixl import NixlTransport
+
+    class WithoutSignals(NixlTransport):
+        name = "nixl-counters"
+
+        def endpoint(self, device, timeout):
+            endpoint = super().endpoint(device, timeout)
+            endpoint.supports_signals = False
+            return endpoint
+
+    register_transport("nixl-counters", WithoutSignals)
+
+
+def _signals_received(backend: str) -> int:
+    """Signals this process's NIXL agent has received (0 off the transport)."""
+    if not backend.startswith("gloo_"):
+        return 0
+    from torchcomms_nixl.agent import agent
+
+    return agent().signals_received
+
+
 def body_put_signal_then_read(backend: str) -> list[float]:
     comm = _comm(backend)
+    before = _signals_received(backend)
     r, n = comm.get_rank(), comm.get_size()
     win = comm.new_window(torch.zeros(16))
     right, left = (r + 1) % n, (r - 1) % n
@@ -66,6 +106,9 @@ def body_put_signal_then_read(backend: str) -> list[float]:
     expected = torch.zeros(16)
     expected[3:7] = torch.arange(4, dtype=torch.float32) + 100 * left
     assert torch.equal(got, expected), (got, expected)
+    # Over the transport, signals are its messages, unless it carries none.
+    messages = _signals_received(backend) - before
+    assert messages == (1 if backend == "gloo_transport" else 0), (backend, messages)
     comm.barrier()
     win.tensor_deregister()
     comm.finalize()

@@ -114,3 +114,52 @@ def test_remote_buffers_pickle_as_their_three_fields() -> None:
 def test_the_allocator_hook_is_refused_with_what_to_do_instead() -> None:
     with pytest.raises(torchcomms.CommStateError, match="registers memory per RdmaMemory"):
         attach_rdma_memory_hook(None, None)
+
+
+class _Silent(TransportEndpoint):
+    """An endpoint of a spec-1.0 provider: transfers only, no signals."""
+
+    def bind(self) -> bytes:
+        return b"silent"
+
+    def connect(self, peer_url: bytes, timeout: timedelta) -> None:
+        raise AssertionError("never asked")
+
+    def connected(self) -> bool:
+        return False
+
+    def write(self, *args: object) -> None:
+        raise AssertionError("never asked")
+
+    read = write
+
+    def close(self) -> None:
+        pass
+
+
+class _SpecOneZero(_Unusable):
+    name: ClassVar[str] = "spec-1.0"
+    spec_version: ClassVar[str] = "1.0"
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        return True, "ok"
+
+    def endpoint(self, device: torch.device, timeout: timedelta) -> TransportEndpoint:
+        return _Silent()
+
+
+def test_a_transport_without_signals_says_so_and_refuses_them(
+    no_installed_transports: None,
+) -> None:
+    _transport.register_transport("spec-1.0", _SpecOneZero)
+    try:
+        transport = RdmaTransport(torch.device("cpu"))
+        assert transport.supports_signals() is False
+        for call in (transport.signal, transport.signals):
+            with pytest.raises(torchcomms.CommStateError, match="does not carry signals"):
+                call()
+        with pytest.raises(NotImplementedError, match="does not implement signals"):
+            _Silent().signal(timedelta(seconds=1))
+    finally:
+        _transport.unregister_transport("spec-1.0")

@@ -236,6 +236,42 @@ def body_peer_dies_mid_transfers() -> dict:
     raise AssertionError("writes to a dead peer kept succeeding for 30 s")
 
 
+def body_signals_order_writes(rounds: int) -> dict:
+    """Every rank writes a round's pattern into its slot at every peer, then signals it; a
+    rank that has seen a peer's ``rounds``-th signal must find that round's bytes in place."""
+    comm = _new_comm()
+    r, n = comm.get_rank(), comm.get_size()
+    transports = _mesh(comm)
+    assert all(t.supports_signals() for t in transports.values())
+    chunk = 4096 + 5
+    inbox = torch.zeros(n * chunk, dtype=torch.uint8)
+    outbox = torch.zeros(chunk, dtype=torch.uint8)
+    m_in, m_out = RdmaMemory(inbox), RdmaMemory(outbox)
+    remotes = _share(comm, m_in.to_remote_buffer())
+    mismatches = 0
+    for round_ in range(1, rounds + 1):
+        outbox.copy_(_pattern(r + 100 * round_, chunk))
+        for p, t in transports.items():
+            slot = RdmaRemoteBuffer(remotes[p].ptr + r * chunk, chunk, remotes[p].access_key)
+            t.write(m_out.to_view(), slot)
+            assert t.signal() == 0
+        for p, t in transports.items():
+            deadline = time.monotonic() + 30
+            while t.signals() < round_:
+                assert time.monotonic() < deadline, f"no signal {round_} from rank {p}"
+            # The peer writes its next round only after seeing ours: the bytes are round_'s.
+            got = inbox[p * chunk : (p + 1) * chunk]
+            mismatches += int(not torch.equal(got, _pattern(p + 100 * round_, chunk)))
+        comm.barrier()
+    counts = {p: t.signals() for p, t in transports.items()}
+    m_in.close()
+    m_out.close()
+    for t in transports.values():
+        t.close()
+    comm.finalize()
+    return {"mismatches": mismatches, "counts": counts}
+
+
 def body_connect_waits_for_the_peer_then_times_out() -> dict:
     comm = _new_comm()
     r = comm.get_rank()
@@ -299,6 +335,14 @@ def test_connect_waits_for_the_peer_and_times_out_clearly(pool2: RankPool) -> No
     assert 1.4 < result["after"] < 10, result
 
 
+def test_signals_arrive_after_the_writes_before_them_and_are_counted_exactly(
+    pool: RankPool,
+) -> None:
+    for result in pool.run(body_signals_order_writes, 20, timeout=120):
+        assert result["mismatches"] == 0, result
+        assert set(result["counts"].values()) == {20}, result
+
+
 # -- in this process (loopback) --------------------------------------------------------------
 
 
@@ -319,6 +363,21 @@ def test_loopback_write_and_read_in_one_process() -> None:
     m_src.close()
     m_dst.close()
     a.close()
+    b.close()
+
+
+def test_loopback_signals_and_their_refusals() -> None:
+    a, b = RdmaTransport(CPU), RdmaTransport(CPU)
+    with pytest.raises(torchcomms.CommStateError, match="not connected"):
+        a.signal()
+    a.connect(b.bind())
+    b.connect(a.bind())
+    assert a.supports_signals() and b.signals() == 0
+    assert a.signal() == 0 and a.signal() == 0
+    assert b.signals() == 2 and a.signals() == 0
+    a.close()
+    with pytest.raises(torchcomms.CommStateError, match="closed"):
+        a.signal()
     b.close()
 
 

@@ -5,9 +5,11 @@ A timed call is a round trip of two legs. ``transport_write``: rank 0 writes its
 rank 1's output and writes an 8-byte flag after it; rank 1 waits for the flag, writes its
 output back into rank 0's and raises rank 0's flag. ``transport_read``: rank 1 reads rank
 0's input into its output and raises the flag; rank 0 then reads rank 1's output into its
-own. The reported time is one leg: a transfer plus the 8-byte flag write that orders it (at
-large sizes, the transfer). The flag is needed because the target takes no part in a
-one-sided transfer, so nothing else tells it the data is there.
+own. The reported time is one leg: a transfer plus the flag that orders it (at large sizes,
+the transfer). The flag is needed because the target takes no part in a one-sided
+transfer, so nothing else tells it the data is there. It is the transport's own signal
+(``RdmaTransport.signal``) where the transport carries signals, else an 8-byte write into a
+counter the peer polls.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class _Link:
             _swap(comm, rank, pickle.dumps(self.flag_memory.to_remote_buffer()))
         )
         self.words = self.flag.numpy().data.cast("B").cast("q")
+        self.messages = self.transport.supports_signals()
         self.sent = 0
         self.seen = 0
         #: The registered buffers of the current size and the peer's, keyed by our output.
@@ -77,16 +80,20 @@ class _Link:
 
     def signal(self) -> None:
         self.sent += 1
+        if self.messages:
+            self.transport.signal()
+            return
         self.outgoing[0] = self.sent
         self.transport.write(self.out_memory.to_view(), self.peer_flag)
 
     def wait(self) -> None:
         self.seen += 1
         words, target = self.words, self.seen
+        signals = self.transport.signals if self.messages else None
         start = time.monotonic()
         while True:
             for _ in range(1000):  # a flag lands within microseconds of the peer's write
-                if words[0] >= target:
+                if (words[0] if signals is None else signals()) >= target:
                     return
             os.sched_yield()  # let the peer run on a machine with more ranks than cores
             waited = time.monotonic() - start

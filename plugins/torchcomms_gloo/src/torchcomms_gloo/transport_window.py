@@ -2,10 +2,14 @@
 
 Each rank registers its window tensor in place and an ``int64`` counter per peer, and
 connects one ``RdmaTransport`` to every other rank (addresses and remote buffers travel
-through the communicator's store). ``put`` is a one-sided write into the peer's tensor;
-``signal`` writes this rank's running count into its slot of the peer's counters, after
-the puts before it completed (writes block until done at the target), so the data is there
-before the count; ``wait_signal`` polls the local counters as on shared memory.
+through the communicator's store). ``put`` is a one-sided write into the peer's tensor.
+Writes block until done at the target, so whatever follows a put arrives after its data:
+
+- on a transport that carries signals (``RdmaTransport.signal``, NIXL's notifications),
+  ``signal`` is one such message and ``wait_signal`` polls the transport's count, which
+  lets the engine take in what arrived on every poll;
+- otherwise ``signal`` writes this rank's running count into its slot of the peer's
+  counters and ``wait_signal`` polls the local counters, as on shared memory.
 """
 
 from __future__ import annotations
@@ -35,6 +39,24 @@ def _described(buffer: RdmaRemoteBuffer) -> list[Any]:
     return [buffer.ptr, buffer.len, buffer.access_key]
 
 
+class _SignalCounts:
+    """The signal counts ``wait_signal`` polls, as the transports count them: reading one
+    lets the transport take in what arrived (see ``RdmaTransport.signals``)."""
+
+    __slots__ = ("_transports", "_own")
+
+    def __init__(self, transports: dict[int, RdmaTransport], rank: int) -> None:
+        self._transports = transports
+        self._own = {rank: 0}  # this rank's signals to itself
+
+    def __getitem__(self, peer: int) -> int:
+        own = self._own.get(peer)
+        return self._transports[peer].signals() if own is None else own
+
+    def __setitem__(self, peer: int, value: int) -> None:
+        self._own[peer] = value
+
+
 class TransportWindow:
     """One registration of a gloo window whose peers are reached through the transport."""
 
@@ -55,7 +77,9 @@ class TransportWindow:
             collections.OrderedDict()
         )
         #: Signal counts received from each rank (what ``wait_signal`` polls).
-        self.counters: memoryview = memoryview(b"")
+        self.counters: memoryview | _SignalCounts = memoryview(b"")
+        #: Whether signals travel as the transport's own messages (see the module docstring).
+        self.messages = False
 
     def register(self, tensor: torch.Tensor) -> list[int]:
         rank, size = self._rank, self._size
@@ -100,6 +124,9 @@ class TransportWindow:
             for r, info in enumerate(everyone)
         ]
         self._sent = [0] * size
+        self.messages = all(t.supports_signals() for t in self._transports.values())
+        if self.messages:
+            self.counters = _SignalCounts(self._transports, rank)
         return [int(info["numel"]) for info in everyone]
 
     def put(self, tensor: torch.Tensor, dst: int, offset: int, timeout: timedelta) -> None:
@@ -122,6 +149,9 @@ class TransportWindow:
         self._sent[peer] += 1
         if peer == self._rank:
             self.counters[peer] = self._sent[peer]
+            return
+        if self.messages:
+            self._transports[peer].signal(timeout=timeout)
             return
         slot = self._slots[peer]
         assert slot is not None

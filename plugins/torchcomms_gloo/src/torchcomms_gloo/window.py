@@ -25,7 +25,7 @@ import secrets
 import socket
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -320,14 +320,18 @@ class GlooWindowEngine:
         return self._views[rank]
 
 
+class Counts(Protocol):
+    """Signal counts by rank: mapped memory, or a transport's counts (``transport_window``)."""
+
+    def __getitem__(self, peer: int, /) -> int: ...
+
+
 class _CounterWait:
     """Waits until ``counters[peer]`` reaches ``target`` (polling with a growing nap)."""
 
     __slots__ = ("_counters", "_peer", "_target", "_deadline", "_seconds", "_rank")
 
-    def __init__(
-        self, counters: memoryview, peer: int, target: int, seconds: float, rank: int
-    ) -> None:
+    def __init__(self, counters: Counts, peer: int, target: int, seconds: float, rank: int) -> None:
         self._counters, self._peer, self._target = counters, peer, target
         self._seconds, self._rank = seconds, rank
         self._deadline = time.monotonic() + seconds

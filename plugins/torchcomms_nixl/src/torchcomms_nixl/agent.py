@@ -10,6 +10,16 @@ thread reads NIXL notifications, which carry three messages between agents:
     peer's hello for this endpoint arrived, so both agents can notify each other. It carries
     the sender's live exposures and the next exposure number: a key older than the
     connection is valid only if it was live then.
+``s<endpoint>`` (a signal)
+    one more signal to that endpoint of this agent (``RdmaTransport.signal``), sent once the
+    sender's transfers before it completed; counted when read. Waiters read notifications
+    themselves (``progress``), so a signal is seen as soon as it arrives rather than at the
+    service thread's next poll.
+``wake``
+    sent by a transfer to a target that has not heard from this process for half a second:
+    the target's service thread then polls every ``TORCHCOMM_NIXL_PROGRESS_US`` for a
+    second (the agent runs without NIXL's progress thread, and a target over TCP takes part
+    in every transfer), and every 2 ms once traffic stops.
 ``revoke`` / ``revoked``
     releasing memory a peer may hold a key to sends ``revoke`` to every connected agent and
     deregisters only once each answered ``revoked`` (or died, or the timeout passed). A
@@ -47,9 +57,19 @@ from .keys import Address, Key, decode_key, encode_key
 
 #: Prefix of this plugin's notifications (other NIXL users of the agent are ignored).
 _TAG = b"torchcomms-nixl/1 "
-#: Seconds the service thread sleeps between polls while busy, and once idle for a second.
-_POLL_BUSY_S = 0.0005
+#: Prefix of a signal: the receiving endpoint's number follows in decimal (the one message
+#: on a fast path, so neither JSON nor the protocol's dispatch).
+_SIGNAL = b"torchcomms-nixl/1 s"
+#: How often the service thread polls (each poll progresses UCX): every
+#: ``engine.progress_us()`` for ``_ACTIVE_S`` after the last sign of traffic (a
+#: notification in, a transfer out), else every ``_POLL_QUIET_S`` while a peer is connected
+#: and ``_POLL_IDLE_S`` while none is.
+_ACTIVE_S = 1.0
+_POLL_QUIET_S = 0.002
 _POLL_IDLE_S = 0.005
+#: A transfer first tells a target that has not heard from this process for this many
+#: seconds to poll quickly (a ``wake``), since a target over TCP must take part.
+_NUDGE_S = 0.5
 #: Seconds a transfer is polled flat out before the poll yields the CPU, then naps.
 _SPIN_S = 0.0002
 _NAP_S = 0.00005
@@ -130,6 +150,10 @@ class Agent:
 
     def __init__(self) -> None:
         self._b = engine.bindings()
+        self._progress_s = engine.progress_us() / 1e6  # a bad value is refused before starting
+        #: Until when the service thread polls every ``_progress_s`` (see ``_ACTIVE_S``).
+        self.active_until = 0.0
+        self._nudged: dict[str, float] = {}  # peer agent -> when it was last told to wake
         self.name = f"torchcomms-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             self._nixl, ucx = engine.start_agent(self.name)
@@ -155,6 +179,9 @@ class Agent:
         self._connected: set[str] = set()  # agents whose metadata is loaded: they get revokes
         self._peers: dict[str, _Peer] = {}
         self._hellos: dict[tuple[str, int], int] = {}  # (agent, our endpoint) -> theirs
+        self._signals: collections.Counter[int] = collections.Counter()  # our endpoint -> count
+        #: Signals received from other agents since the agent started (for tests and tools).
+        self.signals_received = 0
         self._releases: list[_Release] = []
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._keys: collections.OrderedDict[str, Key] = collections.OrderedDict()
@@ -303,6 +330,68 @@ class Agent:
         with self._lock:
             for key in [k for k in self._hellos if k[1] == endpoint]:
                 del self._hellos[key]
+            self._signals.pop(endpoint, None)
+
+    # -- signals ------------------------------------------------------------------------
+
+    def signal(self, peer: Address) -> None:
+        """One signal to endpoint ``peer.endpoint`` of ``peer.agent``.
+
+        Transfers are blocking and complete only once their bytes are at the target, so a
+        notification sent now arrives after them.
+        """
+        self._running("signal")
+        if peer.agent == self.name:  # loopback: count it here
+            with self._lock:
+                self._signals[peer.endpoint] += 1
+            return
+        with self._lock:
+            state = self._peers.get(peer.agent)
+            if state is not None and state.dead:
+                raise CommOperationError(
+                    f"signal: the peer (agent {peer.agent}) disconnected earlier (it died or "
+                    f"closed); connect a new RdmaTransport to a live peer"
+                )
+            try:
+                self._nixl.genNotif(peer.agent, _SIGNAL + str(peer.endpoint).encode("ascii"))
+            except Exception as exc:
+                if state is not None:
+                    state.dead = True
+                self._drop_peer(peer.agent)
+                raise CommOperationError(
+                    f"signal: NIXL could not reach the peer (agent {peer.agent}): it died or "
+                    f"closed its transport ({type(exc).__name__}: {exc})"
+                ) from None
+
+    def signals(self, endpoint: int) -> int:
+        """Signals received by ``endpoint`` so far, after reading what has arrived."""
+        if not self._stopping:
+            self.progress()
+        return self._signals.get(endpoint, 0)
+
+    def progress(self) -> None:
+        """Read the notifications that arrived (NIXL progresses UCX as it does), and act on
+        them: what the service thread does on each poll, for a caller that waits now."""
+        with self._lock:
+            notes = self._nixl.getNotifs({}, self._ucx)
+            if not notes:
+                return
+            for sender, messages in notes.items():
+                for message in messages:
+                    message = bytes(message)
+                    if message.startswith(_SIGNAL):
+                        self._count_signal(message)
+                    else:
+                        self._queue.append(("note", str(sender), message))
+        if self._queue:
+            self._wake.set()
+
+    def _count_signal(self, message: bytes) -> None:
+        try:
+            self._signals[int(message[len(_SIGNAL) :])] += 1
+        except ValueError:
+            return  # not one of ours
+        self.signals_received += 1
 
     # -- transfers ----------------------------------------------------------------------
 
@@ -332,7 +421,12 @@ class Agent:
                 f"inside the memory its key exposes ({key.nbytes} bytes at {key.base:#x}); "
                 f"narrow it within that range. Nothing was transferred"
             )
-        deadline = time.monotonic() + timeout.total_seconds()
+        now = time.monotonic()
+        deadline = now + timeout.total_seconds()
+        self.active_until = now + _ACTIVE_S  # our side of the transfer: keep polling too
+        if now - self._nudged.get(key.agent, -_NUDGE_S) >= _NUDGE_S and key.agent != self.name:
+            self._nudged[key.agent] = now
+            self._send(key.agent, {"t": "wake"})
         with self._guard:
             handle = self._prepare(where, op, key, region, addr, nbytes, remote.ptr)
             self._run(where, handle, key, deadline, timeout)
@@ -466,7 +560,7 @@ class Agent:
     # -- the service thread -------------------------------------------------------------
 
     def _serve(self) -> None:
-        idle_since = time.monotonic()
+        busy_pause = self._progress_s
         while not self._stopping:
             busy = False
             try:
@@ -478,7 +572,11 @@ class Agent:
                         self._handle(str(sender), bytes(message))
                 while self._queue:
                     busy = True
-                    self._start_release(*self._queue.popleft()[1:])
+                    kind, *what = self._queue.popleft()
+                    if kind == "note":  # read by a waiter's progress(); handled here
+                        self._handle(*what)
+                    else:
+                        self._start_release(*what)
                 if self._releases:
                     busy = True
                     self._finish_releases()
@@ -486,12 +584,24 @@ class Agent:
                 pass
             now = time.monotonic()
             if busy:
-                idle_since = now
-            pause = _POLL_BUSY_S if now - idle_since < 1.0 else _POLL_IDLE_S
-            self._wake.wait(pause)
-            self._wake.clear()
+                self.active_until = now + _ACTIVE_S
+            if now < self.active_until:
+                # Traffic: poll often (a plain sleep is the cheapest wait).
+                if busy_pause == 0:
+                    os.sched_yield()
+                else:
+                    time.sleep(busy_pause)
+            elif self._connected:
+                time.sleep(_POLL_QUIET_S)
+            else:  # nobody to serve: waiting for work queued here (a release, a connect)
+                self._wake.wait(_POLL_IDLE_S)
+                self._wake.clear()
 
     def _handle(self, sender: str, message: bytes) -> None:
+        if message.startswith(_SIGNAL):
+            with self._lock:
+                self._count_signal(message)
+            return
         if not message.startswith(_TAG):
             return
         body = json.loads(message[len(_TAG) :])

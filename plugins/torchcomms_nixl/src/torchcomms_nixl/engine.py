@@ -3,8 +3,12 @@ an agent on its compiled bindings.
 
 Imported lazily, so ``torchcomms transports`` can say why NIXL cannot load without failing.
 The agent is made on the bindings rather than NIXL's ``nixl_agent`` wrapper because the
-wrapper starts the progress thread polling without pause (two thirds of a core while idle);
-a pause of ``PROGRESS_DELAY_US`` costs 2% of a core idle and little latency.
+wrapper starts NIXL's progress thread polling without pause (two thirds of a core while
+idle). The agent runs without that thread: NIXL then progresses UCX inside the calls that
+look at transfers and notifications, which the thread that waits makes itself (a transfer
+polls its status, a signal's waiter reads notifications), and the plugin's service thread
+makes every ``PROGRESS_US`` for a target that is not waiting (UCX over TCP needs the target
+to take part).
 """
 
 from __future__ import annotations
@@ -50,23 +54,23 @@ def bindings() -> Any:
     return module
 
 
-#: Microseconds NIXL's progress thread waits for UCX events between rounds of progress (its
-#: poll rounds this up to a whole millisecond; 0 polls without pause, about two thirds of a
-#: core while idle). Transfers whose target must take part (UCX over TCP) see this wait.
-PROGRESS_DELAY_US = 1000
-#: Overrides ``PROGRESS_DELAY_US`` (read when the process's agent starts).
+#: Microseconds the service thread sleeps between rounds of progress while a peer is
+#: connected: how soon a target that is not itself waiting takes in a transfer over TCP.
+#: About 2% of a core while idle; 0 polls without pause (a core's worth).
+PROGRESS_US = 500
+#: Overrides ``PROGRESS_US`` (read when the process's agent starts).
 PROGRESS_VARIABLE = "TORCHCOMM_NIXL_PROGRESS_US"
 
 
-def progress_delay_us() -> int:
-    """``TORCHCOMM_NIXL_PROGRESS_US``, or ``PROGRESS_DELAY_US`` when unset."""
+def progress_us() -> int:
+    """``TORCHCOMM_NIXL_PROGRESS_US``, or ``PROGRESS_US`` when unset."""
     raw = os.environ.get(PROGRESS_VARIABLE, "").strip()
     if not raw:
-        return PROGRESS_DELAY_US
+        return PROGRESS_US
     if not raw.isdigit():
         raise ValueError(
             f"{PROGRESS_VARIABLE}={raw!r} is not a whole number of microseconds; unset it or "
-            f"give e.g. 1000 (0 polls without pause)"
+            f"give e.g. 500 (0 polls without pause)"
         )
     return int(raw)
 
@@ -75,9 +79,11 @@ def start_agent(name: str) -> tuple[Any, Any]:
     """A NIXL agent named ``name`` with a UCX backend: ``(agent, UCX backend handle)``."""
     b = bindings()
     config = b.nixlAgentConfig()
-    config.useProgThread = True
+    # Progress is made by the calls that wait (see the module docstring): NIXL's own thread
+    # would take UCX's events only once per millisecond, and a waiter calling in would not
+    # progress UCX while it runs.
+    config.useProgThread = False
     config.useListenThread = False
-    config.pthrDelay = progress_delay_us()
     config.syncMode = b.NIXL_THREAD_SYNC_NONE  # every call is made under one lock
     config.captureTelemetry = False
     agent = b.nixlAgent(name, config)

@@ -56,6 +56,8 @@ class NixlRegistration(MemoryRegistration):
 class NixlEndpoint(TransportEndpoint):
     """One ``RdmaTransport`` on this process's agent."""
 
+    supports_signals = True
+
     def __init__(self, owner: Agent) -> None:
         self._agent = owner
         self._id = owner.new_endpoint_id()
@@ -96,6 +98,16 @@ class NixlEndpoint(TransportEndpoint):
         timeout: timedelta,
     ) -> None:
         self._move("READ", local, addr, nbytes, remote, timeout)
+
+    def signal(self, timeout: timedelta) -> None:
+        self._open("signal")
+        if self._peer is None:
+            raise CommStateError("signal: this RdmaTransport is not connected; call connect()")
+        self._agent.signal(self._peer)
+
+    def signals(self) -> int:
+        self._open("signals")
+        return self._agent.signals(self._id)
 
     def close(self) -> None:
         if not self._closed:
