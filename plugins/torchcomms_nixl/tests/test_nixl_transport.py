@@ -272,6 +272,35 @@ def body_signals_order_writes(rounds: int) -> dict:
     return {"mismatches": mismatches, "counts": counts}
 
 
+def body_passive_target_over_tcp() -> dict:
+    """Rank 1 sleeps, never calling the transport, while rank 0 writes 1 MiB into it ten
+    times over UCX's TCP (where the target takes part): its service thread must progress."""
+    comm = _new_comm()
+    r = comm.get_rank()
+    transports = _mesh(comm)
+    buf = _pattern(0, 1 << 20) if r == 0 else torch.zeros(1 << 20, dtype=torch.uint8)
+    memory = RdmaMemory(buf)
+    remotes = _share(comm, memory.to_remote_buffer())
+    comm.barrier()
+    result: dict = {}
+    if r == 1:
+        time.sleep(4.0)  # quiet for over a second first, then the writes arrive
+    else:
+        time.sleep(1.5)
+        start = time.monotonic()
+        for _ in range(10):
+            transports[1].write(memory.to_view(), remotes[1])
+        result["write_s"] = time.monotonic() - start
+    comm.barrier()
+    if r == 1:
+        result["intact"] = bool(torch.equal(buf, _pattern(0, 1 << 20)))
+    memory.close()
+    for t in transports.values():
+        t.close()
+    comm.finalize()
+    return result
+
+
 def body_connect_waits_for_the_peer_then_times_out() -> dict:
     comm = _new_comm()
     r = comm.get_rank()
@@ -341,6 +370,27 @@ def test_signals_arrive_after_the_writes_before_them_and_are_counted_exactly(
     for result in pool.run(body_signals_order_writes, 20, timeout=120):
         assert result["mismatches"] == 0, result
         assert set(result["counts"].values()) == {20}, result
+
+
+def test_a_target_that_is_not_waiting_takes_part_over_tcp() -> None:
+    with RankPool(2, env={"UCX_TLS": "tcp"}) as pool:
+        rank0, rank1 = pool.run(body_passive_target_over_tcp, timeout=90)
+    assert rank1["intact"], "the writes did not arrive"
+    # While rank 1 slept for 2.5 s more: done long before that (about 0.03 s here).
+    assert rank0["write_s"] < 2.0, rank0
+
+
+def test_the_progress_variable_is_checked() -> None:
+    from torchcomms_nixl import engine
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(engine.PROGRESS_VARIABLE, "fast")
+        with pytest.raises(ValueError, match="not a whole number of microseconds"):
+            engine.progress_us()
+        mp.setenv(engine.PROGRESS_VARIABLE, "250")
+        assert engine.progress_us() == 250
+        mp.delenv(engine.PROGRESS_VARIABLE)
+        assert engine.progress_us() == engine.PROGRESS_US
 
 
 # -- in this process (loopback) --------------------------------------------------------------
