@@ -114,6 +114,13 @@ def parse_handle(text: Any, backend: str, hosted: bool, where: str) -> Handle:
 # -- hosting --------------------------------------------------------------------------------
 
 
+#: The least time a store server's own client gets to connect to it while starting. The
+#: connection is local and normally instant, but a loaded machine can delay the server's
+#: thread for seconds; a short operation timeout (``new_comm(timeout=5 s)``) must not fail
+#: the start. The store's operations then wait for the caller's timeout, not this.
+HOST_START_FLOOR = timedelta(seconds=60)
+
+
 def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
     """A ``TCPStore`` server of this process for one communicator: ``(store, host, port)``.
 
@@ -123,9 +130,11 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
     """
     from torch._C._distributed_c10d import TCPStore
 
+    start = max(timeout, HOST_START_FLOOR)
     if address is None:  # a TCPStore server without a listen fd listens on every interface
         name = _advertised_name()
-        store = TCPStore(name, 0, None, True, timeout, wait_for_workers=False)
+        store = TCPStore(name, 0, None, True, start, wait_for_workers=False)
+        store.set_timeout(timeout)
         return store, name, int(store.port)
     fd, port = _listen(address)
     try:
@@ -134,7 +143,7 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
             port,
             None,
             True,
-            timeout,
+            start,
             wait_for_workers=False,
             master_listen_fd=fd,
         )
@@ -142,6 +151,7 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
         with contextlib.suppress(OSError):
             os.close(fd)
         raise
+    store.set_timeout(timeout)
     return store, address, port
 
 

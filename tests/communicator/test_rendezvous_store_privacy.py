@@ -125,3 +125,20 @@ def test_a_local_launch_rendezvouses_through_a_private_file(tmp_path: Path) -> N
         assert report["folder_mode"] == 0o700
     assert reports[0]["folder"] == reports[1]["folder"]
     assert not os.path.exists(reports[0]["folder"])  # removed when the job ends
+
+
+def test_a_hosted_store_starts_with_time_to_spare_then_waits_for_the_callers_timeout() -> None:
+    """The server's own client may take longer than a short communicator timeout to
+    connect on a loaded machine; the store's operations still wait only that timeout."""
+    import time
+    from datetime import timedelta
+
+    from torchcomms_core import _rendezvous
+
+    assert timedelta(seconds=1) < _rendezvous.HOST_START_FLOOR
+    for address in (None, "127.0.0.1"):
+        store, _host, _port = _rendezvous.host_store(address, timedelta(seconds=1))
+        start = time.monotonic()
+        with pytest.raises(Exception, match="(?i)timeout|timed out"):
+            store.get("never-set")
+        assert 0.9 < time.monotonic() - start < 10
