@@ -537,6 +537,72 @@ class RdmaTransport:
         endpoint.signal(_timeout(timeout, where, self._timeout))
         return RESULT_SUCCESS
 
+    def max_post_bytes(self) -> int:
+        """The largest ``post_write`` this transport carries (0: none; a torchcomms extension)."""
+        return int(self._open("max_post_bytes").max_post_bytes)
+
+    def post_write(
+        self,
+        data: torch.Tensor,
+        remote_buffer: RdmaRemoteBuffer,
+        /,
+        *,
+        timeout: timedelta | None = None,
+    ) -> int:
+        """Send a small tensor's bytes into the peer's ``remote_buffer`` without waiting for
+        them to land; 0 when sent (a torchcomms extension).
+
+        They are in place once the peer has seen a later ``signal()`` of this transport, or
+        once ``flush()`` returns: one trip, where ``write`` waits for the peer's
+        acknowledgement. ``data`` is copied before the call returns, so the caller may
+        reuse it. At most ``max_post_bytes()`` bytes, host memory on both sides; the sizes
+        must be equal; nothing is sent when an argument is refused.
+        """
+        where = "post_write"
+        endpoint = self._signalling(where)
+        limit = int(endpoint.max_post_bytes)
+        if limit <= 0:
+            raise CommStateError(
+                f"{where}: the installed transport does not carry posted writes; use write() "
+                f"(check max_post_bytes() first)"
+            )
+        if not isinstance(data, torch.Tensor):
+            raise CommTypeError(f"{where}: data must be a torch.Tensor, got {type(data).__name__}")
+        if not data.is_cpu:
+            raise CommInputError(
+                f"{where}: data is on {data.device}; posted writes carry host memory (use write)"
+            )
+        if not isinstance(remote_buffer, RdmaRemoteBuffer):
+            raise CommTypeError(
+                f"{where}: remote_buffer must be an RdmaRemoteBuffer (the peer's "
+                f"RdmaMemory.to_remote_buffer()), got {type(remote_buffer).__name__}"
+            )
+        nbytes = data.numel() * data.element_size()
+        if nbytes > limit:
+            raise CommInputError(
+                f"{where}: {nbytes} bytes is more than the {limit} a posted write carries; use "
+                f"write() for larger transfers"
+            )
+        if remote_buffer.len != nbytes:
+            raise CommInputError(
+                f"{where}: the remote buffer holds {remote_buffer.len} byte(s) but data "
+                f"{nbytes}; they must be equal"
+            )
+        if not data.is_contiguous():
+            data = data.contiguous()
+        seconds = self._timeout if timeout is None else _timeout(timeout, where, self._timeout)
+        # The endpoint copies the bytes before it returns; ``data`` is alive until then.
+        endpoint.post_write(data.data_ptr(), nbytes, remote_buffer, seconds)
+        return RESULT_SUCCESS
+
+    def flush(self, *, timeout: timedelta | None = None) -> int:
+        """Return (0) once every ``post_write`` of this transport is in the peer's memory."""
+        where = "flush"
+        endpoint = self._signalling(where)
+        if int(endpoint.max_post_bytes) > 0:
+            endpoint.flush(_timeout(timeout, where, self._timeout))
+        return RESULT_SUCCESS
+
     def signals(self) -> int:
         """How many times the peer has called ``signal()`` on its end so far (a torchcomms
         extension; poll it to wait for the peer)."""

@@ -109,6 +109,8 @@ class TransportEndpoint(abc.ABC):
 
     #: Whether ``signal`` and ``signals`` are implemented (spec 1.1).
     supports_signals: ClassVar[bool] = False
+    #: The largest ``post_write`` (spec 1.1); 0: not implemented.
+    max_post_bytes: ClassVar[int] = 0
 
     @abc.abstractmethod
     def bind(self) -> bytes:
@@ -153,6 +155,19 @@ class TransportEndpoint(abc.ABC):
         this endpoint completed (so the peer sees their bytes once it sees the count); raise
         when the peer cannot be reached, or after ``timeout``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement signals")
+
+    def post_write(
+        self, addr: int, nbytes: int, remote: RdmaRemoteBuffer, timeout: timedelta
+    ) -> None:
+        """Send the ``nbytes`` of host memory at ``addr`` (at most ``max_post_bytes``; the
+        core has checked them) to be written into ``remote`` without waiting for them: they
+        are in place once the peer has seen a later ``signal`` of this endpoint, or once
+        ``flush`` returns. Copy them before returning. The same refusals as ``write``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement posted writes")
+
+    def flush(self, timeout: timedelta) -> None:
+        """Return once every ``post_write`` of this endpoint is in the peer's memory."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement posted writes")
 
     def signals(self) -> int:
         """How many signals the peer's endpoint has sent this one, after letting the engine

@@ -10,6 +10,7 @@ at 2 and 4 ranks, and the gloo transport bodies once more across network namespa
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import pytest
@@ -84,13 +85,13 @@ def _register_transport_without_signals() -> None:
     register_transport("nixl-counters", WithoutSignals)
 
 
-def _signals_received(backend: str) -> int:
-    """Signals this process's NIXL agent has received (0 off the transport)."""
+def _signals_received(backend: str) -> tuple[int, int]:
+    """Signals and posted writes this process's NIXL agent has taken in (0 off the transport)."""
     if not backend.startswith("gloo_"):
-        return 0
+        return 0, 0
     from torchcomms_nixl.agent import agent
 
-    return agent().signals_received
+    return agent().signals_received, agent().posts_applied
 
 
 def body_put_signal_then_read(backend: str) -> list[float]:
@@ -106,9 +107,12 @@ def body_put_signal_then_read(backend: str) -> list[float]:
     expected = torch.zeros(16)
     expected[3:7] = torch.arange(4, dtype=torch.float32) + 100 * left
     assert torch.equal(got, expected), (got, expected)
-    # Over the transport, signals are its messages, unless it carries none.
-    messages = _signals_received(backend) - before
-    assert messages == (1 if backend == "gloo_transport" else 0), (backend, messages)
+    # Over the transport, the signal and this small put are its messages, unless it
+    # carries none (then they are written into this rank's memory).
+    after = _signals_received(backend)
+    messages = (after[0] - before[0], after[1] - before[1])
+    expected = (1, 1) if backend == "gloo_transport" else (0, 0)
+    assert messages == expected, (backend, messages)
     comm.barrier()
     win.tensor_deregister()
     comm.finalize()
@@ -245,6 +249,34 @@ def body_window_api(backend: str) -> dict:
     return result
 
 
+def body_small_and_large_puts_land_in_order(backend: str) -> None:
+    """Puts to the same bytes land in the order they were made, small (posted over the
+    transport) and large (written) mixed."""
+    comm = _comm(backend)
+    r, n = comm.get_rank(), comm.get_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    numel = 64 << 10  # 256 KiB: above what a posted write carries
+    win = comm.new_window(torch.zeros(numel))
+    win.put(torch.full((4,), 1.0), right, 0, async_op=False)
+    win.put(torch.full((numel,), 2.0), right, 0, async_op=False)
+    win.signal(right, async_op=False)
+    # Not waiting yet: messages arriving now are taken in by the transport's own thread,
+    # at its next poll, while a write lands at once (on one host).
+    time.sleep(0.2)
+    win.wait_signal(left, async_op=False)
+    assert bool((win.get_tensor() == 2.0).all()), win.get_tensor()[:8]
+    comm.barrier()
+    win.put(torch.full((numel,), 3.0), right, 0, async_op=False)
+    win.put(torch.full((4,), 4.0), right, 0, async_op=False)
+    win.signal(right, async_op=False)
+    win.wait_signal(left, async_op=False)
+    got = win.get_tensor()
+    assert bool((got[:4] == 4.0).all()) and bool((got[4:] == 3.0).all()), got[:8]
+    comm.barrier()
+    win.tensor_deregister()
+    comm.finalize()
+
+
 def body_signal_timeout(backend: str) -> str:
     comm = _comm(backend)
     r = comm.get_rank()
@@ -318,6 +350,7 @@ def windows_in_namespaces(mode: str, private_shm: bool) -> int:
     backend = "gloo_transport" if mode == "transport" else "gloo"
     body_put_signal_then_read(backend)
     body_many_disjoint_puts(backend, 8)
+    body_small_and_large_puts_land_in_order(backend)
     assert len(body_out_of_range_refused(backend)) == 6
     assert "in use" in body_deregister_in_use_refused(backend)
     result = body_window_api(backend)
@@ -337,6 +370,11 @@ def comm_rank_is_not_zero() -> bool:
 def test_put_then_signal_then_wait_signal_sees_the_data(ranks) -> None:
     backend, pool = ranks
     pool.run(body_put_signal_then_read, backend, timeout=60)
+
+
+def test_small_and_large_puts_to_the_same_bytes_land_in_order(ranks) -> None:
+    backend, pool = ranks
+    pool.run(body_small_and_large_puts_land_in_order, backend, timeout=60)
 
 
 def test_many_puts_to_disjoint_offsets_land_exactly(ranks) -> None:

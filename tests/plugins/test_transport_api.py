@@ -156,10 +156,15 @@ def test_a_transport_without_signals_says_so_and_refuses_them(
     try:
         transport = RdmaTransport(torch.device("cpu"))
         assert transport.supports_signals() is False
-        for call in (transport.signal, transport.signals):
+        assert transport.max_post_bytes() == 0
+        for call in (transport.signal, transport.signals, transport.flush):
             with pytest.raises(torchcomms.CommStateError, match="does not carry signals"):
                 call()
+        with pytest.raises(torchcomms.CommStateError, match="does not carry signals"):
+            transport.post_write(torch.zeros(1), RdmaRemoteBuffer(0, 4, "k"))
         with pytest.raises(NotImplementedError, match="does not implement signals"):
             _Silent().signal(timedelta(seconds=1))
+        with pytest.raises(NotImplementedError, match="does not implement posted writes"):
+            _Silent().flush(timedelta(seconds=1))
     finally:
         _transport.unregister_transport("spec-1.0")

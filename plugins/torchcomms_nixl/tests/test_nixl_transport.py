@@ -272,6 +272,76 @@ def body_signals_order_writes(rounds: int) -> dict:
     return {"mismatches": mismatches, "counts": counts}
 
 
+def body_posted_writes(rounds: int) -> dict:
+    """Posted writes and signals between every pair: a rank that saw a peer's n-th signal
+    finds round n's bytes; a posted write then a write of the same bytes land in that order
+    once flushed; and the refusals of post_write."""
+    comm = _new_comm()
+    r, n = comm.get_rank(), comm.get_size()
+    transports = _mesh(comm)
+    chunk = 1000 + 3
+    inbox = torch.zeros(n * chunk, dtype=torch.uint8)
+    m_in = RdmaMemory(inbox)
+    remotes = _share(comm, m_in.to_remote_buffer())
+    slots = {
+        p: RdmaRemoteBuffer(remotes[p].ptr + r * chunk, chunk, remotes[p].access_key)
+        for p in transports
+    }
+    mismatches = 0
+    for round_ in range(1, rounds + 1):
+        data = _pattern(r + 100 * round_, chunk)
+        for p, t in transports.items():
+            assert t.post_write(data, slots[p]) == 0
+            t.signal()
+        data.zero_()  # the bytes were taken when post_write returned
+        for p, t in transports.items():
+            deadline = time.monotonic() + 30
+            while t.signals() < round_:
+                assert time.monotonic() < deadline, f"no signal {round_} from rank {p}"
+            got = inbox[p * chunk : (p + 1) * chunk]
+            mismatches += int(not torch.equal(got, _pattern(p + 100 * round_, chunk)))
+        comm.barrier()
+    # A posted write, then a (one-sided) write of the same bytes: flush orders them.
+    last = _pattern(r + 7, chunk)
+    m_last = RdmaMemory(last)
+    for p, t in transports.items():
+        t.post_write(torch.full((chunk,), 9, dtype=torch.uint8), slots[p])
+        t.flush()
+        t.write(m_last.to_view(), slots[p])
+        t.signal()
+    for p, t in transports.items():
+        while t.signals() < rounds + 1:
+            pass
+        got = inbox[p * chunk : (p + 1) * chunk]
+        mismatches += int(not torch.equal(got, _pattern(p + 7, chunk)))
+    comm.barrier()
+    refusals = []
+    t0 = transports[min(transports)]
+    slot0 = slots[min(transports)]
+    for bad in (
+        lambda: t0.post_write(torch.zeros(chunk + 1, dtype=torch.uint8), slot0),
+        lambda: t0.post_write(torch.zeros(t0.max_post_bytes() + 1, dtype=torch.uint8), slot0),
+        lambda: t0.post_write(b"bytes", slot0),
+        lambda: t0.post_write(torch.zeros(chunk, dtype=torch.uint8), "key"),
+    ):
+        try:
+            bad()
+        except (torchcomms.CommInputError, torchcomms.CommTypeError) as exc:
+            refusals.append(str(exc))
+    comm.barrier()
+    m_in.close()  # released: a later posted write to it is refused by the sender
+    comm.barrier()
+    try:
+        t0.post_write(torch.zeros(chunk, dtype=torch.uint8), slot0)
+    except torchcomms.CommStateError as exc:
+        refusals.append(str(exc))
+    m_last.close()
+    for t in transports.values():
+        t.close()
+    comm.finalize()
+    return {"mismatches": mismatches, "refusals": refusals}
+
+
 def body_passive_target_over_tcp() -> dict:
     """Rank 1 sleeps, never calling the transport, while rank 0 writes 1 MiB into it ten
     times over UCX's TCP (where the target takes part): its service thread must progress."""
@@ -370,6 +440,18 @@ def test_signals_arrive_after_the_writes_before_them_and_are_counted_exactly(
     for result in pool.run(body_signals_order_writes, 20, timeout=120):
         assert result["mismatches"] == 0, result
         assert set(result["counts"].values()) == {20}, result
+
+
+def test_posted_writes_land_before_later_signals_and_in_order_with_writes(
+    pool: RankPool,
+) -> None:
+    for result in pool.run(body_posted_writes, 20, timeout=120):
+        assert result["mismatches"] == 0, result
+        text = "\n".join(result["refusals"])
+        assert len(result["refusals"]) == 5, text
+        assert "must be equal" in text and "more than the" in text
+        assert "must be a torch.Tensor" in text and "must be an RdmaRemoteBuffer" in text
+        assert "released the memory" in text
 
 
 def test_a_target_that_is_not_waiting_takes_part_over_tcp() -> None:

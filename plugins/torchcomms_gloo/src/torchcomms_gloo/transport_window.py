@@ -7,7 +7,13 @@ Writes block until done at the target, so whatever follows a put arrives after i
 
 - on a transport that carries signals (``RdmaTransport.signal``, NIXL's notifications),
   ``signal`` is one such message and ``wait_signal`` polls the transport's count, which
-  lets the engine take in what arrived on every poll;
+  lets the engine take in what arrived on every poll. A put of up to
+  ``RdmaTransport.max_post_bytes()`` (and ``POST_BYTES``) is a posted write: its bytes
+  travel in a message the peer copies in, ahead of the signal that follows (a window's
+  contract is that ``signal`` makes the earlier puts visible). The put and its signal then
+  take one trip, where a write waits for the peer's acknowledgement first. Before a larger
+  put to a peer with posted ones outstanding, and before deregistering, the posted ones
+  are flushed, so puts land in the order they were made;
 - otherwise ``signal`` writes this rank's running count into its slot of the peer's
   counters and ``wait_signal`` polls the local counters, as on shared memory.
 """
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
 
 #: Source tensors of ``put`` kept registered (and alive) for reuse, most recent first.
 SOURCE_CACHE = 4
+#: Puts up to this many bytes are posted writes where the transport carries them.
+POST_BYTES = 64 << 10
 
 
 def _remote(values: list[Any]) -> RdmaRemoteBuffer:
@@ -80,6 +88,10 @@ class TransportWindow:
         self.counters: memoryview | _SignalCounts = memoryview(b"")
         #: Whether signals travel as the transport's own messages (see the module docstring).
         self.messages = False
+        #: The largest put sent as a posted write (0: none), and the peers with posted
+        #: writes not flushed yet.
+        self._post_limit = 0
+        self._posted: set[int] = set()
 
     def register(self, tensor: torch.Tensor) -> list[int]:
         rank, size = self._rank, self._size
@@ -127,6 +139,9 @@ class TransportWindow:
         self.messages = all(t.supports_signals() for t in self._transports.values())
         if self.messages:
             self.counters = _SignalCounts(self._transports, rank)
+            limits = [t.max_post_bytes() for t in self._transports.values()]
+            self._post_limit = min([POST_BYTES, *limits])
+        self._posted = set()
         return [int(info["numel"]) for info in everyone]
 
     def put(self, tensor: torch.Tensor, dst: int, offset: int, timeout: timedelta) -> None:
@@ -143,7 +158,15 @@ class TransportWindow:
         remote = RdmaRemoteBuffer(
             base.ptr + offset * tensor.element_size(), nbytes, base.access_key
         )
-        self._transports[dst].write(self._source(tensor).to_view(), remote, timeout=timeout)
+        transport = self._transports[dst]
+        if nbytes <= self._post_limit:
+            transport.post_write(tensor, remote, timeout=timeout)
+            self._posted.add(dst)
+            return
+        if dst in self._posted:  # the posted puts before this one land first
+            transport.flush(timeout=timeout)
+            self._posted.discard(dst)
+        transport.write(self._source(tensor).to_view(), remote, timeout=timeout)
 
     def signal(self, peer: int, timeout: timedelta) -> None:
         self._sent[peer] += 1
@@ -178,6 +201,9 @@ class TransportWindow:
         return memory
 
     def deregister(self, timeout: timedelta) -> None:
+        for peer in sorted(self._posted):  # puts never signalled land too, as on shared memory
+            self._transports[peer].flush(timeout=timeout)
+        self._posted = set()
         self._backend.barrier(False, timeout=timeout)  # no peer still writes to this rank
         self.free()
 
@@ -188,6 +214,7 @@ class TransportWindow:
             for memory in self._memories:
                 memory.close()
         self._memories = []
+        self._posted = set()
         self._sources.clear()
         for transport in self._transports.values():
             transport.close()

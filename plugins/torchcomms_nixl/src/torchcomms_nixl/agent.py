@@ -20,6 +20,16 @@ thread reads NIXL notifications, which carry three messages between agents:
     the target's service thread then polls every ``TORCHCOMM_NIXL_PROGRESS_US`` for a
     second (the agent runs without NIXL's progress thread, and a target over TCP takes part
     in every transfer), and every 2 ms once traffic stops.
+``p`` + exposure + address + bytes (a posted write)
+    ``RdmaTransport.post_write``: bytes for memory this agent exposed, which it copies in
+    when it reads the message, after checking that the exposure is live and the bytes lie
+    inside it (else the message is dropped). Notifications between two agents arrive in
+    order, so a signal sent after a posted write is read after it: the peer that sees the
+    signal sees the bytes. Over TCP this is one trip where a write is a round trip (UCX
+    completes a write once the target acknowledged it). Host memory only.
+``flush`` / ``flushed``
+    ``RdmaTransport.flush``: answered once every earlier message was handled, so every
+    posted write before it is in place.
 ``revoke`` / ``revoked``
     releasing memory a peer may hold a key to sends ``revoke`` to every connected agent and
     deregisters only once each answered ``revoked`` (or died, or the timeout passed). A
@@ -32,12 +42,14 @@ from __future__ import annotations
 
 import atexit
 import collections
+import ctypes
 import dataclasses
 import itertools
 import json
 import os
 import secrets
 import socket
+import struct
 import threading
 import time
 from datetime import timedelta
@@ -60,6 +72,12 @@ _TAG = b"torchcomms-nixl/1 "
 #: Prefix of a signal: the receiving endpoint's number follows in decimal (the one message
 #: on a fast path, so neither JSON nor the protocol's dispatch).
 _SIGNAL = b"torchcomms-nixl/1 s"
+#: Prefix of a posted write: the exposure and the address (two little-endian int64), then
+#: the bytes to write there.
+_POST = b"torchcomms-nixl/1 p"
+_POST_HEADER = struct.Struct("<qq")
+#: The largest posted write (a notification carries it whole).
+MAX_POST_BYTES = 64 << 10
 #: How often the service thread polls (each poll progresses UCX): every
 #: ``engine.progress_us()`` for ``_ACTIVE_S`` after the last sign of traffic (a
 #: notification in, a transfer out), else every ``_POLL_QUIET_S`` while a peer is connected
@@ -182,6 +200,10 @@ class Agent:
         self._signals: collections.Counter[int] = collections.Counter()  # our endpoint -> count
         #: Signals received from other agents since the agent started (for tests and tools).
         self.signals_received = 0
+        #: Posted writes copied in since the agent started (for tests and tools).
+        self.posts_applied = 0
+        self._exposure_ranges: dict[int, tuple[int, int]] = {}  # exposure -> (base, bytes)
+        self._flushed: set[int] = set()  # our flush numbers the peer answered
         self._releases: list[_Release] = []
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._keys: collections.OrderedDict[str, Key] = collections.OrderedDict()
@@ -251,6 +273,7 @@ class Agent:
             exposure = self._next_exposure
             self._next_exposure += 1
             self._exposures[exposure] = region
+            self._exposure_ranges[exposure] = (base, nbytes)
         key = Key(
             self.name, exposure, base, nbytes, region.mem_type, region.device_id, region.metadata
         )
@@ -381,6 +404,8 @@ class Agent:
                     message = bytes(message)
                     if message.startswith(_SIGNAL):
                         self._count_signal(message)
+                    elif message.startswith(_POST):
+                        self._apply_post(message)
                     else:
                         self._queue.append(("note", str(sender), message))
         if self._queue:
@@ -407,6 +432,19 @@ class Agent:
     ) -> None:
         """``op`` ("WRITE" or "READ") of ``nbytes`` between ``addr`` and ``remote``, blocking."""
         where = op.lower()
+        key = self._checked_key(where, peer_agent, remote)
+        now = time.monotonic()
+        deadline = now + timeout.total_seconds()
+        self.active_until = now + _ACTIVE_S  # our side of the transfer: keep polling too
+        if now - self._nudged.get(key.agent, -_NUDGE_S) >= _NUDGE_S and key.agent != self.name:
+            self._nudged[key.agent] = now
+            self._send(key.agent, {"t": "wake"})
+        with self._guard:
+            handle = self._prepare(where, op, key, region, addr, nbytes, remote.ptr)
+            self._run(where, handle, key, deadline, timeout)
+
+    def _checked_key(self, where: str, peer_agent: str, remote: Any) -> Key:
+        """The key of ``remote``, once it is the connected peer's and covers the bytes."""
         self._running(where)
         key = self._key(where, remote.access_key)
         if key.agent != peer_agent:
@@ -421,15 +459,81 @@ class Agent:
                 f"inside the memory its key exposes ({key.nbytes} bytes at {key.base:#x}); "
                 f"narrow it within that range. Nothing was transferred"
             )
-        now = time.monotonic()
-        deadline = now + timeout.total_seconds()
-        self.active_until = now + _ACTIVE_S  # our side of the transfer: keep polling too
-        if now - self._nudged.get(key.agent, -_NUDGE_S) >= _NUDGE_S and key.agent != self.name:
-            self._nudged[key.agent] = now
-            self._send(key.agent, {"t": "wake"})
-        with self._guard:
-            handle = self._prepare(where, op, key, region, addr, nbytes, remote.ptr)
-            self._run(where, handle, key, deadline, timeout)
+        return key
+
+    # -- posted writes ------------------------------------------------------------------
+
+    def post_write(self, peer_agent: str, addr: int, nbytes: int, remote: Any) -> None:
+        """Send the ``nbytes`` at ``addr`` for ``remote`` in a notification; see the module
+        docstring. Checked here as a transfer is, and again by the owner on arrival."""
+        where = "post_write"
+        key = self._checked_key(where, peer_agent, remote)
+        if key.mem_type != "DRAM":
+            raise CommInputError(
+                f"{where}: the remote buffer is {key.mem_type} memory; posted writes reach host "
+                f"memory only (use write)"
+            )
+        message = b"".join(
+            (_POST, _POST_HEADER.pack(key.exposure, remote.ptr), ctypes.string_at(addr, nbytes))
+        )
+        with self._guard, self._lock:
+            self._usable_peer(where, key)
+            if key.agent == self.name:
+                self._apply_post(message)
+                return
+            try:
+                self._nixl.genNotif(key.agent, message)
+            except Exception as exc:
+                raise self._failure(where, key.agent, exc) from None
+
+    def _apply_post(self, message: bytes) -> None:
+        """Copy a posted write into memory this agent exposed (the lock is held)."""
+        exposure, addr = _POST_HEADER.unpack_from(message, len(_POST))
+        start = len(_POST) + _POST_HEADER.size
+        nbytes = len(message) - start
+        region = self._exposures.get(exposure)
+        bounds = self._exposure_ranges.get(exposure)
+        if region is None or bounds is None or region.mem_type != "DRAM":
+            return  # released (a late message), or not ours to write
+        base, size = bounds
+        if not (base <= addr and addr + nbytes <= base + size):
+            return
+        if not region.covers(addr, nbytes, "DRAM", region.device_id):
+            return
+        source = ctypes.cast(ctypes.c_char_p(message), ctypes.c_void_p).value
+        assert source is not None
+        ctypes.memmove(addr, source + start, nbytes)  # from the message's own buffer
+        self.posts_applied += 1
+
+    def flush(self, peer_agent: str, timeout: timedelta) -> None:
+        """Return once ``peer_agent`` handled every message this agent sent it before."""
+        self._running("flush")
+        if peer_agent == self.name:
+            return
+        deadline = time.monotonic() + timeout.total_seconds()
+        number = next(self._ids)
+        if not self._send(peer_agent, {"t": "flush", "id": number}):
+            raise CommOperationError(
+                f"flush: the peer (agent {peer_agent}) cannot be reached (it died or closed)"
+            )
+        while True:
+            self.progress()
+            with self._lock:
+                if number in self._flushed:
+                    self._flushed.discard(number)
+                    return
+                state = self._peers.get(peer_agent)
+                if state is not None and state.dead:
+                    raise CommOperationError(
+                        f"flush: the peer (agent {peer_agent}) disconnected (it died or closed)"
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommTimeoutError(
+                        f"flush: the peer (agent {peer_agent}) did not answer within "
+                        f"{timeout.total_seconds():g} s (timed out); it may be hung"
+                    )
+                self._changed.wait(min(left, 0.0002))
 
     def _key(self, where: str, text: str) -> Key:
         key = self._keys.get(text)
@@ -446,23 +550,7 @@ class Agent:
     ) -> Any:
         """A posted-before or new NIXL transfer; every check that needs the guard first."""
         with self._lock:
-            state = self._peers.get(key.agent)
-            if state is None or state.live is None:
-                raise CommStateError(
-                    f"{where}: agent {key.agent} is not connected to this process. Nothing was "
-                    f"transferred"
-                )
-            if state.dead:
-                raise CommOperationError(
-                    f"{where}: the peer (agent {key.agent}) disconnected earlier (it died or "
-                    f"closed); connect a new RdmaTransport to a live peer"
-                )
-            if not state.allows(key.exposure):
-                raise CommStateError(
-                    f"{where}: the peer released the memory of this remote buffer (its "
-                    f"RdmaMemory was closed or collected); ask the peer for a fresh "
-                    f"to_remote_buffer(). Nothing was transferred"
-                )
+            state = self._usable_peer(where, key)
             cache_key = (op, key.agent, key.exposure, region.ident, addr, rptr, nbytes)
             found = self._handles.get(cache_key)
             if found is not None:
@@ -492,6 +580,28 @@ class Agent:
                 _k, (old, *_rest) = self._handles.popitem(last=False)
                 self._release_handle(old)
             return handle
+
+    def _usable_peer(self, where: str, key: Key) -> _Peer:
+        """The peer of ``key``, once it is connected, alive, and still exposes the memory
+        (the lock is held)."""
+        state = self._peers.get(key.agent)
+        if state is None or state.live is None:
+            raise CommStateError(
+                f"{where}: agent {key.agent} is not connected to this process. Nothing was "
+                f"transferred"
+            )
+        if state.dead:
+            raise CommOperationError(
+                f"{where}: the peer (agent {key.agent}) disconnected earlier (it died or "
+                f"closed); connect a new RdmaTransport to a live peer"
+            )
+        if not state.allows(key.exposure):
+            raise CommStateError(
+                f"{where}: the peer released the memory of this remote buffer (its "
+                f"RdmaMemory was closed or collected); ask the peer for a fresh "
+                f"to_remote_buffer(). Nothing was transferred"
+            )
+        return state
 
     def _run(self, where: str, handle: Any, key: Key, deadline: float, timeout: timedelta) -> None:
         nixl, lock, in_progress = self._nixl, self._lock, self._in_progress
@@ -602,6 +712,10 @@ class Agent:
             with self._lock:
                 self._count_signal(message)
             return
+        if message.startswith(_POST):
+            with self._lock:
+                self._apply_post(message)
+            return
         if not message.startswith(_TAG):
             return
         body = json.loads(message[len(_TAG) :])
@@ -624,6 +738,12 @@ class Agent:
                         del self._handles[cache_key]
                         self._release_handle(value[0])
                 self._send(sender, {"t": "revoked", "ids": ids})
+        elif kind == "flush":  # every earlier message of the sender was handled
+            self._send(sender, {"t": "flushed", "id": int(body["id"])})
+        elif kind == "flushed":
+            with self._lock:
+                self._flushed.add(int(body["id"]))
+                self._changed.notify_all()
         elif kind == "revoked":
             answered = {int(e) for e in body["ids"]}
             with self._lock:
@@ -654,6 +774,8 @@ class Agent:
     def _start_release(self, region: Region, exposure: int | None, done: threading.Event) -> None:
         with self._lock:
             waiting: set[str] = set()
+            if exposure is not None:
+                self._exposure_ranges.pop(exposure, None)
             if exposure is not None and self._exposures.pop(exposure, None) is not None:
                 for agent in sorted(self._connected):
                     if agent == self.name:

@@ -21,7 +21,7 @@ from torchcomms_core.plugin import (
 )
 
 from . import engine
-from .agent import Agent, Region, agent
+from .agent import MAX_POST_BYTES, Agent, Region, agent
 from .keys import Address, decode_address, encode_address
 
 
@@ -57,6 +57,7 @@ class NixlEndpoint(TransportEndpoint):
     """One ``RdmaTransport`` on this process's agent."""
 
     supports_signals = True
+    max_post_bytes = MAX_POST_BYTES
 
     def __init__(self, owner: Agent) -> None:
         self._agent = owner
@@ -104,6 +105,20 @@ class NixlEndpoint(TransportEndpoint):
         if self._peer is None:
             raise CommStateError("signal: this RdmaTransport is not connected; call connect()")
         self._agent.signal(self._peer)
+
+    def post_write(
+        self, addr: int, nbytes: int, remote: RdmaRemoteBuffer, timeout: timedelta
+    ) -> None:
+        self._agent.post_write(self._connected_peer("post_write").agent, addr, nbytes, remote)
+
+    def flush(self, timeout: timedelta) -> None:
+        self._agent.flush(self._connected_peer("flush").agent, timeout)
+
+    def _connected_peer(self, where: str) -> Address:
+        self._open(where)
+        if self._peer is None:
+            raise CommStateError(f"{where}: this RdmaTransport is not connected; call connect()")
+        return self._peer
 
     def signals(self) -> int:
         self._open("signals")
