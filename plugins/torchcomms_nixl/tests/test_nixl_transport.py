@@ -71,6 +71,13 @@ def _pattern(rank: int, nbytes: int) -> torch.Tensor:
     return ((torch.arange(nbytes, dtype=torch.int64) * 7 + 31 * rank) % 251 + 1).to(torch.uint8)
 
 
+def _wait_signals(transport: RdmaTransport, count: int, peer: int) -> None:
+    """Poll ``transport.signals()`` until it reaches ``count`` (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while transport.signals() < count:
+        assert time.monotonic() < deadline, f"no signal {count} from rank {peer}"
+
+
 def _new_comm():
     os.environ.pop("TORCHCOMM_WINDOW_TRANSPORT", None)
     return torchcomms.new_comm("gloo", CPU, name=unique_name("nixl"))
@@ -256,9 +263,7 @@ def body_signals_order_writes(rounds: int) -> dict:
             t.write(m_out.to_view(), slot)
             assert t.signal() == 0
         for p, t in transports.items():
-            deadline = time.monotonic() + 30
-            while t.signals() < round_:
-                assert time.monotonic() < deadline, f"no signal {round_} from rank {p}"
+            _wait_signals(t, round_, p)
             # The peer writes its next round only after seeing ours: the bytes are round_'s.
             got = inbox[p * chunk : (p + 1) * chunk]
             mismatches += int(not torch.equal(got, _pattern(p + 100 * round_, chunk)))
@@ -295,9 +300,7 @@ def body_posted_writes(rounds: int) -> dict:
             t.signal()
         data.zero_()  # the bytes were taken when post_write returned
         for p, t in transports.items():
-            deadline = time.monotonic() + 30
-            while t.signals() < round_:
-                assert time.monotonic() < deadline, f"no signal {round_} from rank {p}"
+            _wait_signals(t, round_, p)
             got = inbox[p * chunk : (p + 1) * chunk]
             mismatches += int(not torch.equal(got, _pattern(p + 100 * round_, chunk)))
         comm.barrier()
@@ -310,8 +313,7 @@ def body_posted_writes(rounds: int) -> dict:
         t.write(m_last.to_view(), slots[p])
         t.signal()
     for p, t in transports.items():
-        while t.signals() < rounds + 1:
-            pass
+        _wait_signals(t, rounds + 1, p)
         got = inbox[p * chunk : (p + 1) * chunk]
         mismatches += int(not torch.equal(got, _pattern(p + 7, chunk)))
     comm.barrier()

@@ -192,7 +192,8 @@ class Agent:
         self._changed = threading.Condition(self._lock)
         self._ids = itertools.count(1)
         self._regions: list[Region] = []
-        self._exposures: dict[int, Region] = {}
+        #: exposure -> (its region, the exposed bytes' start and length)
+        self._exposures: dict[int, tuple[Region, int, int]] = {}
         self._next_exposure = 1
         self._connected: set[str] = set()  # agents whose metadata is loaded: they get revokes
         self._peers: dict[str, _Peer] = {}
@@ -202,7 +203,6 @@ class Agent:
         self.signals_received = 0
         #: Posted writes copied in since the agent started (for tests and tools).
         self.posts_applied = 0
-        self._exposure_ranges: dict[int, tuple[int, int]] = {}  # exposure -> (base, bytes)
         self._flushed: set[int] = set()  # our flush numbers the peer answered
         self._releases: list[_Release] = []
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -272,8 +272,7 @@ class Agent:
                 )
             exposure = self._next_exposure
             self._next_exposure += 1
-            self._exposures[exposure] = region
-            self._exposure_ranges[exposure] = (base, nbytes)
+            self._exposures[exposure] = (region, base, nbytes)
         key = Key(
             self.name, exposure, base, nbytes, region.mem_type, region.device_id, region.metadata
         )
@@ -402,14 +401,21 @@ class Agent:
             for sender, messages in notes.items():
                 for message in messages:
                     message = bytes(message)
-                    if message.startswith(_SIGNAL):
-                        self._count_signal(message)
-                    elif message.startswith(_POST):
-                        self._apply_post(message)
-                    else:
+                    if not self._take_fast(message):
                         self._queue.append(("note", str(sender), message))
         if self._queue:
             self._wake.set()
+
+    def _take_fast(self, message: bytes) -> bool:
+        """Act on a signal or a posted write (the lock is held); False for anything else,
+        which the service thread handles."""
+        if message.startswith(_SIGNAL):
+            self._count_signal(message)
+        elif message.startswith(_POST):
+            self._apply_post(message)
+        else:
+            return False
+        return True
 
     def _count_signal(self, message: bytes) -> None:
         try:
@@ -491,11 +497,10 @@ class Agent:
         exposure, addr = _POST_HEADER.unpack_from(message, len(_POST))
         start = len(_POST) + _POST_HEADER.size
         nbytes = len(message) - start
-        region = self._exposures.get(exposure)
-        bounds = self._exposure_ranges.get(exposure)
-        if region is None or bounds is None or region.mem_type != "DRAM":
+        found = self._exposures.get(exposure)
+        if found is None or found[0].mem_type != "DRAM":
             return  # released (a late message), or not ours to write
-        base, size = bounds
+        region, base, size = found
         if not (base <= addr and addr + nbytes <= base + size):
             return
         if not region.covers(addr, nbytes, "DRAM", region.device_id):
@@ -708,13 +713,9 @@ class Agent:
                 self._wake.clear()
 
     def _handle(self, sender: str, message: bytes) -> None:
-        if message.startswith(_SIGNAL):
+        if message.startswith((_SIGNAL, _POST)):
             with self._lock:
-                self._count_signal(message)
-            return
-        if message.startswith(_POST):
-            with self._lock:
-                self._apply_post(message)
+                self._take_fast(message)
             return
         if not message.startswith(_TAG):
             return
@@ -774,8 +775,6 @@ class Agent:
     def _start_release(self, region: Region, exposure: int | None, done: threading.Event) -> None:
         with self._lock:
             waiting: set[str] = set()
-            if exposure is not None:
-                self._exposure_ranges.pop(exposure, None)
             if exposure is not None and self._exposures.pop(exposure, None) is not None:
                 for agent in sorted(self._connected):
                     if agent == self.name:

@@ -101,10 +101,7 @@ class NixlEndpoint(TransportEndpoint):
         self._move("READ", local, addr, nbytes, remote, timeout)
 
     def signal(self, timeout: timedelta) -> None:
-        self._open("signal")
-        if self._peer is None:
-            raise CommStateError("signal: this RdmaTransport is not connected; call connect()")
-        self._agent.signal(self._peer)
+        self._agent.signal(self._connected_peer("signal"))
 
     def post_write(
         self, addr: int, nbytes: int, remote: RdmaRemoteBuffer, timeout: timedelta
@@ -143,10 +140,7 @@ class NixlEndpoint(TransportEndpoint):
         timeout: timedelta,
     ) -> None:
         where = op.lower()
-        self._open(where)
-        peer = self._peer
-        if peer is None:
-            raise CommStateError(f"{where}: this RdmaTransport is not connected; call connect()")
+        peer = self._connected_peer(where)
         if not isinstance(local, NixlRegistration):
             raise CommStateError(f"{where}: the local memory was not registered by NIXL")
         self._agent.transfer(op, peer.agent, local.region, addr, nbytes, remote, timeout)
