@@ -112,9 +112,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--timing-steps", type=int, default=20)
+    parser.add_argument(
+        "--flight-recorder",
+        action="store_true",
+        help="record the communicator with torchcomms' flight recorder, as "
+        "TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 does for every group it makes",
+    )
     args = parser.parse_args()
 
     comm = torchcomms.new_comm("gloo", torch.device("cpu"), name="fsdp2")
+    if args.flight_recorder:
+        from torchcomms.hooks import FlightRecorderHook
+
+        FlightRecorderHook().register_with_comm(comm)
     rank, size = comm.get_rank(), comm.get_size()
     # The comm spans the job, so it also becomes torch.distributed's default group.
     mesh = init_device_mesh((comm,), ("dp",))

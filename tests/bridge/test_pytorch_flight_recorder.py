@@ -270,7 +270,7 @@ def test_split_groups_inherit_the_recorder_and_an_abort_dumps(pool2, tmp_path) -
         assert dumped
 
 
-# -- the c10d bridge's engine lane: stacks borrowed from c10d's own recorder ----------------
+# -- the c10d bridge's engine lane: recorded by c10d's own recorder, or here ---------------
 
 
 def body_lane_stacks(c10d_size: str | None) -> dict:
@@ -298,7 +298,7 @@ def body_lane_stacks(c10d_size: str | None) -> dict:
         training_step()
         entries = recorder.dump_dict()["entries"]
         return {
-            "borrows": wrapper._lane_borrows,
+            "by c10d": type(wrapper._lane_now).__name__ == "_Lane",
             "names": [e["profiling_name"] for e in entries],
             "frames": [[f["name"] for f in e["frames"]] for e in entries],
             "own frames": [
@@ -321,17 +321,17 @@ def body_lane_stacks(c10d_size: str | None) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("c10d_size", "borrows"),
+    ("c10d_size", "by_c10d"),
     [(None, True), ("4", False), ("0", False), ("lots", False)],
     ids=["c10d-default-2000", "c10d-smaller-than-ours", "c10d-off", "c10d-size-not-a-number"],
 )
-def test_lane_entries_have_the_callers_stack_borrowed_or_captured(
-    pool2, c10d_size, borrows
+def test_lane_entries_have_the_callers_stack_recorded_by_c10d_or_here(
+    pool2, c10d_size, by_c10d
 ) -> None:
-    # Borrowed from the engine's record in c10d's recorder when that keeps at least as many
-    # entries as ours (16 here), else captured by our own: the same frames either way.
+    # Taken from the engine's records in c10d's recorder when that keeps at least as many
+    # entries as ours (16 here), else recorded by our own: the same entries either way.
     for out in pool2.run(body_lane_stacks, c10d_size):
-        assert out["borrows"] is borrows
+        assert out["by c10d"] is by_c10d
         assert out["names"] == ["gloo:all_reduce", "gloo:all_gather_single", "gloo:broadcast"], out
         for frames in out["frames"]:
             # torch.distributed's own frames first (as in a plain group's dump), then ours.
@@ -341,28 +341,119 @@ def test_lane_entries_have_the_callers_stack_borrowed_or_captured(
         assert out["threads"] == {out["thread"]}
 
 
-def test_borrowed_frames_match_the_first_c10d_record_in_the_call_window() -> None:
-    from torchcomms_core.hooks import flight_recorder as fr
+def body_lane_numbering(c10d_size: str | None, max_entries: int) -> dict:
+    """Calls that take the engine lane mixed with calls the hooks record (point-to-point
+    among them), then a reset and one more call; what the recorder dumps each time."""
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    if c10d_size is None:
+        os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    else:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = c10d_size
+    comm = _comm()
+    try:
+        recorder = FlightRecorderHook(max_entries=max_entries, isolated=True)
+        recorder.register_with_comm(comm)
+        pg = as_process_group(comm)
+        wrapper = pg._get_backend(torch.device("cpu"))
+        r, n = comm.get_rank(), comm.get_size()
+        dist.all_reduce(torch.ones(4), group=pg)  # the lane
+        dist.reduce(torch.ones(3), 0, group=pg)  # the hooks (no lane for reduce)
+        dist.all_gather_into_tensor(torch.empty(2 * n), torch.ones(2), group=pg)
+        if r == 0:
+            dist.send(torch.ones(5), 1, group=pg)
+        else:
+            dist.recv(torch.empty(5), 0, group=pg)
+        dist.barrier(group=pg)
+        dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * n), group=pg)
+        comm.all_reduce(torch.ones(6), ReduceOp.SUM)  # the communicator's own call
+        work = dist.broadcast(torch.ones(7), 0, group=pg, async_op=True)
+        work.wait()
+        dist.all_reduce(torch.ones(8), group=pg)
+        fields = (
+            "record_id",
+            "collective_seq_id",
+            "p2p_seq_id",
+            "op_id",
+            "profiling_name",
+            "input_sizes",
+            "input_dtypes",
+            "output_sizes",
+            "output_dtypes",
+            "state",
+            "retired",
+            "is_p2p",
+            "thread_name",
+            "process_group",
+        )
 
-    def entry(created: int, issued: int) -> list:
-        e = [None] * 21
-        e[fr._CREATED], e[fr._FRAMES] = created, issued
-        return e
+        def entries() -> list[list]:
+            return [[e[f] for f in fields] for e in recorder.dump_dict()["entries"]]
 
-    def frame(name: str, filename: str = "/user/train.py") -> dict:
-        return {"name": name, "filename": filename, "line": 7}
+        first = entries()
+        size = recorder.size()
+        recorder.reset()
+        after_reset = entries()
+        dist.all_reduce(torch.ones(9), group=pg)
+        return {
+            "by c10d": type(wrapper._lane_now).__name__ == "_Lane",
+            "entries": first,
+            "size": size,
+            "after reset": after_reset,
+            "last": entries(),
+            "n": n,
+        }
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        comm.finalize()
 
-    ours = frame("call", os.path.join(fr._HERE, "pytorch", "backend_wrapper.py"))
-    stacks = (
-        [100, 205, 300, 420],
-        [[frame("a")], [ours, frame("b"), frame("main")], [frame("c")], [frame("d")]],
-    )
-    got = fr._borrowed_frames(
-        [entry(200, 210), entry(301, 400), entry(90, 99), entry(410, 425)], stacks
-    )
-    assert got[0] == [frame("b"), frame("main")]  # the record at 205; our own frame left out
-    assert got[1] == []  # nothing recorded between 301 and 400: c10d's ring moved on
-    assert got[2] == []  # before anything c10d still holds
-    assert got[3] == [frame("d")]
-    many = ([5], [[frame(f"f{i}") for i in range(40)]])
-    assert len(fr._borrowed_frames([entry(1, 9)], many)[0]) == fr._MAX_FRAMES
+
+def test_the_engine_lane_recorded_by_c10d_dumps_what_recording_here_dumps(pool2) -> None:
+    # The same calls, with c10d's recorder recording the engine lane (the default) and
+    # with it off (every call recorded here): the same entries, numbered as one sequence.
+    by_c10d = pool2.run(body_lane_numbering, None, 64)
+    here = pool2.run(body_lane_numbering, "0", 64)
+    for rank, (a, b) in enumerate(zip(by_c10d, here, strict=True)):
+        assert a["by c10d"] is True and b["by c10d"] is False
+        # The group's name is made for each run; the rest is the same.
+        assert [e[:-1] for e in a["entries"]] == [e[:-1] for e in b["entries"]]
+        assert {e[-1][1] for e in a["entries"]} == {e[-1][1] for e in b["entries"]}
+        n, me = a["n"], rank
+        p2p = "gloo:send 0->1" if rank == 0 else "gloo:recv 1<-0"
+        assert [e[1:5] for e in a["entries"]] == [
+            [1, 0, 1, "gloo:all_reduce"],
+            [2, 0, 2, "gloo:reduce"],
+            [3, 0, 3, "gloo:all_gather_single"],
+            [3, 1, 4, p2p],
+            [4, 1, 5, "gloo:barrier"],
+            [5, 1, 6, "gloo:reduce_scatter_single"],
+            [6, 1, 7, "gloo:all_reduce"],
+            [7, 1, 8, "gloo:broadcast"],
+            [8, 1, 9, "gloo:all_reduce"],
+        ], me
+        sizes = {e[4]: (e[5], e[7]) for e in a["entries"]}
+        assert sizes["gloo:all_gather_single"] == ([[2]], [[2 * n]])
+        assert sizes["gloo:reduce_scatter_single"] == ([[2 * n]], [[2]])
+        assert [e[0] for e in a["entries"]] == list(range(9))
+        assert {(e[9], e[10]) for e in a["entries"]} == {("completed", True)}
+        assert a["size"] == 9
+        assert a["after reset"] == b["after reset"] == []
+        # After a reset the numbering goes on.
+        assert [e[:5] for e in a["last"]] == [e[:5] for e in b["last"]]
+        assert [e[1:5] for e in a["last"]] == [[9, 1, 10, "gloo:all_reduce"]]
+
+
+def test_the_engine_lane_recorded_by_c10d_keeps_the_last_entries(pool2) -> None:
+    # A ring of 4: the last four of the nine calls, numbered as in the whole sequence.
+    for a, b in zip(
+        pool2.run(body_lane_numbering, None, 4), pool2.run(body_lane_numbering, "0", 4), strict=True
+    ):
+        assert a["by c10d"] is True
+        assert [e[1:-1] for e in a["entries"]] == [e[1:-1] for e in b["entries"]]
+        assert [e[3] for e in a["entries"]] == [6, 7, 8, 9]
+        assert [e[0] for e in a["entries"]] == [5, 6, 7, 8]
+        assert a["size"] == 4

@@ -13,7 +13,10 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import datetime
 import functools
+import heapq
+import itertools
 import json
 import os
 import pickle
@@ -114,7 +117,7 @@ def _scalar_name(dtype: torch.dtype) -> str:
 # list that c10d reports as one stacked shape when uniform, ``(_EACH, pairs)`` for tensors
 # reported one by one, ``None`` for no tensor. :func:`_render` makes c10d's lists at dump.
 
-_ONE, _STACK, _EACH = 0, 1, 2
+_ONE, _STACK, _EACH, _RENDERED = 0, 1, 2, 3
 _Desc = tuple[Any, ...] | None
 _Tensor = torch.Tensor
 # Operations whose one ``tensor`` c10d reports as both input and output.
@@ -160,6 +163,8 @@ def _render(desc: _Desc) -> tuple[list[list[int]], list[str]]:
         return [], []
     if desc[0] == _ONE:
         return [list(desc[1])], [_scalar_name(desc[2])]
+    if desc[0] == _RENDERED:  # c10d's own, for the engine lane (see _lane_entries)
+        return [list(sizes) for sizes in desc[1]], list(desc[2])
     pairs = desc[1]
     if desc[0] == _STACK and pairs and len({shape for shape, _ in pairs}) == 1:
         return [[len(pairs), *pairs[0][0]]], [_scalar_name(pairs[0][1])]
@@ -220,15 +225,16 @@ def _kept_frames(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-# -- stacks the engine recorded ----------------------------------------------------
+# -- the c10d bridge's engine lane, recorded by c10d ---------------------------------
 #
 # A c10d engine (``ProcessGroupGloo``) records each operation it is given into c10d's
-# own flight recorder, with the caller's Python stack. When the c10d bridge hands an
-# operation to such an engine directly, capturing the same stack a second time is what
-# recording would cost most (Python 3.11 makes a frame object for every frame a stack
-# walk passes), so such an entry keeps, in its frames field, the time the engine call
-# returned: its stack is the one c10d's recorder took between the entry's creation and
-# that time, fetched when dumping.
+# own flight recorder: shapes, dtypes, the caller's Python stack, the creation time, and
+# ``retired`` once the operation finished. When the c10d bridge hands a call to such an
+# engine directly (its engine lane), recording it again here would be the whole cost of
+# recording. The lane then logs, per call, only its index, the operation's name and the
+# engine's operation id (a ``_Lane``); a dump joins that log with c10d's records of the
+# engine, which the bridge names after the group (``lane_tags``), and numbers the calls
+# among the entries recorded here (see ``_Lane.numbers``).
 
 
 def c10d_recorder_size() -> int:
@@ -245,33 +251,193 @@ def c10d_recorder_size() -> int:
     return 2000
 
 
-def _engine_stacks() -> tuple[list[int], list[list[dict[str, Any]]]]:
-    """c10d's recorded operations as ``(creation times, frames)``, oldest first."""
+def _c10d_entries(stacks: bool) -> list[dict[str, Any]]:
+    """c10d's recorded operations (every group's), oldest first; none without a recorder."""
     try:
         from torch._C._distributed_c10d import _dump_fr_trace  # type: ignore[attr-defined]
 
-        trace = pickle.loads(_dump_fr_trace(True, True, False))
-    except Exception:  # noqa: BLE001 - no c10d recorder here: no stacks to borrow
-        return [], []
-    pairs = sorted(
-        (int(e.get("time_created_ns", 0)), e.get("frames") or []) for e in trace.get("entries", ())
-    )
-    return [t for t, _ in pairs], [f for _, f in pairs]
+        trace = pickle.loads(_dump_fr_trace(True, stacks, False))
+    except Exception:  # noqa: BLE001 - no c10d recorder here: nothing recorded there
+        return []
+    return list(trace.get("entries", ()))
 
 
-def _borrowed_frames(
-    entries: list[list[Any]], stacks: tuple[list[int], list[list[dict[str, Any]]]]
-) -> list[list[dict[str, Any]]]:
-    """The frames of entries whose stack the engine recorded (see above): the stack of the
-    first operation c10d recorded from each one's creation to the engine call's return,
-    or none when c10d's recorder no longer holds it."""
-    times, frames = stacks
-    out = []
-    for entry in entries:
-        at = bisect.bisect_left(times, entry[_CREATED])
-        found = at < len(times) and times[at] <= entry[_FRAMES]
-        out.append(_kept_frames(frames[at]) if found else [])
+class _Lane:
+    """The engine lane of one recorded communicator, whose operations c10d records.
+
+    ``log`` holds ``(index, operation, engine op id)`` of the last calls (``index`` counts
+    the lane's calls from 1). ``marks`` holds, before each entry recorded here on the same
+    track, ``(lane calls so far, collective, p2p and op counters)``: the lane's calls and
+    those entries share one numbering, as if every call had been recorded here.
+    """
+
+    __slots__ = ("engine", "log", "counter", "tags", "floor", "marks", "first")
+
+    def __init__(self, engine: Any, size: int) -> None:
+        # Weakly: a recorder keeps its tracks after their communicator finalized.
+        self.engine = weakref.ref(engine)
+        self.log: collections.deque[tuple[int, str, int]] = collections.deque(maxlen=size)
+        self.counter = itertools.count(1)
+        # The names c10d's records of the engine carry (the group's, as it was renamed).
+        self.tags: set[str] = set()
+        # Calls up to ``floor`` were dropped by a reset; up to ``first``, cannot be
+        # numbered any more (the marks after them were let go).
+        self.floor = 0
+        self.first = 0
+        self.marks: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=size)
+
+    def calls(self) -> int:
+        """How many calls took the lane so far."""
+        log = self.log
+        return log[-1][0] if log else self.floor
+
+    def mark(self, track: _Track) -> int:
+        """Before an entry is recorded here on ``track`` (the lock is held): note where
+        it falls among the lane's calls, which it returns."""
+        before = self.calls()
+        marks = self.marks
+        if len(marks) == marks.maxlen:
+            self.first = max(self.first, marks[0][0])
+        marks.append((before, track.collective_seq, track.p2p_seq, track.op_seq))
+        return before
+
+    def numbers(self, index: int, track: _Track) -> tuple[int, int, int] | None:
+        """``(collective, p2p, op)`` sequence numbers of the lane's call ``index``: the
+        counters before the first entry recorded after it, plus ``index``."""
+        if index <= self.first:
+            return None
+        marks = self.marks
+        at = bisect.bisect_left(marks, (index,))
+        if at < len(marks):
+            _, coll, p2p, op = marks[at]
+        else:
+            coll, p2p, op = track.collective_seq, track.p2p_seq, track.op_seq
+        return coll + index, p2p, op + index
+
+
+# c10d's names of what the engine ran, for the lane's operations whose record differs
+# from ours: gloo records a reduce-scatter as the all-reduce it runs, and an all-gather's
+# output as the stack of the ranks' inputs.
+def _lane_sizes(kind: str, c10d: dict[str, Any], size: int) -> tuple[Any, Any]:
+    inp = (_RENDERED, c10d.get("input_sizes") or [], c10d.get("input_dtypes") or [])
+    out_sizes = c10d.get("output_sizes") or []
+    out_types = c10d.get("output_dtypes") or []
+    if kind == "all_gather_single" and len(out_sizes) == 1 and len(out_sizes[0]) >= 2:
+        n, first, *rest = out_sizes[0]
+        out_sizes = [[n * first, *rest]]
+    elif kind == "reduce_scatter_single" and len(inp[1]) == 1 and inp[1][0] and size > 0:
+        first, *rest = inp[1][0]
+        out_sizes, out_types = [[first // size, *rest]], list(inp[2])
+    return inp, (_RENDERED, out_sizes, out_types)
+
+
+def _lane_entries(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
+    """The engine lanes' calls of ``tracks`` as entries, from c10d's records of them."""
+    lanes = [(t, t.lane) for t in tracks if t.lane is not None and t.lane.log]
+    if not lanes:
+        return []
+    by_tag = _by_tag(_c10d_entries(stacks))
+    _settle_retired(by_tag, {tag for _, lane in lanes for tag in lane.tags})
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    out: list[list[Any]] = []
+    for track, lane in lanes:
+        comm = track.comm()
+        size = comm.get_size() if comm is not None else 0
+        records: dict[int, dict[str, Any]] = {}
+        for tag in lane.tags:
+            records.update(by_tag.get(tag, {}))
+        for index, kind, op_id in list(lane.log):
+            found = records.get(op_id)
+            if found is None or index <= lane.floor:
+                continue  # c10d's ring moved on, or a reset dropped it
+            record = found
+            numbers = lane.numbers(index, track)
+            if numbers is None:
+                continue
+            retired = bool(record.get("retired"))
+            created = int(record.get("time_created_ns") or 0)
+            thread_id = int(record.get("thread_id") or 0)
+            inp, outp = _lane_sizes(kind, record, size)
+            timeout_ms = record.get("timeout_ms")
+            out.append(
+                [
+                    0,  # numbered with the others when dumped
+                    track,
+                    *numbers,
+                    kind,
+                    None,
+                    None,
+                    created,
+                    inp,
+                    outp,
+                    "completed" if retired else "started",
+                    created,
+                    None,  # c10d's gloo records no completion time
+                    retired,
+                    datetime.timedelta(milliseconds=timeout_ms) if timeout_ms else None,
+                    False,
+                    thread_id,
+                    names.get(thread_id, record.get("thread_name") or ""),
+                    (_RENDERED, record.get("frames") or []),
+                    None,
+                ]
+            )
     return out
+
+
+def engine_lane(track: _Track, engine: Any, tags: set[str]) -> _Lane:
+    """``track``'s engine lane for ``engine``, whose records in c10d's recorder carry one
+    of ``tags`` (the set is shared: names added later count)."""
+    lane = track.lane
+    if lane is None or lane.engine() is not engine:
+        lane = track.lane = _Lane(engine, max(c10d_recorder_size(), 1))
+    lane.tags = tags
+    return lane
+
+
+def _by_tag(records: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """c10d's records by group name, then by operation id."""
+    by_tag: dict[str, dict[int, dict[str, Any]]] = {}
+    for record in records:
+        group = record.get("process_group") or ("",)
+        by_tag.setdefault(str(group[0]), {})[int(record.get("op_id", -1))] = record
+    return by_tag
+
+
+# gloo marks an operation finished (its waiter returns) before it retires the operation's
+# record, on its own thread: a dump taken right after a call can find it not yet retired.
+_RETIRE_WAITS_S = (0.002, 0.004, 0.008, 0.016, 0.032)
+
+
+def _settle_retired(by_tag: dict[str, dict[int, dict[str, Any]]], tags: set[str]) -> None:
+    """Read c10d's records again, briefly, while operations of ``tags`` still retire."""
+    for pause in _RETIRE_WAITS_S:
+        open_ = {(t, i) for t in tags for i, r in by_tag.get(t, {}).items() if not r.get("retired")}
+        if not open_:
+            return
+        time.sleep(pause)
+        again = _by_tag(_c10d_entries(False))
+        retired = {(t, i) for t, i in open_ if again.get(t, {}).get(i, {}).get("retired")}
+        for t, i in retired:
+            by_tag[t][i]["retired"] = True
+        if not retired:
+            return  # in flight indeed (a hung operation stays so)
+
+
+def lane_tags(engine: Any, tag: str) -> bool:
+    """Claim ``tag`` (a group name c10d's records of ``engine`` carry) for ``engine``:
+    False when a live engine of another communicator holds it (records would mix)."""
+    holder = _tag_holders.get(tag)
+    held = holder() if holder is not None else None
+    if held is not None and held is not engine:
+        return False
+    for dead in [t for t, ref in _tag_holders.items() if ref() is None]:
+        del _tag_holders[dead]
+    _tag_holders[tag] = weakref.ref(engine)
+    return True
+
+
+_tag_holders: dict[str, weakref.ref[Any]] = {}
 
 
 # Operation names as hooks pass them (``OpName`` members, or a plugin collective's
@@ -301,6 +467,7 @@ class _Track:
         "op_seq",
         "open",
         "lane_open",
+        "lane",
         "handles",
     )
 
@@ -315,6 +482,8 @@ class _Track:
         self.open: dict[int, list[list[Any]]] = {}
         # Entries of the bridge's engine lane whose work was not seen finished yet.
         self.lane_open: list[list[Any]] = []
+        # The engine lane c10d records for us, once the c10d bridge asked for one.
+        self.lane: _Lane | None = None
         self.handles: list[RemovableHandle] = []
 
     def remove(self) -> None:
@@ -377,9 +546,14 @@ def lane_track(comm: TorchComm) -> _Track | None:
     _IS_P2P,
     _THREAD_ID,  # an int
     _THREAD_NAME,  # a str, or the threading.Thread (engine-lane entries)
-    _FRAMES,  # what _frames returned, or an int (see _borrowed_frames)
+    _FRAMES,  # what _frames returned, or (_RENDERED, c10d's frames): see _lane_entries
     _WORK,  # the operation's work until it is seen finished
 ) = range(21)
+
+
+def _created(entry: list[Any]) -> int:
+    created: int = entry[_CREATED]
+    return created
 
 
 def _profiling_name(entry: list[Any]) -> str:
@@ -434,6 +608,8 @@ class _Recorder:
             for track in self.tracks:
                 track.open.clear()
                 track.lane_open = []
+                if track.lane is not None:
+                    track.lane.floor = track.lane.calls()
 
     # -- recording -------------------------------------------------------------------
 
@@ -466,12 +642,25 @@ class _Recorder:
             me = comm.get_rank() if comm is not None else -1
             peer = _args.peer(fields)
         with self.lock:
+            lane = track.lane.mark(track) if track.lane is not None else 0
             if p2p:
                 track.p2p_seq += 1
             else:
                 track.collective_seq += 1
             entry = self._append(
-                track, op, me, peer, now, inp, out, timeout, p2p, thread_id, thread_name, frames
+                track,
+                op,
+                me,
+                peer,
+                now,
+                inp,
+                out,
+                timeout,
+                p2p,
+                thread_id,
+                thread_name,
+                frames,
+                lane,
             )
             track.open[op_id] = [entry]
 
@@ -489,16 +678,19 @@ class _Recorder:
         thread_id: int,
         thread_name: str,
         frames: Any,
+        lane: int = 0,
     ) -> list[Any]:
         """A new scheduled entry (fields in the order of ``_RECORD_ID`` ... ``_WORK``), kept;
-        the caller holds the lock and has advanced the track's sequence ids."""
+        the caller holds the lock and has advanced the track's sequence ids. ``lane``: the
+        engine lane's calls before it (see ``_Lane``), which its collective and operation
+        numbers count too."""
         track.op_seq += 1
         entry = [
             self.record_ids,
             track,
-            track.collective_seq,
+            track.collective_seq + lane,
             track.p2p_seq,
-            track.op_seq,
+            track.op_seq + lane,
             op,
             me,
             peer,
@@ -538,6 +730,7 @@ class _Recorder:
         ios = [_io(kind, {"tensor": t}) for kind, t, _ in batch]
         entries = []
         with self.lock:
+            lane = track.lane.mark(track) if track.lane is not None else 0
             track.p2p_seq += 1
             for (kind, _, peer), (inp, out) in zip(batch, ios, strict=True):
                 entries.append(
@@ -554,6 +747,7 @@ class _Recorder:
                         thread_id,
                         thread_name,
                         frames,
+                        lane,
                     )
                 )
             track.open[op_id] = entries
@@ -587,18 +781,16 @@ class _Recorder:
         timeout: Any,
         created: int,
         done: bool,
-        issued: int | None = None,
     ) -> None:
         """Record an operation the c10d bridge gave its engine directly, as :meth:`pre`
         and :meth:`post` would have: one entry. ``done``: the bridge waited for it (a
         synchronous call) and it completed; else it is started and settled from ``work``
         (the engine's c10d ``Work``) when read. ``inp``/``out``: its one tensor each way
         (the same object for in-place operations), or ``None``; ``created``: when it was
-        issued (``time.time_ns()``). ``issued``: when the engine call returned, given when
-        the engine recorded the caller's stack into c10d's recorder (see
-        ``_borrowed_frames``); else the stack is captured here."""
+        issued (``time.time_ns()``). The bridge records here when c10d cannot record the
+        call for it (see ``_Lane``)."""
         now = time.time_ns()
-        frames = _frames() if issued is None else issued
+        frames = _frames()
         one_in = (_ONE, inp.shape, inp.dtype) if inp is not None else None
         one_out = (
             one_in if out is inp else (_ONE, out.shape, out.dtype) if out is not None else None
@@ -613,14 +805,15 @@ class _Recorder:
         lock = self.lock
         lock.acquire()
         try:
+            lane = track.lane.mark(track) if track.lane is not None else 0
             track.collective_seq += 1
             track.op_seq += 1
             entry = [
                 self.record_ids,
                 track,
-                track.collective_seq,
+                track.collective_seq + lane,
                 track.p2p_seq,
-                track.op_seq,
+                track.op_seq + lane,
                 op,
                 None,
                 None,
@@ -691,11 +884,40 @@ class _Recorder:
 
     # -- dumping ---------------------------------------------------------------------
 
-    def dump_dict(self, include_completed: bool = True) -> dict[str, Any]:
-        now = time.time_ns()
+    def held(self, stacks: bool = False) -> tuple[list[list[Any]], list[_Track]]:
+        """The entries held now, oldest first, the engine lanes' among them (see
+        ``_Lane``), at most ``max_entries``; and the tracks."""
         with self.lock:
             entries = list(self.entries)
             tracks = list(self.tracks)
+            total = self.record_ids
+        lane = _lane_entries(tracks, stacks)
+        if not lane:
+            return entries, tracks
+        now = time.time_ns()
+        for entry in entries:  # settled here: the copies below are what is dumped
+            self.settle(entry, now)
+        for track in tracks:
+            if track.lane is not None:
+                total += track.lane.calls() - track.lane.floor
+        lane.sort(key=_created)
+        merged = list(heapq.merge(entries, lane, key=_created))
+        if self.max_entries > 0:
+            merged = merged[-self.max_entries :]
+        # One numbering for both kinds, as one ring of every call would have held.
+        first = max(total - len(merged), 0)
+        for i, entry in enumerate(merged):
+            entry = merged[i] = list(entry)
+            entry[_RECORD_ID] = first + i
+        return merged, tracks
+
+    def size(self) -> int:
+        """Entries held now (at most ``max_entries``)."""
+        return len(self.held()[0])
+
+    def dump_dict(self, include_completed: bool = True) -> dict[str, Any]:
+        now = time.time_ns()
+        entries, tracks = self.held(stacks=True)
         groups: dict[int, tuple[str, str, Any]] = {}
         pg_config: dict[str, dict[str, str]] = {}
         pg_status: dict[str, dict[str, int]] = {}
@@ -729,16 +951,17 @@ class _Recorder:
                     status["last_completed_collective"] = seq
             if include_completed or state != "completed":
                 kept.append(entry)
-        # Our own stacks, and those the engine recorded (an int: see _borrowed_frames).
+        # Our own stacks, and those c10d recorded of the engine lanes' calls.
         frames: list[list[dict[str, Any]]] = [[] for _ in kept]
-        lent = [i for i, entry in enumerate(kept) if type(entry[_FRAMES]) is int]
-        own = [i for i, entry in enumerate(kept) if type(entry[_FRAMES]) is not int]
+        own = []
+        for i, entry in enumerate(kept):
+            captured = entry[_FRAMES]
+            if type(captured) is tuple and captured and captured[0] == _RENDERED:
+                frames[i] = _kept_frames(captured[1])
+            else:
+                own.append(i)
         for i, stack in zip(own, _frame_lists([kept[i][_FRAMES] for i in own]), strict=True):
             frames[i] = stack
-        if lent:
-            stacks = _borrowed_frames([kept[i] for i in lent], _engine_stacks())
-            for i, stack in zip(lent, stacks, strict=True):
-                frames[i] = stack
         out = []
         for entry, entry_frames in zip(kept, frames, strict=True):
             pg_id = entry[_TRACK].pg_id
@@ -770,7 +993,7 @@ class _Recorder:
                 "frames": entry_frames,
                 "process_group": [name, desc],
             }
-            if entry[_STATE] == "completed":
+            if entry[_STATE] == "completed" and entry[_COMPLETED] is not None:
                 # c10d writes the field only once an operation completed (from its CUDA
                 # events); here from the call to the completion the recorder saw.
                 record["duration_ms"] = max(entry[_COMPLETED] - entry[_CREATED], 0) / 1e6
@@ -881,7 +1104,7 @@ class FlightRecorderHook:
 
     def size(self) -> int:
         """Entries held now (at most the recorder's size)."""
-        return len(self._recorder.entries)
+        return self._recorder.size()
 
     def __len__(self) -> int:
         return self.size()

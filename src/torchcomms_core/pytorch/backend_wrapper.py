@@ -23,7 +23,14 @@ from torch._C._distributed_c10d import ProcessGroup, Store
 
 from .._errors import CommTypeError
 from ..comm.operations import TorchComm
-from ..hooks.flight_recorder import c10d_recorder_size, lane_track, set_group_describer
+from ..hooks.flight_recorder import (
+    _Lane,
+    c10d_recorder_size,
+    engine_lane,
+    lane_tags,
+    lane_track,
+    set_group_describer,
+)
 from . import profiling
 from ._world import describe
 from .bridge_ops import OPS, BridgeOp, barrier_tensor
@@ -77,7 +84,7 @@ class _BackendWrapper(ProcessGroup):
         self._device = torch.device(comm.get_device().type)
         self._engine = _c10d_engine(comm)
         # How many entries c10d's own flight recorder keeps of what the engine records,
-        # stacks included (0: the engine records nothing there); see _recorded_call.
+        # stacks included (0: the engine records nothing there); see _update_lane.
         self._c10d_records = c10d_recorder_size() if _records_into_c10d(self._engine) else 0
         # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
         self._backend_name = (
@@ -99,12 +106,16 @@ class _BackendWrapper(ProcessGroup):
         # they may have changed, rather than asked on every call.
         self._lane_now: Any = None
         self._lane_timeout = comm.get_timeout()
-        self._lane_borrows = False
-        _listen_for_lane_changes(self, comm)
-        self._update_lane()
+        # The names c10d's records of the engine carry (see _name_engine), and whether
+        # the last one is this engine's alone.
+        self._engine_tags: set[str] = set()
+        self._engine_tagged = False
         if self._engine is not None:
             # C++ callers (DDP's logger) look the engine up by the type the name says.
             self._register_backend(self._device, _backend_type(self._backend_name), self._engine)
+            self._name_engine(comm.get_name())
+        _listen_for_lane_changes(self, comm)
+        self._update_lane()
 
     # -- identity --------------------------------------------------------------------
 
@@ -131,16 +142,42 @@ class _BackendWrapper(ProcessGroup):
         return self._group_desc
 
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
-        self._group_desc = str(desc)
+        self._set_group_desc(desc)
 
     def _set_group_name(self, name: str) -> None:
         self._group_name = str(name)
         opts = self.options
         if hasattr(opts, "group_name"):
             opts.group_name = self._group_name
+        if self._engine is not None:
+            self._name_engine(self._group_name)
+            self._update_lane()
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = str(desc)
+        if self._engine is not None:
+            self._engine_names(desc=self._group_desc)
+
+    def _engine_names(self, name: str = "", desc: str = "") -> None:
+        """Set the engine's group name or description, as a c10d group does for its
+        backends. Only a ``ProcessGroup`` passes them to a backend, and ours answers
+        c10d's name calls in Python: a plain one, holding nothing else, does it."""
+        holder = ProcessGroup(self.rank(), self.size())  # type: ignore[call-arg]
+        holder._register_backend(self._device, _backend_type(self._backend_name), self._engine)
+        if name:
+            holder._set_group_name(name)  # type: ignore[arg-type]  # GroupName is a str
+        if desc:
+            holder._set_group_desc(desc)
+
+    def _name_engine(self, name: str) -> None:
+        """Give the engine the group's name, which c10d's recorder writes into the
+        engine's records, so dumps, ours and c10d's, can tell this group's records from
+        other groups'."""
+        if not name:
+            return
+        self._engine_names(name=name)
+        self._engine_tags.add(name)
+        self._engine_tagged = lane_tags(self._engine, name)
 
     def _set_global_ranks(self, ranks: Sequence[int]) -> None:
         """The members' global ranks, as c10d records them in a gloo group's options."""
@@ -295,14 +332,14 @@ class _BackendWrapper(ProcessGroup):
                 track = lane_track(comm)
                 if track is not None and comm.takes_lean_calls(1):
                     lane = track
+                    # c10d's recorder records the engine's operations for us when it
+                    # keeps at least as many entries as ours and can tell this group's
+                    # records apart: then a call only logs its name (see _Lane).
+                    if self._engine_tagged and self._c10d_records >= max(
+                        track.recorder.max_entries, 1
+                    ):
+                        lane = engine_lane(track, self._engine, self._engine_tags)
         self._lane_timeout = comm.get_timeout()
-        # A recorded call borrows the stack the engine recorded into c10d's recorder when
-        # that holds at least as many entries as ours (see _recorded_call).
-        self._lane_borrows = (
-            lane is not None
-            and lane is not _UNRECORDED
-            and self._c10d_records >= max(lane.recorder.max_entries, 1)
-        )
         self._lane_now = lane
 
     def _lane(self) -> Any:
@@ -317,17 +354,19 @@ class _BackendWrapper(ProcessGroup):
         return self._engine if self._lane() is _UNRECORDED else None
 
     def _recorded_lane(self) -> Any:
-        """The flight recorder's track when the engine lane may take this call and record
-        it there itself (the recorder's hooks being the communicator's only ones)."""
+        """The flight recorder's record of this call when the engine lane may take it
+        (the recorder's hooks being the communicator's only ones): its track, or its
+        ``_Lane`` when c10d records the engine's operations for it."""
         lane = self._lane()
         return None if lane is _UNRECORDED else lane
 
     def _recorded_call(
         self, op: BridgeOp, track: Any, what: tuple[str, Any, Any], args: Any, kwargs: Any
     ) -> Any:
-        """An engine-lane call that the flight recorder records: a synchronous one is
-        waited for here (c10d waits right after anyway) and recorded completed, an
-        asynchronous one recorded with the engine's work to settle from."""
+        """An engine-lane call that the flight recorder records here (c10d's recorder
+        cannot record it for us): a synchronous one is waited for here (c10d waits right
+        after anyway) and recorded completed, an asynchronous one recorded with the
+        engine's work to settle from."""
         method = getattr(self._engine, cast(str, op.engine))
         created = _time_ns()
         if not _profiler_enabled():
@@ -335,19 +374,16 @@ class _BackendWrapper(ProcessGroup):
         else:
             work = self._engine_recorded(op, method, args, kwargs)
         record = track.recorder.record_lane
-        # The entry borrows the caller's stack the engine recorded, rather than take it
-        # again, when c10d's recorder keeps it as long as ours keeps the entry.
-        issued = _time_ns() if self._lane_borrows else None
         opts = kwargs.get("opts", args[-1] if args else None)
         if getattr(opts, "asyncOp", True):
-            record(track, *what, work, self._lane_timeout, created, False, issued)
+            record(track, *what, work, self._lane_timeout, created, False)
             return work
         try:
             work.wait()
         except BaseException:
-            record(track, *what, work, self._lane_timeout, created, False, issued)
+            record(track, *what, work, self._lane_timeout, created, False)
             raise
-        record(track, *what, None, self._lane_timeout, created, True, issued)
+        record(track, *what, None, self._lane_timeout, created, True)
         return work
 
     def _engine_recorded(self, op: BridgeOp, method: Any, args: Any, kwargs: Any) -> Any:
@@ -464,7 +500,17 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
                 if recorded_as is not None:
                     what = recorded_as(*args, **kwargs)
                     if what is not None:
-                        return self._recorded_call(op, lane, what, args, kwargs)
+                        if lane.__class__ is not _Lane:
+                            return self._recorded_call(op, lane, what, args, kwargs)
+                        # c10d's recorder records the operation: the lane logs its name.
+                        method = getattr(self._engine, engine_name)
+                        if not _profiler_enabled():
+                            work = method(*args, **kwargs)
+                        else:
+                            work = self._engine_recorded(op, method, args, kwargs)
+                        seq = self._engine._get_sequence_number_for_group()
+                        lane.log.append((next(lane.counter), what[0], seq))
+                        return work
             except TypeError as exc:
                 # One of c10d's group-only overloads, which the engine does not bind:
                 # refused before anything ran, so the general path takes it.
