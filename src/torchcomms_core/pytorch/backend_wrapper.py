@@ -473,6 +473,8 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
     """The ``_BackendWrapper`` method of one table row: the engine lane, else the general
     path (see ``bridge_ops``)."""
     engine_name, accept, recorded_as = op.engine, op.engine_ok, op.recorded_as
+    # The name a call logs when c10d's recorder records it (see flight_recorder._Lane).
+    kind = getattr(recorded_as, "kind", None)
 
     if engine_name is None:
 
@@ -497,11 +499,8 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
                     if not _profiler_enabled():
                         return method(*args, **kwargs)
                     return self._engine_recorded(op, method, args, kwargs)
-                if recorded_as is not None:
-                    what = recorded_as(*args, **kwargs)
-                    if what is not None:
-                        if lane.__class__ is not _Lane:
-                            return self._recorded_call(op, lane, what, args, kwargs)
+                if lane.__class__ is _Lane:
+                    if kind is not None:
                         # c10d's recorder records the operation: the lane logs its name.
                         method = getattr(self._engine, engine_name)
                         if not _profiler_enabled():
@@ -509,8 +508,12 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
                         else:
                             work = self._engine_recorded(op, method, args, kwargs)
                         seq = self._engine._get_sequence_number_for_group()
-                        lane.log.append((next(lane.counter), what[0], seq))
+                        lane.log.append((next(lane.counter), kind, seq))
                         return work
+                elif recorded_as is not None:
+                    what = recorded_as(*args, **kwargs)
+                    if what is not None:
+                        return self._recorded_call(op, lane, what, args, kwargs)
             except TypeError as exc:
                 # One of c10d's group-only overloads, which the engine does not bind:
                 # refused before anything ran, so the general path takes it.

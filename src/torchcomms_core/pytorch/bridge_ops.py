@@ -457,6 +457,7 @@ def _in_place(name: str) -> Callable[..., tuple[str, Any, Any] | None]:
             return name, tensors[0], tensors[0]
         return None
 
+    describe.kind = name  # type: ignore[attr-defined]  # what the c10d-recorded lane logs
     return describe
 
 
@@ -464,11 +465,15 @@ def _out_in(name: str) -> Callable[..., tuple[str, Any, Any] | None]:
     def describe(output: Any, input: Any, *rest: Any, **kwargs: Any) -> tuple[str, Any, Any]:
         return name, input, output
 
+    describe.kind = name  # type: ignore[attr-defined]
     return describe
 
 
 def _barrier_described(*args: Any, **kwargs: Any) -> tuple[str, Any, Any]:
     return "barrier", None, None
+
+
+_barrier_described.kind = "barrier"  # type: ignore[attr-defined]
 
 
 def _none(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
