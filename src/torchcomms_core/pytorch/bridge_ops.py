@@ -166,7 +166,7 @@ def _allreduce(g: Group, tensors: Any, opts: Any = None) -> CommWork:
         from .sparse import sparse_all_reduce
 
         g.flush()
-        output = sparse_all_reduce(g.comm, ts, a.reduce_op_of(opts), a.timeout_of(opts))
+        output = sparse_all_reduce(g.comm, ts, a.reduce_op_of(opts), a.timeout_of(opts), g.label)
         for t in ts:  # as gloo: every input becomes the (coalesced) sum
             t.copy_(output)
         return g.work([], [output])

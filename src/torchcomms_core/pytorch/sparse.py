@@ -16,17 +16,22 @@ from ..comm.operations import TorchComm
 
 
 def sparse_all_reduce(
-    comm: TorchComm, tensors: list[torch.Tensor], op: ReduceOp, timeout: timedelta | None
+    comm: TorchComm,
+    tensors: list[torch.Tensor],
+    op: ReduceOp,
+    timeout: timedelta | None,
+    label: str = "ProcessGroupGloo",
 ) -> torch.Tensor:
-    """Return the coalesced sum over all ranks of ``tensors`` (summed locally first)."""
+    """Return the coalesced sum over all ranks of ``tensors`` (summed locally first).
+    ``label``: who speaks in errors (the group's engine, or the torchcomms backend)."""
     if op.type is not RedOpType.SUM:
         raise RuntimeError(
-            f"ProcessGroupGloo::allreduce: unsupported reduction operation (allreduce of "
+            f"{label}::allreduce: unsupported reduction operation (allreduce of "
             f"sparse tensors only works with ReduceOp.SUM; got {op.type.name})"
         )
     if any(t.layout != torch.sparse_coo for t in tensors):
         raise RuntimeError(
-            "ProcessGroupGloo::allreduce: input tensors must all be sparse "
+            f"{label}::allreduce: input tensors must all be sparse "
             "COO tensors or all dense; convert them with .to_sparse() or "
             ".to_dense()"
         )
@@ -47,7 +52,7 @@ def sparse_all_reduce(
     shape_of = torch.cat([metas[:, :2], metas[:, 3:]], dim=1)
     if not bool((shape_of == torch.cat([meta[:2], meta[3:]])).all()):
         raise RuntimeError(
-            f"ProcessGroupGloo::allreduce: sparse tensors differ across ranks in sparse or "
+            f"{label}::allreduce: sparse tensors differ across ranks in sparse or "
             f"dense dimensions or in size (rank {comm.get_rank()} has sparse_dim "
             f"{local.sparse_dim()}, dense_dim {local.dense_dim()}, size {list(local.shape)});"
             f" every rank must pass a tensor of the same shape"
