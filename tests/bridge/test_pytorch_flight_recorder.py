@@ -457,3 +457,44 @@ def test_the_engine_lane_recorded_by_c10d_keeps_the_last_entries(pool2) -> None:
         assert [e[3] for e in a["entries"]] == [6, 7, 8, 9]
         assert [e[0] for e in a["entries"]] == [5, 6, 7, 8]
         assert a["size"] == 4
+
+
+def body_lane_after_unregister(c10d_size: str | None) -> dict:
+    saved = os.environ.get("TORCH_FR_BUFFER_SIZE")
+    if c10d_size is None:
+        os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    else:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = c10d_size
+    comm = _comm()
+    try:
+        recorder = FlightRecorderHook(max_entries=16, isolated=True).register_with_comm(comm)
+        pg = as_process_group(comm)
+        wrapper = pg._get_backend(torch.device("cpu"))
+        by_c10d = type(wrapper._lane_now).__name__ == "_Lane"
+        dist.all_reduce(torch.ones(4), group=pg)
+        dist.broadcast(torch.ones(3), 0, group=pg)
+        recorder.unregister()
+        dist.all_reduce(torch.ones(5), group=pg)  # not recorded any more
+        entries = recorder.dump_dict()["entries"]
+        return {
+            "by c10d": by_c10d,
+            "kept": [(e["profiling_name"], e["input_sizes"], e["state"]) for e in entries],
+        }
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        else:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        comm.finalize()
+
+
+@pytest.mark.parametrize("c10d_size", [None, "0"], ids=["lane-by-c10d", "lane-recorded-here"])
+def test_unregistering_keeps_the_lane_entries(pool2, c10d_size) -> None:
+    for out in pool2.run(body_lane_after_unregister, c10d_size):
+        assert out["by c10d"] is (c10d_size is None)
+        assert out["kept"] == [
+            ("gloo:all_reduce", [[4]], "completed"),
+            ("gloo:broadcast", [[3]], "completed"),
+        ]

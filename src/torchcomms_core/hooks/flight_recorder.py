@@ -509,6 +509,8 @@ def _thread_name(thread: threading.Thread | str) -> str:
 
 # Asynchronous engine-lane entries whose work is kept to settle them, per communicator.
 _LANE_OPEN = 64
+# Unregistered communicators whose engine-lane calls a recorder still dumps.
+_DROPPED_LANES = 64
 
 # The track of each communicator that one recorder records (by ``id``; the track's weak
 # reference tells a reused id apart), for the c10d bridge's engine lane: see lane_track.
@@ -574,6 +576,9 @@ class _Recorder:
         self.max_entries = max_entries
         self.entries: collections.deque[list[Any]] = collections.deque(maxlen=max_entries or None)
         self.tracks: list[_Track] = []
+        # Tracks no longer recording whose engine lane still has calls to dump (their
+        # other entries stay in ``entries``, as every track's do).
+        self.dropped: collections.deque[_Track] = collections.deque(maxlen=_DROPPED_LANES)
         self.next_pg_id = 0
         self.record_ids = 0
         self.lock = threading.Lock()
@@ -600,6 +605,8 @@ class _Recorder:
         track.remove()
         if track in self.tracks:
             self.tracks.remove(track)
+            if track.lane is not None and track.lane.log:
+                self.dropped.append(track)
 
     def reset(self) -> None:
         with self.lock:
@@ -610,6 +617,7 @@ class _Recorder:
                 track.lane_open = []
                 if track.lane is not None:
                     track.lane.floor = track.lane.calls()
+            self.dropped.clear()
 
     # -- recording -------------------------------------------------------------------
 
@@ -890,14 +898,15 @@ class _Recorder:
         with self.lock:
             entries = list(self.entries)
             tracks = list(self.tracks)
+            dropped = list(self.dropped)
             total = self.record_ids
-        lane = _lane_entries(tracks, stacks)
+        lane = _lane_entries(tracks + dropped, stacks)
         if not lane:
             return entries, tracks
         now = time.time_ns()
         for entry in entries:  # settled here: the copies below are what is dumped
             self.settle(entry, now)
-        for track in tracks:
+        for track in tracks + dropped:
             if track.lane is not None:
                 total += track.lane.calls() - track.lane.floor
         lane.sort(key=_created)

@@ -203,6 +203,8 @@ class Agent:
         self.signals_received = 0
         #: Posted writes copied in since the agent started (for tests and tools).
         self.posts_applied = 0
+        #: Notifications read since the agent started, by any thread.
+        self.notes_read = 0
         self._flushed: set[int] = set()  # our flush numbers the peer answered
         self._releases: list[_Release] = []
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -394,17 +396,25 @@ class Agent:
     def progress(self) -> None:
         """Read the notifications that arrived (NIXL progresses UCX as it does), and act on
         them: what the service thread does on each poll, for a caller that waits now."""
+        rest = self._fetch()
+        if rest:
+            self._queue.extend(("note", sender, message) for sender, message in rest)
+            self._wake.set()
+
+    def _fetch(self) -> list[tuple[str, bytes]]:
+        """Read the notifications that arrived, acting on signals and posted writes before
+        the lock is let go, so that whichever thread reads which, a signal is never counted
+        before a posted write that arrived ahead of it is in place. The rest, in order."""
+        rest: list[tuple[str, bytes]] = []
         with self._lock:
             notes = self._nixl.getNotifs({}, self._ucx)
-            if not notes:
-                return
             for sender, messages in notes.items():
                 for message in messages:
                     message = bytes(message)
                     if not self._take_fast(message):
-                        self._queue.append(("note", str(sender), message))
-        if self._queue:
-            self._wake.set()
+                        rest.append((str(sender), message))
+            self.notes_read += sum(len(messages) for messages in notes.values())
+        return rest
 
     def _take_fast(self, message: bytes) -> bool:
         """Act on a signal or a posted write (the lock is held); False for anything else,
@@ -679,19 +689,18 @@ class Agent:
         while not self._stopping:
             busy = False
             try:
-                with self._lock:
-                    notes = self._nixl.getNotifs({}, self._ucx)
-                for sender, messages in notes.items():
-                    for message in messages:
-                        busy = True
-                        self._handle(str(sender), bytes(message))
-                while self._queue:
+                read = self.notes_read
+                rest = self._fetch()
+                busy = self.notes_read != read
+                while self._queue:  # read earlier, by a waiter's progress(): first
                     busy = True
                     kind, *what = self._queue.popleft()
-                    if kind == "note":  # read by a waiter's progress(); handled here
+                    if kind == "note":
                         self._handle(*what)
                     else:
                         self._start_release(*what)
+                for sender, message in rest:
+                    self._handle(sender, message)
                 if self._releases:
                     busy = True
                     self._finish_releases()
