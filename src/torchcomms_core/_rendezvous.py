@@ -125,21 +125,18 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
     """A ``TCPStore`` server of this process for one communicator: ``(store, host, port)``.
 
     ``address`` is where peers reach this process (the backend's choice: its interface or
-    hostname); the store listens there only. Without one it listens on every interface and
-    is advertised under this host's name, as torchft's own process groups do.
+    hostname); without one, the address this host's name resolves to (the one gloo's
+    default device binds), else the loopback address. The store listens on that one
+    address only, never on every interface, and the handle advertises the numeric address
+    it listens on, so a peer never tries another address of this host.
     """
     from torch._C._distributed_c10d import TCPStore
 
     start = max(timeout, HOST_START_FLOOR)
-    if address is None:  # a TCPStore server without a listen fd listens on every interface
-        name = _advertised_name()
-        store = TCPStore(name, 0, None, True, start, wait_for_workers=False)
-        store.set_timeout(timeout)
-        return store, name, int(store.port)
-    fd, port = _listen(address)
+    fd, host, port = _listen(address if address is not None else default_address())
     try:
         store = TCPStore(
-            address,
+            host,
             port,
             None,
             True,
@@ -152,21 +149,28 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
             os.close(fd)
         raise
     store.set_timeout(timeout)
-    return store, address, port
+    return store, host, port
 
 
-def _advertised_name() -> str:
-    """This host's name when it resolves, else the loopback address (gloo falls back alike)."""
-    name = socket.gethostname()
+def default_address() -> str:
+    """The address of this host's name that can be bound (gloo's default device does the
+    same), else the loopback address, as gloo falls back too."""
     try:
-        socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(socket.gethostname(), None, type=socket.SOCK_STREAM)
     except OSError:
         return "127.0.0.1"
-    return name
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((sockaddr[0], 0) + tuple(sockaddr[2:]))
+        except OSError:
+            continue
+        return str(sockaddr[0])
+    return "127.0.0.1"
 
 
-def _listen(address: str) -> tuple[int, int]:
-    """A socket listening on ``address`` (any free port), as ``(fd, port)``."""
+def _listen(address: str) -> tuple[int, str, int]:
+    """A socket listening on ``address`` (any free port), as ``(fd, numeric host, port)``."""
     try:
         infos = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -188,8 +192,8 @@ def _listen(address: str) -> tuple[int, int]:
             sock.close()
             failure = exc
             continue
-        port = int(sock.getsockname()[1])
-        return sock.detach(), port
+        host, port = sock.getsockname()[:2]
+        return sock.detach(), str(host), int(port)
     raise CommInputError(
         f"new_comm: cannot listen on {address!r} for the rendezvous ({failure}); it must be an "
         f"address of this host"

@@ -12,11 +12,15 @@ The orchestration lives here so a backend only implements ``reconfigure_engine``
 1. Arguments are checked (a uuid not used before by this communicator, distinct string
    handles including this process's own).
 2. The previous engine is retired with the backend's ``abort`` (never waits for a dead peer).
-3. Membership check through the rendezvous store, namespaced by the uuid, at a constant
-   number of store operations per member (see :func:`_meet`): each member writes a short
-   arrival record ``reconfigure/<uuid>/member/<handle>`` and counts itself in under the
-   digest of its handle list and under the uuid; the member that completes its digest's
-   count writes ``reconfigure/<uuid>/outcome`` and the others wait for that one key.
+3. Membership check through the rendezvous store, at a constant number of store
+   operations per member (see :func:`_meet`). An attempt's keys live in its own space,
+   ``reconfigure/<uuid>/<digest>/`` (the digest of its handle list): handles are unique per
+   communicator, so a later communicator that reuses a uuid in the same store never meets
+   the earlier one's keys. Each member writes a short arrival record
+   ``reconfigure/<uuid>/member/<handle>`` and counts itself in its space; the member that
+   completes the count writes the space's ``outcome`` and the others wait for that one
+   key. The first member of each list registers it under the uuid; a registered list that
+   shares a member with another one is a disagreement.
    ``reconfigure/handle/<handle>`` says which uuid a handle last reconfigured with, in what
    state (a store counter orders attempts). A member whose handle list differs, or who is
    reconfiguring with another uuid over the same members at the same time, makes every
@@ -24,8 +28,8 @@ The orchestration lives here so a backend only implements ``reconfigure_engine``
    failed) makes the others fail at once too; a member who never arrives makes the call
    raise :class:`CommTimeoutError` after ``timeout``, naming it.
 4. ``backend.reconfigure_engine(store, rank, size, timeout, options)`` builds the new
-   engine over ``reconfigure/<uuid>/engine/`` of the store; splits and windows of the new
-   group work under ``reconfigure/<uuid>/group/``.
+   engine over ``engine/`` of the attempt's space; splits and windows of the new group
+   work under its ``group/``.
 
 On failure the communicator stays unbound (operations raise ``CommStateError``) and a new
 ``reconfigure`` with a new uuid may be tried.
@@ -213,7 +217,7 @@ def _includes(store: Any, ann: dict[str, Any], peer: str, mine: str) -> bool:
     if not store.check([theirs_key]):
         return False  # not published yet: look again at the next scan
     digest = json.loads(store.get(theirs_key)).get("digest")
-    list_key = f"{_PREFIX}/{ann['uuid']}/digest/{digest}/list"
+    list_key = f"{_space(ann['uuid'], digest)}/list"
     if not store.check([list_key]):
         return True  # its list is being published: a member of it, most likely
     return mine in json.loads(store.get(list_key)).get("handles", [mine])
@@ -244,6 +248,13 @@ _NAMED = 6
 _OK = json.dumps({"kind": "ok"})
 
 
+def _space(key: str, digest: str) -> str:
+    """The keys of one attempt: a uuid and one handle list. Handles are unique per
+    communicator, so a later communicator that reuses a uuid (in the same store) starts in
+    a space of its own and never meets the earlier one's counters, outcome or engine keys."""
+    return f"{_PREFIX}/{key}/{digest}"
+
+
 def _meet(
     comm: TorchComm,
     store: Any,
@@ -256,37 +267,65 @@ def _meet(
     """Return once every member arrived under ``key`` with the same handle list.
 
     A constant number of store operations per member, whatever the size: each member
-    writes a short arrival record and adds one to two counters, one for its list's digest
-    and one for the uuid. The member whose digest count reaches the size has seen the
-    whole group agree and says so in the uuid's outcome key; the others wait for that key.
-    A member that finds a disagreement, gives up or times out writes the outcome instead,
-    so every member waiting learns it at once. Full lists are read only to explain a
-    disagreement. The first member to arrive watches the absent ones (a conflicting uuid,
-    a member that gave up elsewhere, an exited host) and ends the wait when it sees one.
+    writes a short arrival record and adds one to the counter of its attempt's space
+    (:func:`_space`: the uuid and the digest of its list). The member whose count reaches
+    the size has seen the whole group agree and says so in the space's outcome key; the
+    others wait for that key. The first member of each list publishes it and registers its
+    digest under the uuid, then reads the lists registered before: one that shares a member
+    with its own is a disagreement (both spaces' outcomes say so, so every member waiting
+    learns it at once); one that shares none is another group, or an earlier communicator
+    that used the same uuid, and is left alone. A member that gives up or times out writes
+    the outcome too. The first member to arrive watches the absent ones (a conflicting
+    uuid, a member that gave up elsewhere, an exited host) and ends the wait when it sees
+    one.
     """
     n = len(handles)
     mine = handles[rank]
     digest = _digest(handles)
     base = f"{_PREFIX}/{key}"
+    space = _space(key, digest)
     deadline = time.monotonic() + timeout.total_seconds()
     store.set(f"{base}/member/{mine}", json.dumps({"rank": rank, "digest": digest}))
-    same = int(store.add(f"{base}/digest/{digest}/count", 1))
-    if same == 1:  # the first with this list publishes it, to explain a disagreement
-        store.set(f"{base}/digest/{digest}/list", json.dumps({"rank": rank, "handles": handles}))
+    same = int(store.add(f"{space}/count", 1))
+    if same == 1:  # the first with this list publishes it, then looks for disagreeing ones
+        store.set(f"{space}/list", json.dumps({"rank": rank, "handles": handles}))
         store.append(f"{base}/digests", f"{digest},")
-    total = int(store.add(f"{base}/count", 1))
-    if total > same:  # others arrived first: with another list, or just before this one
-        others = [d for d in store.get(f"{base}/digests").decode().split(",") if d]
-        other = next((d for d in others if d != digest), None)
-        if other is not None:
-            raise _disagreement(store, base, key, rank, handles, other)
+        _check_lists(store, key, rank, handles, digest)
     if same >= n:
-        outcome = store.compare_set(f"{base}/outcome", "", _OK)
-    elif total == 1:
+        outcome = store.compare_set(f"{space}/outcome", "", _OK)
+    elif same == 1:
         outcome = _watch(comm, store, key, rank, handles, deadline, seq, timeout)
     else:
         outcome = _wait_outcome(store, key, handles, deadline, timeout)
     _raise_outcome(outcome)
+
+
+def _check_lists(store: Any, key: str, rank: int, handles: list[str], digest: str) -> None:
+    """Raise :class:`_Disagreement` if a list registered under ``key`` before this one
+    shares a member with it; the other list's space learns it too.
+
+    Of two lists registered at the same time, the one registered second sees the first
+    (registration is an append), so one of the two always finds the disagreement.
+    """
+    registered = store.get(f"{_PREFIX}/{key}/digests").decode().split(",")
+    others = sorted({d for d in registered if d and d != digest})
+    if not others:
+        return
+    mine = set(handles)
+    lists = store.multi_get([f"{_space(key, d)}/list" for d in others])
+    for other, raw in zip(others, lists, strict=True):
+        theirs = json.loads(raw)
+        if mine.isdisjoint(theirs["handles"]):
+            continue  # another group, or an earlier communicator's use of this uuid
+        error = _Disagreement(
+            f"reconfigure: members disagree on init_handles for uuid {key!r}: rank {rank} "
+            f"passed {_short(handles)} but rank {theirs['rank']} passed "
+            f"{_short(theirs['handles'])}; every member must pass the same list (or the "
+            f"same set)"
+        )
+        outcome = json.dumps({"kind": "input", "message": str(error)})
+        store.compare_set(f"{_space(key, other)}/outcome", "", outcome)
+        raise error
 
 
 def _raise_outcome(raw: bytes | str) -> None:
@@ -303,17 +342,6 @@ def _raise_outcome(raw: bytes | str) -> None:
     raise CommOperationError(message)
 
 
-def _disagreement(
-    store: Any, base: str, key: str, rank: int, handles: list[str], other: str
-) -> _Disagreement:
-    theirs = json.loads(store.get(f"{base}/digest/{other}/list"))
-    return _Disagreement(
-        f"reconfigure: members disagree on init_handles for uuid {key!r}: rank {rank} passed "
-        f"{_short(handles)} but rank {theirs['rank']} passed {_short(theirs['handles'])}; "
-        f"every member must pass the same list (or the same set)"
-    )
-
-
 def _absent(store: Any, base: str, handles: list[str], limit: int) -> list[int]:
     """Ranks (positions in ``handles``) of up to ``limit`` members that did not arrive."""
     return missing_keys(store, [f"{base}/member/{h}" for h in handles], limit)
@@ -323,7 +351,7 @@ def _timed_out(store: Any, key: str, handles: list[str], timeout: timedelta) -> 
     base = f"{_PREFIX}/{key}"
     absent = _absent(store, base, handles, _NAMED)
     try:
-        count = len(handles) - int(store.add(f"{base}/count", 0))
+        count = len(handles) - int(store.add(f"{_space(key, _digest(handles))}/count", 0))
     except Exception:
         count = len(absent)
     count = max(count, len(absent))
@@ -339,7 +367,7 @@ def _wait_outcome(
     store: Any, key: str, handles: list[str], deadline: float, timeout: timedelta
 ) -> bytes:
     """Block until the uuid's outcome is written (one operation), or time out."""
-    outcome_key = f"{_PREFIX}/{key}/outcome"
+    outcome_key = f"{_space(key, _digest(handles))}/outcome"
     remaining = max(deadline - time.monotonic(), 0.001)
     try:
         store.wait([outcome_key], timedelta(seconds=remaining))
@@ -363,7 +391,8 @@ def _watch(
 ) -> bytes:
     """The first member's wait: poll the outcome and look at the absent members."""
     base = f"{_PREFIX}/{key}"
-    outcome_key = f"{base}/outcome"
+    space = _space(key, _digest(handles))
+    outcome_key = f"{space}/outcome"
     used = comm._membership.uuids
     mine = handles[rank]
     hosted = comm._membership.rendezvous is not None
@@ -373,7 +402,7 @@ def _watch(
         if store.check([outcome_key]):
             result: bytes = store.get(outcome_key)
             return result
-        if int(store.add(f"{base}/count", 0)) < len(handles):
+        if int(store.add(f"{space}/count", 0)) < len(handles):
             absent = _absent(store, base, handles, _SCANNED)
             for r in absent:
                 _look_at(store, key, r, handles, seq, used, mine)
@@ -412,6 +441,33 @@ def _look_at(
             f"{ann['uuid']!r} instead of {key!r}; every member must pass the same uuid",
             ann["uuid"],
         )
+
+
+def _all_built(store: Any, space: str, key: str, size: int, timeout: timedelta) -> None:
+    """Return once every member has built its engine (two store operations per member).
+
+    Without it a member that finished first could retire the engine at once (another
+    reconfigure right away) and close connections a slower peer is still setting up: the
+    peer's engine build then fails ("connection closed by peer"). A member whose build
+    failed writes why, so the others stop waiting at once.
+    """
+    if size == 1:
+        return
+    done = f"{space}/built/all"
+    if int(store.add(f"{space}/built/count", 1)) >= size:
+        store.compare_set(done, "", _OK)
+    try:
+        store.wait([done], timeout)
+    except Exception as exc:
+        if not is_timeout_error(exc):
+            raise
+        built = int(store.add(f"{space}/built/count", 0))
+        raise CommTimeoutError(
+            f"reconfigure: only {built} of {size} members built their engine for uuid "
+            f"{key!r} within {timeout}; a member may have died after joining; reconfigure "
+            f"again with a new uuid and a list of live members"
+        ) from None
+    _raise_outcome(store.get(done))
 
 
 def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: timedelta) -> Any:
@@ -485,6 +541,7 @@ def reconfigure(
         )
     comm._membership.uuids.add(key)
     rank, size = handles.index(mine), len(handles)
+    space = _space(key, _digest(handles))
 
     prev_state = comm._unbind()
     _retire(comm, prev_state)
@@ -504,7 +561,7 @@ def reconfigure(
             rank=rank,
             size=size,
             timeout=timeout,
-            store=PrefixStore(f"{_PREFIX}/{key}/engine", store),
+            store=PrefixStore(f"{space}/engine", store),
             hints={**comm._default_hints(), **hints},
         )
         try:
@@ -522,6 +579,7 @@ def reconfigure(
                     f"after joining; reconfigure again with a new uuid"
                 ) from exc
             raise CommOperationError(f"{what}: {exc}") from exc
+        _all_built(store, space, key, size, timeout)
     except BaseException as exc:
         try:  # withdraw, so members still waiting fail now instead of at their timeout
             kind = (
@@ -538,7 +596,8 @@ def reconfigure(
                 f"{str(exc)[:600]}"
             )
             outcome = json.dumps({"kind": kind, "message": message})
-            store.compare_set(f"{_PREFIX}/{key}/outcome", "", outcome)
+            store.compare_set(f"{space}/outcome", "", outcome)
+            store.compare_set(f"{space}/built/all", "", outcome)
             if isinstance(exc, _UuidMismatch):
                 _announce(store, mine, key, "mismatch", seq, exc.other, exc)
             else:
@@ -554,6 +613,6 @@ def reconfigure(
     except Exception:  # bound already; a store that just went away no longer matters
         pass
 
-    group = PrefixStore(f"{_PREFIX}/{key}/group", store)
+    group = PrefixStore(f"{space}/group", store)
     comm._rebind(rank, size, group, options)  # splits, windows and bridge groups meet there
     return TorchWork(None, None, comm, op)
