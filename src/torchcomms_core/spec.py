@@ -239,8 +239,9 @@ class TorchCommBackend(abc.ABC):
         """Where peers reach this process: the address a self-hosted rendezvous listens on.
 
         Used by ``new_comm(..., enable_reconfigure=True)`` without a store. ``None`` (the
-        default) listens on every interface and advertises this host's name; a backend
-        bound to one interface (hints, environment) returns that interface's address.
+        default) listens on the address this host's name resolves to (the loopback address
+        if it does not); a backend bound to one interface (hints, environment) returns that
+        interface's address. The store listens on that one address only.
         """
         return None
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from .._errors import CommTypeError
+from .._errors import CommStateError, CommTypeError
+from .._states import OK
 from ..comm.operations import TorchComm
 from ..hooks.flight_recorder import (
     _Lane,
@@ -110,6 +111,9 @@ class _BackendWrapper(ProcessGroup):
         # the last one is this engine's alone.
         self._engine_tags: set[str] = set()
         self._engine_tagged = False
+        # Why this group no longer describes its communicator (a reconfigure changed its
+        # rank or size), or "" while it does; see _follow.
+        self._stale = ""
         if self._engine is not None:
             # C++ callers (DDP's logger) look the engine up by the type the name says.
             self._register_backend(self._device, _backend_type(self._backend_name), self._engine)
@@ -324,8 +328,9 @@ class _BackendWrapper(ProcessGroup):
         flight recorder's track (the engine, recorded here: the recorder's hooks are the
         communicator's only ones), or ``None`` (the general path)."""
         comm = self._comm
+        self._follow(comm)
         lane: Any = None
-        if self._engine is not None:
+        if self._engine is not None and not self._stale:
             if comm.takes_lean_calls():
                 lane = _UNRECORDED
             else:
@@ -341,6 +346,38 @@ class _BackendWrapper(ProcessGroup):
                         lane = engine_lane(track, self._engine, self._engine_tags)
         self._lane_timeout = comm.get_timeout()
         self._lane_now = lane
+
+    def _follow(self, comm: TorchComm) -> None:
+        """Follow ``comm.reconfigure``: once the communicator is bound again, take its new
+        engine when its rank and size are still this group's; otherwise mark the group
+        stale, so its operations refuse to run (c10d's rank and size of a group are fixed:
+        ``torchcomms.elastic.rebuild_process_group`` makes the group for the new membership).
+        """
+        if self._stale or comm._state is not OK:  # between unbind and rebind: wait
+            return
+        engine = _c10d_engine(comm)
+        if engine is self._engine:
+            return
+        rank, size = comm.get_rank(), comm.get_size()
+        if (rank, size) != (self.rank(), self.size()):
+            self._stale = (
+                f"process group {self._group_name or comm.get_name()!r} was made for rank "
+                f"{self.rank()} of {self.size()}, but its communicator {comm.get_name()!r} "
+                f"was reconfigured to rank {rank} of {size}; make the group for the new "
+                f"membership with torchcomms.elastic.rebuild_process_group(comm) and use that"
+            )
+            return
+        self._engine = engine
+        self._options = None
+        self._engine_tags = set()
+        self._engine_tagged = False
+        if engine is None:
+            return
+        self._c10d_records = c10d_recorder_size() if _records_into_c10d(engine) else 0
+        self._register_backend(self._device, _backend_type(self._backend_name), engine)
+        self._name_engine(self._group_name or comm.get_name())
+        if self._group_desc != "undefined":
+            self._engine_names(desc=self._group_desc)
 
     def _lane(self) -> Any:
         """The lane this call may take (see ``_update_lane``): none while a coalescing
@@ -397,6 +434,8 @@ class _BackendWrapper(ProcessGroup):
 
     def _general(self, op: BridgeOp, args: Any, kwargs: Any) -> CommWork:
         """A general-path call, under the records c10d and its engine would make."""
+        if self._stale:
+            raise CommStateError(f"{op.names[0]}: {self._stale}")
         if not _profiler_enabled():
             return op.run(self, *args, **kwargs)
         work = op.work if isinstance(op.work, str) else op.work(*args, **kwargs)
@@ -431,6 +470,8 @@ class _BackendWrapper(ProcessGroup):
         self, timeout: timedelta | None = None, wait_all_ranks: bool = False
     ) -> None:
         """gloo's ``monitoredBarrier``: rank 0 hears from every rank and names the late ones."""
+        if self._stale:
+            raise CommStateError(f"monitored_barrier: {self._stale}")
         engine = self._engine_for_call()
         if engine is None and self._recorded_lane() is not None:
             engine = self._engine  # c10d's flight recorder keeps no entry for it either
