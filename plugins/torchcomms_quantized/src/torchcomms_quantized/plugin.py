@@ -1,6 +1,7 @@
 """The ``torchcomms.plugins`` entry point: registers the quantized collectives.
 
-Every ``TorchComm`` then has ``quantized_all_reduce`` and ``quantized_reduce_scatter``.
+Every ``TorchComm`` then has ``quantized_all_reduce``, ``quantized_reduce_scatter`` and the
+reference's ``reduce_scatter_quantized`` (bfloat16 traffic, stochastic rounding).
 """
 
 from __future__ import annotations
@@ -8,7 +9,12 @@ from __future__ import annotations
 from torchcomms_core.plugin import Collective, ReduceOp, hookimpl
 
 from .collectives import quantized_all_reduce, quantized_reduce_scatter
-from .validation import validate_all_reduce, validate_reduce_scatter
+from .stochastic import reduce_scatter_quantized
+from .validation import (
+    validate_all_reduce,
+    validate_reduce_scatter,
+    validate_reduce_scatter_quantized,
+)
 
 ALL_REDUCE_DOC = """\
 quantized_all_reduce(tensor, op=ReduceOp.SUM, async_op=False, *, block_size=256,
@@ -27,6 +33,17 @@ block_size=256, dtype=torch.int8): reduce-scatter like reduce_scatter_single
 (input.numel() == output.numel() * size) with int8 traffic and one quantization: per
 element of block b of the output, within A_b / 250 of the exact result (A_b / (250 n)
 for AVG), where A_b is the sum over ranks of max|x| over the block.
+"""
+
+REDUCE_SCATTER_QUANTIZED_DOC = """\
+reduce_scatter_quantized(output, input, op, seed, async_op=False): the reference's
+NCCLX reduce-scatter with bfloat16 traffic, on every backend that sends bfloat16. output
+and input are contiguous float32 tensors with input.numel() == output.numel() * size; op
+is ReduceOp.SUM or ReduceOp.AVG; seed is a one-element int64 tensor on the communicator's
+device. Each rank rounds its input to bfloat16 stochastically (unbiased: the expected
+rounded value is the input; error below one bfloat16 step, |x| * 2**-7), reproducibly
+for (seed, rank); the chunks travel as bfloat16 (half the bytes of float32) and are added
+in float32 in rank order. Equal inputs and seeds give bit-identical results.
 """
 
 
@@ -48,5 +65,12 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=validate_reduce_scatter,
             doc=REDUCE_SCATTER_DOC,
+        ),
+        Collective(
+            name="reduce_scatter_quantized",
+            impl=reduce_scatter_quantized,
+            args=("output", "input", "op", "seed"),
+            validate=validate_reduce_scatter_quantized,
+            doc=REDUCE_SCATTER_QUANTIZED_DOC,
         ),
     ]

@@ -112,3 +112,63 @@ def _options(comm: TorchComm, name: str, kwargs: dict[str, Any]) -> dict[str, An
 
 def _short(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def validate_reduce_scatter_quantized(
+    comm: TorchComm, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Check ``reduce_scatter_quantized(output, input, op, seed)`` as the reference does:
+    float32 contiguous tensors, ``input.numel() == output.numel() * size``, a one-element
+    int64 ``seed`` tensor on the communicator's device, SUM or AVG, no keyword options."""
+    name = "reduce_scatter_quantized"
+    output, input, op, seed = args
+    if kwargs:
+        raise CommTypeError(
+            f"{name}() got unexpected keyword argument(s) "
+            f"{', '.join(map(repr, sorted(kwargs)))}; it takes (output, input, op, seed, "
+            f"async_op) and hints= and timeout="
+        )
+    check = comm.checker
+    for arg, t in (("output", output), ("input", input)):
+        check.tensor(name, arg, t)
+        if t.dtype != torch.float32:
+            raise CommInputError(
+                f"{name}: {arg} must be float32 (it is rounded to bfloat16 on the wire and "
+                f"reduced in float32), got {_short(t.dtype)}; convert with .float() or use "
+                f"quantized_reduce_scatter for bfloat16/float16 data"
+            )
+        if not t.is_contiguous():
+            raise CommInputError(
+                f"{name}: {arg} must be contiguous (shape {tuple(t.shape)}, strides "
+                f"{t.stride()}); pass {arg}.contiguous()"
+            )
+    size = comm.get_size()
+    check.numel(
+        name,
+        "input",
+        input,
+        output.numel() * size,
+        f"output.numel() * size = {output.numel()} * {size}",
+    )
+    if not isinstance(seed, torch.Tensor):
+        raise CommTypeError(
+            f"{name}: seed must be a one-element int64 tensor on the communicator's device "
+            f"(torch.tensor([42], dtype=torch.int64, device={str(comm.get_device())!r})), "
+            f"got {type(seed).__name__}"
+        )
+    if seed.dtype != torch.int64 or seed.numel() != 1:
+        raise CommInputError(
+            f"{name}: seed must be a one-element int64 tensor; got dtype={_short(seed.dtype)}, "
+            f"numel={seed.numel()}"
+        )
+    check.tensor(name, "seed", seed)  # on the communicator's device
+    red = _reduce_op(comm, name, op, input.dtype)
+    backend = comm.get_backend_impl()
+    if not callable(getattr(backend, name, None)) and (
+        torch.bfloat16 not in type(backend).supported_dtypes
+    ):
+        raise CommInputError(
+            f"{name}: backend {comm.get_backend()!r} cannot transfer bfloat16 tensors, which "
+            f"the portable {name} sends; use reduce_scatter_single on this backend"
+        )
+    return (output, input, red, seed), {}

@@ -296,27 +296,28 @@ def reduce_scatter_quantized(
     group: Any = None,
     async_op: bool = False,
 ) -> Any:
-    """The reference's ncclx reduce-scatter with BF16 stochastic-rounded transport.
+    """The reference's reduce-scatter with bfloat16 stochastic-rounded transport.
 
-    Runs when the communicator's backend provides ``reduce_scatter_quantized``; others
-    raise an error naming what to use instead.
+    Runs ``comm.reduce_scatter_quantized``: the backend's own kernel where it has one,
+    else torchcomms-quantized's portable one (any backend that sends bfloat16). As in the
+    reference, the work is returned whatever ``async_op`` (already waited for when false).
     """
     pg = resolve(group, "reduce_scatter_quantized")
     if pg is None:
         raise CommInputError(
-            "reduce_scatter_quantized needs init_process_group(..., use_torchcomms=True) on "
-            "a backend that provides it (the reference's ncclx)"
+            "reduce_scatter_quantized needs init_process_group(..., use_torchcomms=True): "
+            "it runs on a torchcomms communicator"
         )
     comm = pg.comm_for(output.device, "reduce_scatter_quantized")
-    native = getattr(comm.get_backend_impl(), "reduce_scatter_quantized", None)
-    if native is None:
+    method = getattr(comm, "reduce_scatter_quantized", None)
+    if method is None:
         raise CommInputError(
-            f"reduce_scatter_quantized: backend {comm.get_backend()!r} does not provide it "
-            f"(a kernel of the reference's ncclx); use reduce_scatter_tensor, or "
-            f"comm.quantized_reduce_scatter from torchcomms-quantized (block-wise int8)"
+            f"reduce_scatter_quantized: communicator {comm.get_name()!r} has no "
+            f"reduce_scatter_quantized; install torchcomms-quantized (pip install "
+            f"torchcomms-quantized), which adds it to every backend, or use "
+            f"reduce_scatter_tensor"
         )
-    work = native(output, input, to_comms_op(op, "reduce_scatter_quantized"), seed, async_op)
+    work = method(output, input, to_comms_op(op, "reduce_scatter_quantized"), seed, async_op)
     if work is not None and not async_op:
         work.wait()
-        return None
     return work
