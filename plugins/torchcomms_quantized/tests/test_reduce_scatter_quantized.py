@@ -207,3 +207,41 @@ def test_reduce_scatter_quantized_over_gloo(pool) -> None:
         assert errors["seed_int"].startswith("CommTypeError"), errors
         assert "SUM or ReduceOp.AVG" in errors["max"], errors
         assert errors["kwarg"].startswith("CommTypeError"), errors
+
+
+# -- through torchcomms.distwrap, as the reference's own test calls it ---------------------------
+
+
+def body_distwrap() -> dict:
+    import os
+
+    from torch import distributed as c10d
+
+    from torchcomms import distwrap as dist
+
+    rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
+    tcp = c10d.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
+    store = c10d.PrefixStore(unique_name("rsq-distwrap"), tcp)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, use_torchcomms=True)
+    out: dict = {}
+    try:
+        output = torch.zeros(1024)
+        seed = torch.tensor([42 + rank], dtype=torch.int64)
+        work = dist.reduce_scatter_quantized(
+            output, torch.ones(size * 1024), dist.ReduceOp.SUM, seed, async_op=False
+        )
+        work.wait()  # the reference's test waits on the work of a synchronous call
+        out["sync"] = bool((output == size).all())
+        half = torch.zeros(512)
+        work = dist.reduce_scatter_quantized(
+            half, torch.full((size * 512,), 0.5), dist.ReduceOp.AVG, seed, async_op=True
+        )
+        work.wait()
+        out["async_avg"] = bool((half == 0.5).all())
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def test_distwrap_reduce_scatter_quantized_runs_on_gloo(pool2) -> None:
+    assert pool2.run(body_distwrap, timeout=120) == [{"sync": True, "async_avg": True}] * 2
