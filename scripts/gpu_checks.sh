@@ -4,7 +4,8 @@
 # One GPU means NCCL runs at world size 1 only: NCCL refuses two ranks on one device.
 # On such a machine these checks cover eager init, every collective's local path, the
 # stream semantics (async_op=False must not block the host), split, abort, CUDA-graph
-# capture and single-GPU bandwidth lines; they say nothing about cross-GPU transport.
+# capture, single-GPU bandwidth lines, the reference's NCCLX-only methods and
+# reduce_scatter_quantized; they say nothing about cross-GPU transport.
 #
 # Usage:  bash scripts/gpu_checks.sh        (about 1-2 minutes on one H200; limit 5)
 # Env:    PYTHON   interpreter to start from (default python3)
@@ -87,13 +88,15 @@ main() {
 "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
 
     step "install core and plugins from the working tree (editable)"
-    local projects=(. plugins/torchcomms_gloo plugins/torchcomms_ncclx plugins/torchcomms_rccl)
+    local projects=(. plugins/torchcomms_gloo plugins/torchcomms_ncclx plugins/torchcomms_rccl
+        plugins/torchcomms_quantized)
     if [[ "$PY" == "$WORK/venv/bin/python" ]]; then
         "$PY" -m pip install -q --no-deps --no-build-isolation \
-            -e . -e plugins/torchcomms_gloo -e plugins/torchcomms_ncclx -e plugins/torchcomms_rccl
+            -e . -e plugins/torchcomms_gloo -e plugins/torchcomms_ncclx -e plugins/torchcomms_rccl \
+            -e plugins/torchcomms_quantized
     else
         write_dist_info "$WORK/site" "${projects[@]}"
-        export PYTHONPATH="$WORK/site:$ROOT/src:$ROOT/plugins/torchcomms_gloo/src:$ROOT/plugins/torchcomms_ncclx/src:$ROOT/plugins/torchcomms_rccl/src${PYTHONPATH:+:$PYTHONPATH}"
+        export PYTHONPATH="$WORK/site:$ROOT/src:$ROOT/plugins/torchcomms_gloo/src:$ROOT/plugins/torchcomms_ncclx/src:$ROOT/plugins/torchcomms_rccl/src:$ROOT/plugins/torchcomms_quantized/src${PYTHONPATH:+:$PYTHONPATH}"
     fi
     "$PY" - <<'EOF'
 import torchcomms
@@ -129,6 +132,13 @@ EOF
     local gpu_tests=plugins/torchcomms_ncclx/tests/test_gpu_plugins.py
     step "pytest -m gpu $gpu_tests"
     timeout 180 "$PY" -m pytest -p no:cacheprovider -m gpu "$gpu_tests" -v -s
+
+    # Part of the step above, shown apart: the reference's NCCLX-only methods (comm_dump,
+    # comm_dump_all, get_nccl_comm_ptr, set_config, device_alltoallv_single) on a real
+    # ProcessGroupNCCL, and reduce_scatter_quantized's CUDA rounding and ncclx run.
+    step "NCCLX-only methods and reduce_scatter_quantized on cuda:0"
+    timeout 120 "$PY" -m pytest -p no:cacheprovider -m gpu -v -s "$gpu_tests" -k "TestNcclxOnlyOnGPU or on_cuda" \
+        plugins/torchcomms_quantized/tests/test_reduce_scatter_quantized.py
 
     step "the same file's checks that need no GPU"
     timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" "$gpu_tests" -q

@@ -868,3 +868,178 @@ def _time_per_op(comm: Any, name: str, x: torch.Tensor, out: torch.Tensor, iters
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+# -- the reference's NCCLX-only methods (torchcomms_ncclx.ncclx_only) -------------------------
+
+
+class FakeNcclxEngine(FakeEngine):
+    """The recording engine with what torch's ProcessGroupNCCL adds for these methods."""
+
+    comm_ptr = 0xC0FFEE
+
+    def _comm_ptr(self) -> int:
+        return self.comm_ptr
+
+    def alltoall_base(
+        self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+        opts: Any,
+    ) -> FakeWork:  # fmt: skip
+        if self.size == 1:
+            out.copy_(inp)
+        return self._work("alltoall_base", list(out_splits), list(in_splits))
+
+
+@pytest.fixture
+def fake_ncclx(fake_gpu: list[Any], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    monkeypatch.setattr(NCCLXBackend, "engine_class", classmethod(lambda cls: FakeNcclxEngine))
+    return fake_gpu
+
+
+def test_ncclx_only_methods_need_an_engine() -> None:
+    b = NCCLXBackend()  # never initialized
+    for call in (
+        b.comm_dump,
+        b.get_nccl_comm_ptr,
+        lambda: b.set_config({}),
+        lambda: b.device_alltoallv_single(*[torch.zeros(2, dtype=torch.int64)] * 4, False),
+    ):
+        with pytest.raises(CommStateError, match="has no engine"):
+            call()
+
+
+def test_comm_dump_and_comm_dump_all(fake_ncclx: list[Any]) -> None:
+    import json
+
+    from torchcomms_ncclx import comm_dump_all
+    from torchcomms_ncclx.ncclx_only import comm_hash
+
+    b = _backend(fake_ncclx, rank=1, size=2)
+    dump = b.comm_dump()
+    decoded = {k: json.loads(v) for k, v in dump.items()}  # every value is JSON text
+    assert {"commHash", "rank", "nRanks", "localRank", "cudaDev"} <= set(decoded)
+    assert json.loads(dump["rank"]) == 1 and json.loads(dump["nRanks"]) == 2
+    assert json.loads(dump["commHash"]) == comm_hash("c", [0, 1])
+    assert json.loads(dump["commPtr"]) == FakeNcclxEngine.comm_ptr
+    assert json.loads(dump["cudaDev"]) == 1
+    assert comm_hash("c", [0, 1]) != comm_hash("c", [1])  # a split has its own hash
+    every = comm_dump_all()
+    assert every[json.loads(dump["commHash"])] == dump
+    only = comm_dump_all({"comm_dump::requestFields": "rank;nRanks"})
+    assert only[json.loads(dump["commHash"])] == {"rank": "1", "nRanks": "2"}
+    with pytest.raises(CommInputError, match="comm_dump::requestFields"):
+        comm_dump_all({"comm_dump::other": "x"})
+    with pytest.raises(TypeError, match=r"dict\[str, str\]"):
+        comm_dump_all(["rank"])  # type: ignore[arg-type]
+    b.finalize()
+    assert json.loads(dump["commHash"]) not in comm_dump_all()
+
+
+def test_get_nccl_comm_ptr_is_the_engines_or_says_why_not(
+    fake_ncclx: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = _backend(fake_ncclx)
+    assert b.get_nccl_comm_ptr() == FakeNcclxEngine.comm_ptr
+    monkeypatch.setattr(FakeNcclxEngine, "comm_ptr", 0)
+    with pytest.raises(CommStateError, match="no NCCL communicator yet"):
+        b.get_nccl_comm_ptr()
+    monkeypatch.setattr(NCCLXBackend, "engine_class", classmethod(lambda cls: FakeEngine))
+    plain = _backend(fake_ncclx)
+    with pytest.raises(CommStateError, match=r"does not expose its ncclComm_t"):
+        plain.get_nccl_comm_ptr()
+
+
+def test_set_config_is_refused_with_what_to_do(fake_ncclx: list[Any]) -> None:
+    b = _backend(fake_ncclx)
+    b.set_config({})  # nothing to change
+    with pytest.raises(CommStateError, match=r"ncclx::commSetConfig.*new_comm\('ncclx'"):
+        b.set_config({"allreduceAlgo": "ring"})
+    with pytest.raises(TypeError, match="must map str to str"):
+        b.set_config({"allreduceAlgo": 1})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match=r"dict\[str, str\]"):
+        b.set_config("allreduceAlgo=ring")  # type: ignore[arg-type]
+
+
+def test_device_alltoallv_single_checks_then_runs_the_engine(fake_ncclx: list[Any]) -> None:
+    b = _backend(fake_ncclx, rank=0, size=2)
+    engine = _on_cpu(b)
+    out, inp = torch.zeros(5, 3), torch.ones(4, 3)
+    outs, ins = torch.tensor([2, 3]), torch.tensor([1, 3])
+    b.device_alltoallv_single(out, inp, outs, ins, False)
+    assert ("alltoall_base", [2, 3], [1, 3]) in engine.log
+    bad = {
+        "int64 tensor": (out, inp, outs.int(), ins),
+        "one entry per rank": (out, inp, torch.tensor([5]), ins),
+        "sums to 4 rows but output has 5": (out, inp, torch.tensor([1, 3]), ins),
+        "negative": (out, inp, outs, torch.tensor([-1, 5])),
+        "must be contiguous": (torch.zeros(5, 6)[:, ::2], inp, outs, ins),
+        "rows \\(dim 0\\) must be the same size": (torch.zeros(5, 2), inp, outs, ins),
+        "dtype": (out.double(), inp, outs, ins),
+        "at least one dimension": (torch.zeros(()), inp, outs, ins),
+        "is on meta": (out, inp, outs.to("meta"), ins),
+    }
+    for message, args in bad.items():
+        with pytest.raises(CommInputError, match=message):
+            b.device_alltoallv_single(*args, False)
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        b.device_alltoallv_single(out, inp, [2, 3], ins, False)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not HAS_CUDA,
+    reason="needs a CUDA device (torch.cuda.is_available() is "
+    "False); run scripts/gpu_checks.sh on a GPU machine",
+)
+class TestNcclxOnlyOnGPU:
+    """The NCCLX-only methods on a real ProcessGroupNCCL at world size 1."""
+
+    def test_comm_dump_split_and_dump_all(self, comm: Any) -> None:
+        import json
+
+        from torchcomms_ncclx import comm_dump_all
+
+        backend = comm.get_backend_impl()
+        dump = backend.comm_dump()
+        assert json.loads(dump["rank"]) == 0 and json.loads(dump["nRanks"]) == 1
+        decoded = {k: json.loads(v) for k, v in dump.items()}  # every value is JSON text
+        assert decoded["cudaDev"] == 0 and isinstance(decoded["commHash"], str)
+        sub = comm.split([0], name="ncclx_only_split")
+        sub_dump = sub.get_backend_impl().comm_dump()
+        assert sub_dump["commHash"] != dump["commHash"]
+        every = comm_dump_all()
+        assert json.loads(dump["commHash"]) in every
+        assert json.loads(sub_dump["commHash"]) in every
+        print(f"\ncomm_dump: {dump}")
+        sub.finalize()
+
+    def test_comm_ptr_and_set_config(self, comm: Any) -> None:
+        backend = comm.get_backend_impl()
+        if getattr(backend.engine, "_comm_ptr", None) is None:
+            with pytest.raises(CommStateError, match="does not expose"):
+                backend.get_nccl_comm_ptr()
+            print("\nget_nccl_comm_ptr: this torch has no ProcessGroupNCCL._comm_ptr")
+        else:
+            ptr = backend.get_nccl_comm_ptr()
+            assert isinstance(ptr, int) and ptr != 0
+            print(f"\nget_nccl_comm_ptr: {ptr:#x}")
+        backend.set_config({})
+        with pytest.raises(CommStateError, match="ncclx::commSetConfig"):
+            backend.set_config({"allreduceAlgo": "ring"})
+
+    def test_device_alltoallv_single(self, comm: Any) -> None:
+        backend = comm.get_backend_impl()
+        dev = torch.device("cuda", 0)
+        inp = torch.arange(15, dtype=torch.float32, device=dev).view(5, 3)
+        out = torch.zeros(5, 3, device=dev)
+        splits = torch.tensor([5], dtype=torch.int64, device=dev)
+        backend.device_alltoallv_single(out, inp, splits, splits, False)
+        torch.cuda.synchronize()
+        assert torch.equal(out, inp)
+        out2 = torch.zeros(5, 3, device=dev)
+        work = backend.device_alltoallv_single(out2, inp, splits, splits, True)
+        work.wait()
+        torch.cuda.synchronize()
+        assert torch.equal(out2, inp)
+        with pytest.raises(CommInputError, match="is on cpu"):
+            backend.device_alltoallv_single(out, inp, splits.cpu(), splits, False)

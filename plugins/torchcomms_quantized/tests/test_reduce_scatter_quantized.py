@@ -245,3 +245,40 @@ def body_distwrap() -> dict:
 
 def test_distwrap_reduce_scatter_quantized_runs_on_gloo(pool2) -> None:
     assert pool2.run(body_distwrap, timeout=120) == [{"sync": True, "async_avg": True}] * 2
+
+
+# -- on a GPU (scripts/gpu_checks.sh) -------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device; run scripts/gpu_checks.sh on a GPU machine",
+)
+def test_rounding_and_the_collective_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA's generator: unbiased and reproducible too; ncclx at world size 1 runs it."""
+    from torch.distributed import HashStore
+
+    dev = torch.device("cuda", 0)
+    n = 1 << 22
+    x = torch.full((n,), 1.0 + FRACTION * STEP_AT_ONE, device=dev)
+    a = round_bf16(x, seed=3)
+    assert a.device == dev and torch.equal(a, round_bf16(x, seed=3))
+    up = (a.float() > 1.0).double().mean().item()
+    assert abs(up - FRACTION) < _hoeffding_t(n), up
+    for k, v in {"TORCHCOMM_RANK": "0", "TORCHCOMM_SIZE": "1", "TORCHCOMM_LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(k, v)
+    comm = torchcomms.new_comm("ncclx", dev, name=unique_name("rsq-gpu"), store=HashStore())
+    try:
+        out = torch.empty(n, device=dev)
+        seed = torch.tensor([42], dtype=torch.int64, device=dev)
+        comm.reduce_scatter_quantized(out, x, ReduceOp.SUM, seed)
+        torch.cuda.synchronize()
+        lo, hi = 1.0, 1.0 + STEP_AT_ONE
+        assert bool(((out == lo) | (out == hi)).all())
+        up = (out > 1.0).double().mean().item()
+        assert abs(up - FRACTION) < _hoeffding_t(n), up
+        with pytest.raises(CommInputError, match="is on device cpu"):
+            comm.reduce_scatter_quantized(out, x, ReduceOp.SUM, seed.cpu())
+    finally:
+        comm.finalize()

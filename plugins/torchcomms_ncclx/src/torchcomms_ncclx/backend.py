@@ -5,7 +5,7 @@ The engine logic lives in the core's ``cuda_support``; this module adds what is 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -15,6 +15,8 @@ from torchcomms_core.plugin import (
     nccl_available,
     rocm_version,
 )
+
+from . import ncclx_only
 
 
 class NCCLXBackend(NcclEngineBackend):
@@ -57,3 +59,39 @@ class NCCLXBackend(NcclEngineBackend):
         except (AttributeError, RuntimeError):
             return None
         return tuple(int(v) for v in version[:3])
+
+    # -- the reference's NCCLX-only methods (see ncclx_only for what this engine allows) --
+
+    def comm_dump(self) -> dict[str, str]:
+        """What torchcomms knows of this communicator (``commHash``, ``rank``, ``nRanks``,
+        ...), each value JSON text; NCCLX's internal state needs NCCLX itself."""
+        return ncclx_only.comm_dump(self)
+
+    def get_nccl_comm_ptr(self) -> int:
+        """The engine's ``ncclComm_t`` as an int (torch's ``ProcessGroupNCCL._comm_ptr``)."""
+        return ncclx_only.get_nccl_comm_ptr(self)
+
+    def set_config(self, hints: dict[str, str]) -> None:
+        """NCCLX's ``ncclx::commSetConfig``: stock NCCL cannot change a live communicator,
+        so any setting raises ``CommStateError`` saying to pass it at creation."""
+        ncclx_only.set_config(self, hints)
+
+    def device_alltoallv_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: torch.Tensor,
+        input_split_sizes: torch.Tensor,
+        async_op: bool,
+    ) -> Any:
+        """``all_to_all_v_single`` with the split sizes (rows of dim 0) in int64 tensors on
+        the device; they are copied to the host first (NCCLX reads them on the GPU)."""
+        return ncclx_only.device_alltoallv_single(
+            self, output, input, output_split_sizes, input_split_sizes, async_op
+        )
+
+
+def comm_dump_all(hints: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """Every live ncclx communicator of this process, keyed by its ``commHash``;
+    ``hints={"comm_dump::requestFields": "rank;nRanks"}`` keeps only those fields."""
+    return ncclx_only.comm_dump_all(NCCLXBackend._live, hints)
