@@ -119,7 +119,12 @@ def _simulate(name: str, bufs: list[Buffers], case: Case) -> list[torch.Tensor |
         return [torch.cat(inputs) for _ in range(n)]
     if name in ("gather", "gather_single"):
         return [torch.cat(inputs) if r == root else None for r in range(n)]
-    if name in ("reduce_scatter_single", "reduce_scatter", "quantized_reduce_scatter"):
+    if name in (
+        "reduce_scatter_single",
+        "reduce_scatter",
+        "quantized_reduce_scatter",
+        "reduce_scatter_quantized",
+    ):
         return list(_reduce(inputs, case.redop).chunk(n))
     if name == "reduce_scatter_v":
         return list(_reduce(inputs, case.redop).split(bufs[0].input_splits))

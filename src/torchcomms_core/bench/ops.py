@@ -666,6 +666,53 @@ class QuantizedReduceScatter(_Quantized, ReduceScatterSingle):
         comm.quantized_reduce_scatter(bufs.output, bufs.input, case.reduce_op)
 
 
+class ReduceScatterQuantized(_PluginOp, ReduceScatterSingle):
+    """Like reduce_scatter_single, through torchcomms-quantized's ``reduce_scatter_quantized``
+    (the reference's: float32 in and out, bfloat16 with stochastic rounding on the wire).
+
+    Checked against its documented bound, restated here (the core imports no plugin): per
+    element, ``|result - exact| <= sum_r |x_r| * (2**-7 + n * 2**-23)`` (divided by ``n`` for
+    AVG).
+    """
+
+    name = "reduce_scatter_quantized"
+    forms = (OUT_OF_PLACE,)
+
+    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
+        if dtype != torch.float32:
+            return f"takes float32 tensors only (as the reference), got {dtype_name(dtype)}"
+        if redop not in ("sum", "avg"):
+            return f"reduces with sum or avg only, got --op {redop}"
+        return super().refuses(dtype, redop, nranks)
+
+    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
+        seed = torch.tensor([case.rank], dtype=torch.int64, device=bufs.output.device)
+        comm.reduce_scatter_quantized(bufs.output, bufs.input, case.reduce_op, seed)
+
+    def count_wrong(self, bufs: Buffers, case: Case) -> int:
+        """Elements farther from the exact result than the documented bound."""
+        flat = bufs.output.view(-1)
+        n = case.nranks
+        parts = self.input_parts(bufs.count, case)
+        start_in_input = 0 if parts is None else starts(parts)[case.rank]
+        wrong = 0
+        for start, stop, index in blocks(flat.numel(), flat.device):
+            exact = torch.zeros(stop - start, dtype=torch.float64, device=flat.device)
+            magnitude = torch.zeros_like(exact)
+            for r in range(n):
+                rank_case = dataclasses.replace(case, rank=r)
+                addends = self.input_values(index + start_in_input, bufs.count, rank_case)
+                exact += addends.to(torch.float64)
+                magnitude += addends.to(torch.float64).abs()
+            bound = magnitude * (2.0**-7 + n * 2.0**-23)
+            if case.redop == "avg":
+                exact /= n
+                bound /= n
+            error = (flat[start:stop].to(torch.float64) - exact).abs()
+            wrong += int((~(error <= bound)).sum())
+        return wrong
+
+
 #: Benchmarkable operations by name; ``DEFAULT_OPS`` run when ``--ops`` is not given.
 OPS: dict[str, BenchOp] = {
     op.name: op
@@ -709,6 +756,7 @@ PLUGIN_OPS: dict[str, tuple[BenchOp, str]] = {
     "all_reduce_coalesced": (AllReduceCoalesced(), "torchcomms-core"),
     "quantized_all_reduce": (QuantizedAllReduce(), "torchcomms-quantized"),
     "quantized_reduce_scatter": (QuantizedReduceScatter(), "torchcomms-quantized"),
+    "reduce_scatter_quantized": (ReduceScatterQuantized(), "torchcomms-quantized"),
 }
 
 
