@@ -53,9 +53,11 @@ def test_rounding_gives_a_neighbour_and_keeps_exact_and_non_finite_values() -> N
     assert bool(((r == lo) | (r == hi)).all())
     exact = torch.tensor([0.0, -0.0, 1.0, -2.5, 3.0 * 2**-100, 65280.0])
     assert torch.equal(round_bf16(exact, seed=9).float(), exact)
-    special = torch.tensor([float("inf"), float("-inf"), float("nan")])
-    out = round_bf16(special, seed=9).float()
-    assert out[0] == float("inf") and out[1] == float("-inf") and bool(out[2].isnan())
+    # The last is a NaN whose payload sits in the low 16 bits only: it must stay a NaN.
+    special = torch.tensor([0x7F800000, 0xFF800000 - (1 << 32), 0x7FC00000, 0x7F800001])
+    out = round_bf16(special.to(torch.int32).view(torch.float32), seed=9).float()
+    assert out[0] == float("inf") and out[1] == float("-inf")
+    assert bool(out[2].isnan()) and bool(out[3].isnan())
 
 
 def test_rounding_is_reproducible_per_seed_and_independent_per_rank() -> None:
