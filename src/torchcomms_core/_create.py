@@ -218,8 +218,7 @@ def new_reconfigurable_comm(
         except Exception as exc:
             where = "the address of this host's name" if address is None else address
             raise CommOperationError(
-                f"new_comm: could not host the rendezvous of communicator {name!r} "
-                f"({where}): {exc}"
+                f"new_comm: could not host the rendezvous of communicator {name!r} ({where}): {exc}"
             ) from exc
         handle = make_handle(backend, (host, port))
         store = PrefixStore(f"rendezvous/{handle.split(':', 3)[2]}", rendezvous)
