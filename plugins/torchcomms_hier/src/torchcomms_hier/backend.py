@@ -308,6 +308,8 @@ class HierBackend(TorchCommBackend):
             return _done(local.all_reduce(tensor, op, async_op, timeout=timeout), async_op)
         flat = tensor.view(-1)
         count = flat.numel()
+        if count == 0:
+            return None
         lsize = topo.local_size
         cross = self._cross()
         if (
@@ -415,6 +417,8 @@ class HierBackend(TorchCommBackend):
             return _done(local.all_gather_single(output, input, async_op, timeout=timeout), async_op)
         flat = input.reshape(-1)
         count = flat.numel()
+        if count == 0:
+            return None  # every rank contributes nothing
         rows = output.view(self._size, count)
         cross = self._cross()
         if topo.even:
@@ -483,6 +487,8 @@ class HierBackend(TorchCommBackend):
             )
         out = output.view(-1)
         count = out.numel()
+        if count == 0:
+            return None  # every rank holds nothing: nothing to reduce
         rows = input.reshape(self._size, count)
         cross = self._cross()
         if topo.even:
