@@ -6,8 +6,9 @@ Levels are ordinary communicators made with ``new_member_comm`` of their backend
 - ``rail``: when every host holds the same number of ranks, the ranks of this local index on
   every host, on the global backend (``<name>.rail<j>``); rail 0 joins the hosts' leaders;
 - ``leaders``: when hosts are uneven, local rank 0 of every host (``<name>.leaders``);
-- ``global``: every rank, on the global backend, connected lazily where the backend can
-  (``<name>.global``); it carries point-to-point traffic between hosts.
+- ``global``: every rank, on the global backend (``<name>.global``); it carries
+  point-to-point traffic between hosts, connected as that backend decides (gloo: every pair
+  at creation up to 64 ranks, lazily on first use above).
 
 Collectives run their intra-host steps on ``local`` and only one share per host crosses
 between hosts. When the global backend cannot use the communicator's device (``cuda``
@@ -124,14 +125,12 @@ class HierBackend(TorchCommBackend):
                         topo.global_backend, self._cross_device, f"{name}.leaders", h, topo.nhosts
                     )
                     created.append(self.leaders)
-                lazy = {"lazy": "true"} if "lazy" in (global_cls.hint_keys or ()) else {}
+                # Connected as the global backend decides: gloo connects every pair at
+                # creation up to 64 ranks and lazily, on first use, above
+                # (TORCHCOMM_GLOO_LAZY_ABOVE). A lazy gloo pair blocks a receive whose
+                # sender never comes for the engine's whole timeout, not the call's.
                 self.global_comm = self._level(
-                    topo.global_backend,
-                    self._cross_device,
-                    f"{name}.global",
-                    self._rank,
-                    self._size,
-                    lazy,
+                    topo.global_backend, self._cross_device, f"{name}.global", self._rank, self._size
                 )
                 created.append(self.global_comm)
         except BaseException:
