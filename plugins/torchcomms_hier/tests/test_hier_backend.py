@@ -156,7 +156,9 @@ def body_levels(layout: str) -> dict[str, Any]:
     t = torch.ones(64 << 10)  # 256 KiB: local reduce_scatter + all_gather when hosts are even
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
     info = {
-        "levels": {role: (c.get_name(), c.get_backend(), c.get_size()) for role, c in levels.items()},
+        "levels": {
+            role: (c.get_name(), c.get_backend(), c.get_size()) for role, c in levels.items()
+        },
         "local_ops": seen,
         "value": float(t[0]),
     }
@@ -199,7 +201,9 @@ def body_mixed_backends() -> list[float]:
         backends["sub_sum"] = str(float(s[0]))
         sub.finalize()
     comm.finalize()
-    return [float(x) for x in t] + [backends["local"] == "examplevendor"] + [backends.get("sub_sum")]
+    return (
+        [float(x) for x in t] + [backends["local"] == "examplevendor"] + [backends.get("sub_sum")]
+    )
 
 
 def test_each_host_on_its_own_backend_and_split(pool4) -> None:

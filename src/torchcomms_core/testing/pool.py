@@ -162,9 +162,7 @@ class RankPool:
         self._rank_env = {int(r): dict(v) for r, v in (rank_env or {}).items()}
         bad = sorted(r for r in self._rank_env if not 0 <= r < world_size)
         if bad:
-            raise ValueError(
-                f"RankPool: rank_env names rank(s) {bad}, outside 0..{world_size - 1}"
-            )
+            raise ValueError(f"RankPool: rank_env names rank(s) {bad}, outside 0..{world_size - 1}")
         if self._rank_env and launcher != "spawn":
             raise ValueError("RankPool: rank_env needs launcher='spawn' (mpiexec ranks share one)")
         self._comm_timeout_s = comm_timeout_s

@@ -130,7 +130,11 @@ class HierBackend(TorchCommBackend):
                 # (TORCHCOMM_GLOO_LAZY_ABOVE). A lazy gloo pair blocks a receive whose
                 # sender never comes for the engine's whole timeout, not the call's.
                 self.global_comm = self._level(
-                    topo.global_backend, self._cross_device, f"{name}.global", self._rank, self._size
+                    topo.global_backend,
+                    self._cross_device,
+                    f"{name}.global",
+                    self._rank,
+                    self._size,
                 )
                 created.append(self.global_comm)
         except BaseException:
@@ -280,6 +284,7 @@ class HierBackend(TorchCommBackend):
             return _done(self.global_comm.recv(tensor, src, async_op, timeout=timeout), async_op)
         host = torch.empty(tensor.shape, dtype=tensor.dtype, device=self._cross_device)
         work = self.global_comm.recv(host, src, True, timeout=timeout)
+
         def copy_back() -> None:
             tensor.copy_(host)
 
@@ -413,7 +418,9 @@ class HierBackend(TorchCommBackend):
         leaders all_gather_v, local broadcast. Rows are then put in rank order."""
         topo, local = self._topo, self._local
         if topo.nhosts == 1:
-            return _done(local.all_gather_single(output, input, async_op, timeout=timeout), async_op)
+            return _done(
+                local.all_gather_single(output, input, async_op, timeout=timeout), async_op
+            )
         flat = input.reshape(-1)
         count = flat.numel()
         if count == 0:
@@ -441,7 +448,7 @@ class HierBackend(TorchCommBackend):
 
                 def across(t: torch.Tensor) -> None:
                     cross.all_gather_v(
-                        list(t.split(sizes)), host_buf.to(t.device), timeout=timeout
+                        list(torch.split(t, sizes)), host_buf.to(t.device), timeout=timeout
                     )
 
                 self._staged(gathered, across, read=False)
@@ -497,8 +504,7 @@ class HierBackend(TorchCommBackend):
             local.reduce_scatter_single(mid, grouped.view(-1), op, timeout=timeout)
             self._staged(
                 out,
-                lambda t: cross.reduce_scatter_single(t, mid.to(t.device), op, timeout=timeout)
-               ,
+                lambda t: cross.reduce_scatter_single(t, mid.to(t.device), op, timeout=timeout),
                 read=False,
             )
             return None
@@ -512,11 +518,11 @@ class HierBackend(TorchCommBackend):
 
             def across(t: torch.Tensor) -> None:
                 cross.reduce_scatter_v(
-                    t, list(flat.to(t.device).split(sizes)), op, timeout=timeout
+                    t, list(torch.split(flat.to(t.device), sizes)), op, timeout=timeout
                 )
 
             self._staged(mine, across, read=False)
-        chunks = list(mine.split(count)) if topo.local_rank == 0 else []
+        chunks = list(torch.split(mine, count)) if topo.local_rank == 0 else []
         return _done(local.scatter(out, chunks, 0, async_op, timeout=timeout), async_op)
 
     def reduce_scatter(

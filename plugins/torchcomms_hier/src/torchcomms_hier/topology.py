@@ -162,9 +162,7 @@ def exchange(
         CommTimeoutError: some rank did not publish its settings within ``timeout``.
     """
     local_kind, local_msg, local_err = _check_backend(settings.local_backend, device, "local")
-    global_kind, global_msg, global_err = _check_backend(
-        settings.global_backend, device, "global"
-    )
+    global_kind, global_msg, global_err = _check_backend(settings.global_backend, device, "global")
     mine = {
         "host": settings.host_id,
         "local": settings.local_backend,
