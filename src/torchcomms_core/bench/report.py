@@ -88,6 +88,11 @@ class TextReport:
                 "interleaved A/B; ours/mpi4py: median of per-call ratios, IQR: their "
                 "quartiles"
             )
+        elif config.compare and config.compare != "c10d":
+            self._line(
+                f"# then the same sweep on the same ranks through backend {config.compare}, "
+                f"and a table of the ratios"
+            )
         elif config.compare:
             self._line(
                 "# c10d: torch.distributed on the same engine and tensors, calls "
