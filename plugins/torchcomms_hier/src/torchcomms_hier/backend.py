@@ -43,6 +43,11 @@ from .topology import Topology, exchange, resolve_settings
 #: Hint ``hier::rs_min_bytes`` changes it.
 RS_MIN_BYTES_DEFAULT = 64 << 10
 
+#: The pipelined all_reduce cuts messages into pieces of about this many bytes (at most
+#: ``PIPELINE_MAX_PIECES``), so that local steps overlap the transfers between hosts.
+PIECE_BYTES = 4 << 20
+PIPELINE_MAX_PIECES = 8
+
 #: Element types every level can carry (gloo, the default global level, has no int16).
 HIER_DTYPES: tuple[torch.dtype, ...] = (
     torch.float32,
@@ -323,28 +328,52 @@ class HierBackend(TorchCommBackend):
             and lsize > 1
         ):
             assert cross is not None
-            chunk = math.ceil(count / lsize)
-            if chunk * lsize == count:
-                buf = flat
-            else:
-                buf = torch.zeros(chunk * lsize, dtype=flat.dtype, device=flat.device)
-                buf[:count].copy_(flat)
-            part = torch.empty(chunk, dtype=flat.dtype, device=flat.device)
-            local.reduce_scatter_single(part, buf, op, timeout=timeout)
-            self._staged(part, lambda t: cross.all_reduce(t, op, timeout=timeout))
-            work = local.all_gather_single(buf, part, async_op, timeout=timeout)
-            if buf is not flat:
-
-                def copy_back() -> None:
-                    flat.copy_(buf[:count])
-
-                return then(_done(work, async_op), copy_back)
-            return _done(work, async_op)
+            self._pipelined_all_reduce(flat, op, cross, timeout)
+            return None
         local.reduce(tensor, 0, op, timeout=timeout)
         if topo.local_rank == 0:
             assert cross is not None
             self._staged(tensor, lambda t: cross.all_reduce(t, op, timeout=timeout))
         return _done(local.broadcast(tensor, 0, async_op, timeout=timeout), async_op)
+
+    def _pipelined_all_reduce(
+        self, flat: torch.Tensor, op: ReduceOp, cross: TorchComm, timeout: timedelta | None
+    ) -> None:
+        """Local reduce_scatter, rail all_reduce, local all_gather, piece by piece: while a
+        piece crosses between hosts, the host reduces the next one and gathers the last."""
+        lsize, count = self._topo.local_size, flat.numel()
+        pieces_n = max(1, min(PIPELINE_MAX_PIECES, count * flat.element_size() // PIECE_BYTES))
+        per = math.ceil(count / (lsize * pieces_n)) * lsize  # a multiple of the host's ranks
+        total = per * math.ceil(count / per)
+        if total == count:
+            buf = flat
+        else:
+            buf = torch.zeros(total, dtype=flat.dtype, device=flat.device)
+            buf[:count].copy_(flat)
+        pieces = list(torch.split(buf, per))
+        local = self._local
+        inflight: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = []
+
+        def finish(
+            piece: torch.Tensor, part: torch.Tensor, work: Any, crossed: torch.Tensor
+        ) -> None:
+            work.wait()
+            if crossed is not part:
+                part.copy_(crossed)  # back from host memory
+            local.all_gather_single(piece, part, timeout=timeout)
+
+        for piece in pieces:
+            part = torch.empty(per // lsize, dtype=flat.dtype, device=flat.device)
+            local.reduce_scatter_single(part, piece, op, timeout=timeout)
+            crossed = part if part.device == self._cross_device else part.to(self._cross_device)
+            work = cross.all_reduce(crossed, op, True, timeout=timeout)
+            inflight.append((piece, part, work, crossed))
+            if len(inflight) > 1:
+                finish(*inflight.pop(0))
+        while inflight:
+            finish(*inflight.pop(0))
+        if buf is not flat:
+            flat.copy_(buf[:count])
 
     def broadcast(
         self,
@@ -405,28 +434,18 @@ class HierBackend(TorchCommBackend):
                 return _done(local.recv(tensor, carrier, async_op, timeout=timeout), async_op)
         return None
 
-    def all_gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        """Even hosts: rail all_gather, then local all_gather. Uneven: local all_gather,
-        leaders all_gather_v, local broadcast. Rows are then put in rank order."""
+    def _gather_rows(
+        self, flat: torch.Tensor, timeout: timedelta | None
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Every rank's ``flat`` as the rows of one tensor, and the rank of each row.
+
+        Even hosts: rail all_gather (one share per rank crosses), then local all_gather.
+        Uneven: local all_gather, leaders all_gather_v, local broadcast.
+        """
         topo, local = self._topo, self._local
-        if topo.nhosts == 1:
-            return _done(
-                local.all_gather_single(output, input, async_op, timeout=timeout), async_op
-            )
-        flat = input.reshape(-1)
         count = flat.numel()
-        if count == 0:
-            return None  # every rank contributes nothing
-        rows = output.view(self._size, count)
         cross = self._cross()
+        gathered = torch.empty(self._size * count, dtype=flat.dtype, device=flat.device)
         if topo.even:
             assert cross is not None
             rail_buf = torch.empty(topo.nhosts * count, dtype=flat.dtype, device=flat.device)
@@ -435,13 +454,10 @@ class HierBackend(TorchCommBackend):
                 lambda t: cross.all_gather_single(t, flat.to(t.device), timeout=timeout),
                 read=False,
             )
-            gathered = torch.empty(self._size * count, dtype=flat.dtype, device=flat.device)
             local.all_gather_single(gathered, rail_buf, timeout=timeout)
-            order = self._perm(host_major=False, device=flat.device)
         else:
             host_buf = torch.empty(topo.local_size * count, dtype=flat.dtype, device=flat.device)
             local.all_gather_single(host_buf, flat, timeout=timeout)
-            gathered = torch.empty(self._size * count, dtype=flat.dtype, device=flat.device)
             if topo.local_rank == 0:
                 assert cross is not None
                 sizes = [len(members) * count for members in topo.hosts]
@@ -453,8 +469,34 @@ class HierBackend(TorchCommBackend):
 
                 self._staged(gathered, across, read=False)
             local.broadcast(gathered, 0, timeout=timeout)
-            order = self._perm(host_major=True, device=flat.device)
-        rows.index_copy_(0, order, gathered.view(self._size, count))
+        order = self._perm(host_major=not topo.even, device=torch.device("cpu")).tolist()
+        return gathered.view(self._size, count), order
+
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Two-level gather (see :meth:`_gather_rows`), rows then put in rank order."""
+        topo, local = self._topo, self._local
+        if topo.nhosts == 1:
+            return _done(
+                local.all_gather_single(output, input, async_op, timeout=timeout), async_op
+            )
+        flat = input.reshape(-1)
+        count = flat.numel()
+        if count == 0:
+            return None  # every rank contributes nothing
+        gathered, order = self._gather_rows(flat, timeout)
+        rows = output.view(self._size, count)
+        if order == list(range(self._size)):
+            rows.copy_(gathered)
+        else:
+            rows.index_copy_(0, torch.tensor(order, device=output.device), gathered)
         return None
 
     def all_gather(
@@ -466,12 +508,16 @@ class HierBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        """:meth:`all_gather_single` into one buffer, then copied into ``tensor_list``."""
-        count = tensor.numel()
-        out = torch.empty(self._size * count, dtype=tensor.dtype, device=tensor.device)
-        self.all_gather_single(out, tensor, False, timeout=timeout)
-        for r, target in enumerate(tensor_list):
-            target.copy_(out[r * count : (r + 1) * count].view_as(target))
+        """Two-level gather (see :meth:`_gather_rows`), each row copied to its rank's entry."""
+        if self._topo.nhosts == 1:
+            return _done(
+                self._local.all_gather(tensor_list, tensor, async_op, timeout=timeout), async_op
+            )
+        if tensor.numel() == 0:
+            return None
+        gathered, order = self._gather_rows(tensor.reshape(-1), timeout)
+        for row, r in zip(gathered, order, strict=True):
+            tensor_list[r].copy_(row.view_as(tensor_list[r]))
         return None
 
     def reduce_scatter_single(
