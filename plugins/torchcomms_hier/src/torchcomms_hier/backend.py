@@ -472,6 +472,48 @@ class HierBackend(TorchCommBackend):
         order = self._perm(host_major=not topo.even, device=torch.device("cpu")).tolist()
         return gathered.view(self._size, count), order
 
+    def _pipelined_gather(
+        self, flat: torch.Tensor, dests: list[torch.Tensor], timeout: timedelta | None
+    ) -> None:
+        """Even hosts: rail all_gather, then local all_gather, piece by piece (while a piece
+        crosses between hosts, the host gathers the last one); ``dests[r]`` (flat) receives
+        rank ``r``'s ``flat``."""
+        topo, local = self._topo, self._local
+        cross = self._cross()
+        assert cross is not None
+        count = flat.numel()
+        pieces_n = max(1, min(PIPELINE_MAX_PIECES, count * flat.element_size() // PIECE_BYTES))
+        per = math.ceil(count / pieces_n)
+        order = self._perm(host_major=False, device=torch.device("cpu")).tolist()
+        inflight: list[tuple[int, torch.Tensor, Any, torch.Tensor]] = []
+
+        def finish(start: int, piece_out: torch.Tensor, work: Any, crossed: torch.Tensor) -> None:
+            work.wait()
+            if crossed is not piece_out:
+                piece_out.copy_(crossed)  # back from host memory
+            m = piece_out.numel() // topo.nhosts
+            gathered = torch.empty(self._size * m, dtype=flat.dtype, device=flat.device)
+            local.all_gather_single(gathered, piece_out, timeout=timeout)
+            for row, r in zip(gathered.view(self._size, m), order, strict=True):
+                dests[r][start : start + m].copy_(row)
+
+        for start in range(0, count, per):
+            piece = flat[start : start + per]
+            piece_out = torch.empty(
+                topo.nhosts * piece.numel(), dtype=flat.dtype, device=flat.device
+            )
+            crossed = (
+                piece_out
+                if piece_out.device == self._cross_device
+                else torch.empty(piece_out.shape, dtype=flat.dtype, device=self._cross_device)
+            )
+            work = cross.all_gather_single(crossed, piece.to(crossed.device), True, timeout=timeout)
+            inflight.append((start, piece_out, work, crossed))
+            if len(inflight) > 1:
+                finish(*inflight.pop(0))
+        while inflight:
+            finish(*inflight.pop(0))
+
     def all_gather_single(
         self,
         output: torch.Tensor,
@@ -491,6 +533,9 @@ class HierBackend(TorchCommBackend):
         count = flat.numel()
         if count == 0:
             return None  # every rank contributes nothing
+        if topo.even:
+            self._pipelined_gather(flat, list(output.view(self._size, count)), timeout)
+            return None
         gathered, order = self._gather_rows(flat, timeout)
         rows = output.view(self._size, count)
         if order == list(range(self._size)):
@@ -514,6 +559,9 @@ class HierBackend(TorchCommBackend):
                 self._local.all_gather(tensor_list, tensor, async_op, timeout=timeout), async_op
             )
         if tensor.numel() == 0:
+            return None
+        if self._topo.even and all(t.is_contiguous() for t in tensor_list):
+            self._pipelined_gather(tensor.reshape(-1), [t.view(-1) for t in tensor_list], timeout)
             return None
         gathered, order = self._gather_rows(tensor.reshape(-1), timeout)
         for row, r in zip(gathered, order, strict=True):
