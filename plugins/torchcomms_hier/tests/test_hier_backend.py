@@ -194,11 +194,24 @@ def body_mixed_backends() -> list[float]:
     backends = {role: c.get_backend() for role, c in comm.get_backend_impl().levels().items()}
     t = torch.arange(10, dtype=torch.float64) + comm.get_rank()
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
-    sub = comm.split([0, 1, 3] if comm.get_rank() != 2 else [], unique_name("sub"))
+    sub_name = unique_name("sub")
+    sub = comm.split([0, 1, 3] if comm.get_rank() != 2 else [], sub_name)
     if sub is not None:
         s = torch.ones(3)
         sub.all_reduce(s, torchcomms.ReduceOp.SUM)
-        backends["sub_sum"] = str(float(s[0]))
+        sub_levels = sub.get_backend_impl().levels()
+        # Every level of the child is a split of the parent's: local of the host's local
+        # level, leaders and global of the global level, each keeping its backend.
+        expected = {
+            "local": (f"{sub_name}.local{0 if comm.get_rank() < 3 else 1}", "gloo"),
+            "global": (f"{sub_name}.global", "gloo"),
+        }
+        if comm.get_rank() in (0, 3):
+            expected["leaders"] = (f"{sub_name}.leaders", "gloo")
+        if comm.get_rank() == 3:
+            expected["local"] = (f"{sub_name}.local1", "examplevendor")
+        got = {role: (c.get_name(), c.get_backend()) for role, c in sub_levels.items()}
+        backends["sub_sum"] = str(float(s[0])) if got == expected else f"{got} != {expected}"
         sub.finalize()
     comm.finalize()
     return (

@@ -86,3 +86,13 @@ def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -
     assert "'hier', 4 ranks" in res.stdout
     for host in sorted(set(hosts)):  # the header lists each rank's environment
         assert f"TORCHCOMM_LOCAL_BACKEND={backends[host]}" in res.stdout
+
+
+def test_rank_env_option_parses_and_refuses_bad_items() -> None:
+    from torchcomms_core.testing.plugin import parse_rank_env
+
+    parsed = parse_rank_env(["0,2:TORCHCOMM_HOST_ID=a", "2:X=1=2"], 4)
+    assert parsed == {0: {"TORCHCOMM_HOST_ID": "a"}, 2: {"TORCHCOMM_HOST_ID": "a", "X": "1=2"}}
+    for bad in ("TORCHCOMM_HOST_ID=a", "4:K=v", "x:K=v", "0:novalue"):
+        with pytest.raises(pytest.UsageError, match="RANKS:KEY=VALUE"):
+            parse_rank_env([bad], 4)

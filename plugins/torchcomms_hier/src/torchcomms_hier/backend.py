@@ -168,6 +168,57 @@ class HierBackend(TorchCommBackend):
             abort_process_on_timeout_or_error=False,
         )
 
+    def split(self, ranks: list[int], name: str, options: CommOptions) -> HierBackend | None:
+        """Split every level: the host's local level among its members, the global level
+        into the child's rails (or leaders) and its global level. Every parent rank takes
+        part (non-members with ``[]``); the child keeps each level's backend."""
+        topo = self._topo
+        member = self._rank in ranks
+        child_hosts = [
+            tuple(ranks.index(r) for r in members if r in ranks) for members in topo.hosts
+        ]
+        kept = [(h, m) for h, m in enumerate(child_hosts) if m]
+        kept.sort(key=lambda item: item[1][0])
+        child_topo = Topology(
+            rank=ranks.index(self._rank) if member else -1,
+            hosts=tuple(m for _, m in kept),
+            host_ids=tuple(topo.host_ids[h] for h, _ in kept),
+            local_backends=tuple(topo.local_backends[h] for h, _ in kept),
+            global_backend=topo.global_backend,
+        )
+        index = {h: i for i, (h, _) in enumerate(kept)}
+        mine = child_hosts[topo.host]
+        local = self._local.split(
+            [topo.locate(ranks[c])[1] for c in mine] if member else [],
+            f"{name}.local{index.get(topo.host, 0)}",
+        )
+        rail = leaders = global_comm = None
+        if self.global_comm is not None and child_topo.nhosts > 1:
+            h_c, j_c = child_topo.locate(child_topo.rank) if member else (-1, -1)
+            if child_topo.even:
+                group = [ranks[child_topo.rank_of(h, j_c)] for h in range(child_topo.nhosts)]
+                rail = self.global_comm.split(group if member else [], f"{name}.rail{j_c}")
+            else:
+                group = [ranks[m[0]] for m in child_topo.hosts]
+                chosen = member and j_c == 0
+                leaders = self.global_comm.split(group if chosen else [], f"{name}.leaders")
+            global_comm = self.global_comm.split(list(ranks) if member else [], f"{name}.global")
+        if not member:
+            return None
+        child = HierBackend()
+        child._bind(self.device, name, options)
+        child._rank, child._size = options.rank, options.size
+        child.topology = child_topo
+        child._cross_device = self._cross_device
+        child._rs_min_bytes = self._rs_min_bytes
+        child.local, child.rail, child.leaders, child.global_comm = (
+            local,
+            rail,
+            leaders,
+            global_comm,
+        )
+        return child
+
     def levels(self) -> dict[str, TorchComm]:
         """This rank's level communicators by role (``local``, ``rail``, ``leaders``,
         ``global``), those it belongs to only."""
