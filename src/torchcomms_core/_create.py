@@ -9,7 +9,7 @@ import torch
 
 from . import _env
 from ._bootstrap import default_store, resolve_rank_size
-from ._c10d_group import creating_group
+from ._c10d_group import GroupContext, creating_group, given_group
 from ._errors import (
     BackendLoadError,
     CommInputError,
@@ -185,6 +185,41 @@ def new_comm(
     comm = TorchComm(instance, device, name, options, options.store, backend)
     call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
     return comm
+
+
+def new_member_comm(
+    backend: str,
+    device: torch.device | str,
+    *,
+    name: str,
+    store: Any,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    hints: dict[str, str] | None = None,
+    abort_process_on_timeout_or_error: bool = False,
+) -> TorchComm:
+    """``new_comm`` as ``rank`` of ``size`` ranks meeting on ``store``, for backends built of
+    communicators (``torchcomms-hier``'s levels): rank and size are given, not read from the
+    launcher. By default a failure raises instead of aborting the process, so the composite
+    communicator applies its own policy.
+
+    Raises:
+        What :func:`new_comm` raises.
+    """
+    if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):
+        raise CommInputError(f"new_member_comm: need 0 <= rank < size, got rank {rank} of {size}")
+    context = GroupContext(rank, size, timeout, tuple(range(size)), None)
+    with given_group(context):
+        return new_comm(
+            backend,
+            device,
+            name=name,
+            store=store,
+            timeout=timeout,
+            hints=hints,
+            abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
+        )
 
 
 def new_reconfigurable_comm(

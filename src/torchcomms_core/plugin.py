@@ -6,7 +6,9 @@ works the core can wait on (its engine's own, :class:`C10dWork`, :class:`MultiWo
 :class:`ThenWork`), and may return a :class:`WindowEngine` from ``new_window()``. A
 collective plugin implements the hooks of :mod:`torchcomms_core.hookspecs` with
 :data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
-implements :class:`TransportProvider`. The conformance suite and the rank helpers of
+implements :class:`TransportProvider`. A backend built of other backends' communicators
+(``torchcomms-hier``) creates them with :func:`new_member_comm` and looks backends up with
+:func:`get_backend_class`. The conformance suite and the rank helpers of
 :mod:`torchcomms_core.testing` check a plugin against the spec.
 
 The plugins in ``plugins/`` import from this module only (an import contract checks it).
@@ -17,6 +19,7 @@ Importing it loads the core's communicator and the spec, never the PyTorch bridg
 from __future__ import annotations
 
 from ._collectives import Collective
+from ._create import new_comm, new_member_comm
 from ._errors import (
     BackendLoadError,
     BackendNotFoundError,
@@ -30,6 +33,7 @@ from ._errors import (
 )
 from ._options import CommOptions
 from ._reduce_op import RedOpType, ReduceOp
+from ._registry import available_backends, get_backend_class
 from ._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
 from ._work import TorchWork, WorkStatus
 from .comm.operations import TorchComm
@@ -116,16 +120,20 @@ __all__ = [
     "UnknownHintWarning",
     "WindowEngine",
     "WorkStatus",
+    "available_backends",
     "bool_hint",
     "check_spec_version",
     "cuda_unavailable_reason",
     "current_rank",
     "flat_chunks",
+    "get_backend_class",
     "hookimpl",
     "hookspec",
     "int_hint",
     "method_support",
     "nccl_available",
+    "new_comm",
+    "new_member_comm",
     "reduce_rows",
     "rocm_version",
     "simulated_rank",

@@ -80,7 +80,7 @@ def test_size_sweep_multiplies_up_to_maxbytes_inclusive() -> None:
         (["--ops", "send_recv", "--nproc", "1"], "send_recv needs at least 2 ranks, got 1"),
         (["--ops", "quantized_all_reduce", "-d", "int32"], "needs a floating-point datatype"),
         (["--inplace", "2"], "argument --inplace: invalid choice: '2'"),
-        (["--compare", "nccl"], "argument --compare: invalid choice: 'nccl'"),
+        (["--compare", "nosuch"], "--compare 'nosuch' is neither c10d nor mpi4py nor"),
         (["--json", "/no/such/folder/out.json"], "--json /no/such/folder/out.json: folder"),
         (["--from-json", "run.json"], "--from-json plots saved runs: give --plot PNG too"),
     ],

@@ -141,3 +141,90 @@ def test_bench_link_rate_needs_netns(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--link-rate", "1gbit"])
     assert "give --netns N too" in capsys.readouterr().err
+
+
+def test_bench_ranks_per_host_needs_netns(capsys) -> None:
+    from torchcomms_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--ranks-per-host", "2"])
+    assert "--ranks-per-host places ranks in the namespaces of --netns" in capsys.readouterr().err
+
+
+def test_bench_compare_names_a_loadable_backend(capsys) -> None:
+    from torchcomms_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--backend", "gloo", "--compare", "nosuchengine"])
+    err = capsys.readouterr().err
+    assert "--compare 'nosuchengine' is neither c10d nor mpi4py" in err
+
+
+@pytest.mark.netns
+@needs_netns
+def test_ranks_per_host_share_a_namespace_and_hier_crosses_the_link_once(tmp_path) -> None:
+    """2 namespaces of 2 ranks at 100 Mbit/s: hier and flat gloo in one run, both exact.
+
+    A ring over the 4 ranks pushes 1.5 S across the link each way, the hierarchy S, so with
+    busbw counted as for a ring, flat gloo cannot beat the link and hier cannot beat 1.5x it.
+    """
+    out = tmp_path / "run.json"
+    env = {k: v for k, v in os.environ.items() if k != "TORCHCOMM_LOCAL_BACKEND"}
+    env["TORCHCOMM_LOCAL_BACKEND"] = "gloo"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torchcomms_core.cli",
+            "bench",
+            "--netns",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--link-rate",
+            "100mbit",
+            "--backend",
+            "hier",
+            "--compare",
+            "gloo",
+            "--ops",
+            "all_reduce",
+            "-b",
+            "8M",
+            "-e",
+            "8M",
+            "-n",
+            "2",
+            "-w",
+            "1",
+            "--inplace",
+            "1",
+            "--timeout",
+            "60",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            netns.remove_stale()
+    assert proc.returncode == 0, output
+    assert _leftovers(f"{netns.PREFIX}{proc.pid}") == []
+    document = json.loads(out.read_text())
+    assert "2 ranks in each" in document["header"]["network"]
+    assert document["header"]["ranks"] == 4
+    link_gbps = 100e6 / 8 / 1e9
+    ((hier,),) = [row["passes"] for row in document["rows"]]
+    ((flat,),) = [row["passes"] for row in document["compare_rows"]]
+    assert hier["wrong"] == 0 and flat["wrong"] == 0
+    assert flat["busbw_gbps"] <= 1.2 * link_gbps, output
+    assert hier["busbw_gbps"] <= 1.5 * 1.2 * link_gbps, output
+    assert "hier / gloo" in output

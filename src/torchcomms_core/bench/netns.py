@@ -1,10 +1,11 @@
 """Several "hosts" on one machine: network namespaces joined by rate-limited links.
 
-Each rank runs in its own namespace, linked to a shared bridge by a veth pair whose two ends
-are shaped by ``tc tbf`` to the link rate (each direction, like a full-duplex NIC). The ranks
-rendezvous over the bridge addresses and gloo binds to the namespace's interface
-(``TORCHCOMM_GLOO_INTERFACE``), so every byte between ranks crosses a shaped link. Needs root
-and iproute2 (``ip``, ``tc``).
+Each rank runs in its own namespace (or ``ranks_per_host`` ranks share one, as on a host),
+linked to a shared bridge by a veth pair whose two ends are shaped by ``tc tbf`` to the link
+rate (each direction, like a full-duplex NIC). The ranks rendezvous over the bridge addresses
+and gloo binds to the namespace's interface (``TORCHCOMM_GLOO_INTERFACE``), so every byte
+between namespaces crosses a shaped link; ranks of one namespace reach each other without it.
+Needs root and iproute2 (``ip``, ``tc``).
 """
 
 from __future__ import annotations
@@ -106,11 +107,22 @@ def _tbf(rate_bits: int) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Network:
-    """``size`` namespaces on one bridge, links shaped to ``rate_bits`` each way."""
+    """``size`` namespaces on one bridge, links shaped to ``rate_bits`` each way, each the
+    "host" of ``ranks_per_host`` ranks (rank ``r`` in namespace ``r // ranks_per_host``)."""
 
     prefix: str
     size: int
     rate_bits: int
+    ranks_per_host: int = 1
+
+    @property
+    def nranks(self) -> int:
+        """Ranks of the job: ``size * ranks_per_host``."""
+        return self.size * self.ranks_per_host
+
+    def host_of(self, rank: int) -> int:
+        """The namespace (host) index of ``rank``."""
+        return rank // self.ranks_per_host
 
     @property
     def namespaces(self) -> list[str]:
@@ -125,18 +137,26 @@ class Network:
 
     @property
     def description(self) -> str:
+        per_host = (
+            f", {self.ranks_per_host} ranks in each (unshaped between them)"
+            if self.ranks_per_host > 1
+            else ""
+        )
         return (
             f"{self.size} network namespaces on a bridge, veth links shaped by tc tbf to "
-            f"{format_rate(self.rate_bits)} each way"
+            f"{format_rate(self.rate_bits)} each way{per_host}"
         )
 
     def rank_environment(self, rank: int) -> dict[str, str | None]:
-        """What a rank in namespace ``rank`` needs to rendezvous and bind over the bridge.
+        """What rank ``rank`` needs to rendezvous and bind over the bridge.
 
         The store is a TCP store in rank 0's namespace (a file store would bypass the
-        network); any port is free in a namespace of its own.
+        network); any port is free in a namespace of its own. ``TORCHCOMM_HOST_ID`` names
+        the rank's namespace, so backends that group ranks by host (hier) see the hosts.
         """
         return {
+            "TORCHCOMM_HOST_ID": self.namespaces[self.host_of(rank)],
+            "TORCHCOMM_LOCAL_RANK": str(rank % self.ranks_per_host),
             _env.MASTER_ADDR: self.address(0),
             _env.MASTER_PORT: str(STORE_PORT),
             _env.STORE_PATH: None,
@@ -242,9 +262,10 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def shaped_network(size: int, rate: str | int) -> Iterator[Network]:
-    """Build ``size`` namespaces linked at ``rate`` (``"1gbit"`` or bits per second), yield
-    the :class:`Network`, and remove it all afterwards, also when the body fails."""
+def shaped_network(size: int, rate: str | int, ranks_per_host: int = 1) -> Iterator[Network]:
+    """Build ``size`` namespaces linked at ``rate`` (``"1gbit"`` or bits per second), for
+    ``ranks_per_host`` ranks each, yield the :class:`Network`, and remove it all afterwards,
+    also when the body fails."""
     reason = unavailable_reason()
     if reason is not None:
         raise NetnsError(reason)
@@ -252,7 +273,9 @@ def shaped_network(size: int, rate: str | int) -> Iterator[Network]:
         raise ValueError(f"need at least one namespace, got {size}")
     rate_bits = parse_rate(rate) if isinstance(rate, str) else int(rate)
     remove_stale()
-    net = Network(f"{PREFIX}{os.getpid()}", size, rate_bits)
+    if ranks_per_host < 1:
+        raise ValueError(f"need at least one rank per namespace, got {ranks_per_host}")
+    net = Network(f"{PREFIX}{os.getpid()}", size, rate_bits, ranks_per_host)
     _teardown(net.prefix)  # a previous network of this very process, if one was left
     try:
         _build(net)
@@ -280,7 +303,7 @@ def run_rank_in(net: Network, target: Callable[..., int], args: tuple[Any, ...])
     """In a rank process started by ``launch``: enter this rank's namespace, point the
     rendezvous and gloo at the bridge, then run ``target(*args)``."""
     rank = int(os.environ[_env.RANK])
-    enter_namespace(net.namespaces[rank])
+    enter_namespace(net.namespaces[net.host_of(rank)])
     for key, value in net.rank_environment(rank).items():
         if value is None:
             os.environ.pop(key, None)
@@ -292,7 +315,8 @@ def run_rank_in(net: Network, target: Callable[..., int], args: tuple[Any, ...])
 def launch_in_namespaces(
     net: Network, target: Callable[..., int], args: tuple[Any, ...] = (), *, label: str
 ) -> int:
-    """Run ``target(*args)`` on one rank per namespace of ``net``; the job's exit status."""
+    """Run ``target(*args)`` on ``net.ranks_per_host`` ranks per namespace of ``net``; the
+    job's exit status."""
     from .launch import launch
 
-    return launch(net.size, run_rank_in, (net, target, args), label=label)
+    return launch(net.nranks, run_rank_in, (net, target, args), label=label)

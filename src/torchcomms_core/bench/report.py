@@ -9,6 +9,7 @@ import sys
 from typing import Any, TextIO
 
 from .base import BenchOp
+from .compare import COMPARE_WITH
 from .data import IN_PLACE
 from .results import Pass, Row, Timing
 
@@ -88,6 +89,11 @@ class TextReport:
                 "interleaved A/B; ours/mpi4py: median of per-call ratios, IQR: their "
                 "quartiles"
             )
+        elif config.compare and config.compare != "c10d":
+            self._line(
+                f"# then the same sweep on the same ranks through backend {config.compare}, "
+                f"and a table of the ratios"
+            )
         elif config.compare:
             self._line(
                 "# c10d: torch.distributed on the same engine and tensors, calls "
@@ -99,7 +105,8 @@ class TextReport:
         self, op: BenchOp, config: Any, nranks: int, forms: tuple[str, ...], c10d: str | None
     ) -> None:
         """Print the table header; ``c10d`` is the equivalent's description when comparing."""
-        self._compare = bool(config.compare)
+        # Compared call by call (c10d, mpi4py); another backend runs its own pass instead.
+        self._compare = config.compare in COMPARE_WITH
         self._passes = len(forms)
         self._line("#")
         self._line(

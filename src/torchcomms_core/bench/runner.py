@@ -4,6 +4,7 @@ the size sweep, optionally against torch.distributed; rank 0 reports.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import sys
@@ -103,10 +104,8 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         )
     if config.compare is not None:
         if config.compare not in COMPARE_WITH:
-            raise ValueError(
-                f"--compare must be one of {', '.join(COMPARE_WITH)}, got {config.compare!r}"
-            )
-        if config.compare == "mpi4py":
+            check_compare_backend(config)
+        elif config.compare == "mpi4py":
             from .compare_mpi import check_backend
 
             check_backend(config.backend)
@@ -144,6 +143,28 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
             f"backend {config.backend!r} does not support datatype "
             f"{config.dtype} (supported: {supported})"
         )
+
+
+def compares_backends(config: BenchConfig) -> bool:
+    """Whether ``--compare`` names another torchcomms backend (a second pass), not c10d/mpi4py."""
+    return config.compare is not None and config.compare not in COMPARE_WITH
+
+
+def check_compare_backend(config: BenchConfig) -> None:
+    """Raise ``ValueError`` unless ``--compare`` names a backend that can run this config."""
+    from .._errors import TorchCommError
+
+    assert config.compare is not None
+    try:
+        get_backend_class(config.compare)
+    except TorchCommError as exc:
+        raise ValueError(
+            f"--compare {config.compare!r} is neither {' nor '.join(COMPARE_WITH)} nor a "
+            f"torchcomms backend that loads here: {exc}"
+        ) from None
+    if config.compare == config.backend:
+        raise ValueError(f"--compare {config.compare}: compare --backend with another backend")
+    validate_config(dataclasses.replace(config, backend=config.compare, compare=None))
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -393,7 +414,7 @@ def _document(
         from .compare_mpi import MPI_FUNCTIONS
 
         functions = {name: MPI_FUNCTIONS.get(name) for name in config.ops}
-    elif config.compare:
+    elif config.compare and not compares_backends(config):
         import torch.distributed as dist
 
         backend = c10d_backend(config.backend)
@@ -430,8 +451,13 @@ def run_rank(config: BenchConfig) -> int:
         root=config.root,
     )
     dist = None
+    second: list[Row] = []
+    # With the JSON on standard output, the tables go to standard error.
+    out = sys.stderr if config.json_path == "-" else sys.stdout
     try:
-        if config.compare == "mpi4py":
+        if compares_backends(config):
+            pass  # a second pass on the other backend, below
+        elif config.compare == "mpi4py":
             from .compare_mpi import Mpi4pyCalls
 
             dist = Mpi4pyCalls(case)
@@ -443,15 +469,18 @@ def run_rank(config: BenchConfig) -> int:
             else ("mpi4py" if config.compare == "mpi4py" else c10d_backend(config.backend))
         )
         runner = Runner(comm, case, config, dist, engine)
-        # With the JSON on standard output, the tables go to standard error.
-        out = sys.stderr if config.json_path == "-" else sys.stdout
         rows = run_benchmarks(runner, TextReport(out) if rank == 0 else None)
     finally:
         if dist is not None:
             dist.close() if config.compare == "mpi4py" else close_c10d(dist)
         comm.finalize()
+    if compares_backends(config):
+        second = _second_pass(config, device, timeout, out if rank == 0 else None)
     if rank == 0:
         document = _document(config, case, rows, started)
+        if second:
+            document["compare_rows"] = [row_dict(r) for r in second]
+            print_backend_ratios(config, rows, second, out)
         if config.json_path is not None:
             write_json(document, config.json_path)
         if config.plot_path is not None:
@@ -460,4 +489,53 @@ def run_rank(config: BenchConfig) -> int:
             plot_results(document, config.plot_path)
             print(f"# plot written to {config.plot_path}", file=sys.stderr, flush=True)
     # Every rank saw the same totals, so every rank returns the same status.
-    return EXIT_WRONG_RESULTS if any(row.wrong for row in rows) else 0
+    return EXIT_WRONG_RESULTS if any(row.wrong for row in rows + second) else 0
+
+
+def _second_pass(
+    config: BenchConfig, device: torch.device, timeout: timedelta, out: Any
+) -> list[Row]:
+    """``--compare BACKEND``: the same sweep on the same ranks through the other backend."""
+    other = dataclasses.replace(config, backend=str(config.compare), compare=None)
+    comm = new_comm(other.backend, device, name="bench-compare", timeout=timeout)
+    case = Case(
+        rank=comm.get_rank(),
+        nranks=comm.get_size(),
+        dtype=DTYPES[config.dtype],
+        device=comm.get_device(),
+        redop=config.redop,
+        root=config.root,
+    )
+    try:
+        return run_benchmarks(
+            Runner(comm, case, other, None, None), TextReport(out) if out else None
+        )
+    finally:
+        comm.finalize()
+
+
+def print_backend_ratios(config: BenchConfig, ours: list[Row], theirs: list[Row], out: Any) -> None:
+    """A table of ``--backend`` against ``--compare BACKEND``: busbw and time, per row and form."""
+    print(
+        f"#\n# {config.backend} / {config.compare}: bus bandwidth ratio (higher: "
+        f"{config.backend} faster) and time ratio (lower: {config.backend} faster)",
+        file=out,
+    )
+    print(
+        f"# {'op':>22} {'size':>12} {'form':>10} {'busbw ' + config.backend:>14} "
+        f"{'busbw ' + str(config.compare):>14} {'busbw x':>8} {'time x':>8}",
+        file=out,
+    )
+    for a, b in zip(ours, theirs, strict=True):
+        for pa, pb in zip(a.passes, b.passes, strict=True):
+            bus_a, bus_b = a.busbw(pa.ours), b.busbw(pb.ours)
+            ratio = f"{bus_a / bus_b:.2f}" if bus_a and bus_b else "N/A"
+            time_ratio = pa.ours.time_us / pb.ours.time_us if pb.ours.time_us else float("nan")
+            print(
+                f"  {a.op:>22} {a.size:>12} {pa.form:>10} "
+                f"{'N/A' if bus_a is None else f'{bus_a:.4f}':>14} "
+                f"{'N/A' if bus_b is None else f'{bus_b:.4f}':>14} {ratio:>8} "
+                f"{time_ratio:>8.2f}",
+                file=out,
+            )
+    out.flush()

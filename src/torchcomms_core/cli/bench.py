@@ -177,12 +177,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--compare",
-        choices=COMPARE_WITH,
         default=None,
+        metavar="{" + ",".join(COMPARE_WITH) + ",BACKEND}",
         help="also run each operation through raw torch.distributed (c10d) on "
         "the same engine and tensors, or raw mpi4py calls (mpi4py, with "
         "--backend mpi), interleaved call by call, and print the time "
-        "ratio ours/theirs",
+        "ratio ours/theirs; or name another torchcomms backend (e.g. --backend hier "
+        "--compare gloo) to run the same sweep through it on the same ranks afterwards "
+        "and print both, with a table of busbw and time ratios",
     )
     parser.add_argument(
         "--json",
@@ -227,6 +229,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="run N ranks as N hosts: one network namespace each, linked to a "
         "bridge by links shaped to --link-rate (needs root, ip and tc)",
+    )
+    parser.add_argument(
+        "--ranks-per-host",
+        type=_int_at_least(1),
+        default=1,
+        metavar="K",
+        help="with --netns H: K ranks in each of the H namespaces (H*K ranks); ranks of "
+        "one namespace talk without crossing the shaped link, and TORCHCOMM_HOST_ID names "
+        "their namespace (the hier backend groups them by it) (default: 1)",
     )
     parser.add_argument(
         "--link-rate",
@@ -285,6 +296,10 @@ def _netns_network(
     if args.netns is None:
         if args.link_rate is not None:
             parser.error("--link-rate shapes the links of --netns; give --netns N too")
+        if args.ranks_per_host != 1:
+            parser.error(
+                "--ranks-per-host places ranks in the namespaces of --netns; give --netns N too"
+            )
         return None
     from ..bench import netns
 
@@ -293,10 +308,11 @@ def _netns_network(
             f"--netns starts its own ranks, one per namespace; run it directly, not "
             f"under {launched[2]}"
         )
-    if args.nproc is not None and args.nproc != args.netns:
+    nranks = args.netns * args.ranks_per_host
+    if args.nproc is not None and args.nproc != nranks:
         parser.error(
-            f"--netns {args.netns} runs {args.netns} ranks; drop --nproc "
-            f"{args.nproc} or make it equal"
+            f"--netns {args.netns} with --ranks-per-host {args.ranks_per_host} runs {nranks} "
+            f"ranks; drop --nproc {args.nproc} or make it equal"
         )
     reason = netns.unavailable_reason()
     if reason is not None:
@@ -305,14 +321,14 @@ def _netns_network(
         rate = netns.parse_rate(args.link_rate or "1gbit")
     except ValueError as exc:
         parser.error(f"--link-rate: {exc}")
-    return netns.Network(f"{netns.PREFIX}{os.getpid()}", args.netns, rate)
+    return netns.Network(f"{netns.PREFIX}{os.getpid()}", args.netns, rate, args.ranks_per_host)
 
 
 def _run_in_namespaces(parser: argparse.ArgumentParser, network: Any, config: BenchConfig) -> int:
     from ..bench import netns
 
     try:
-        with netns.shaped_network(network.size, network.rate_bits) as net:
+        with netns.shaped_network(network.size, network.rate_bits, network.ranks_per_host) as net:
             return netns.launch_in_namespaces(net, run_rank, (config,), label=parser.prog)
     except netns.NetnsError as exc:
         print(f"{parser.prog}: --netns: {exc}", file=sys.stderr)
@@ -343,7 +359,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     network = _netns_network(parser, args, launched)
-    nranks = launched[1] if launched else (args.netns or args.nproc or DEFAULT_NPROC)
+    nranks = (
+        launched[1]
+        if launched
+        else (args.netns * args.ranks_per_host if args.netns else (args.nproc or DEFAULT_NPROC))
+    )
     config = BenchConfig(
         backend=args.backend,
         device=args.device,

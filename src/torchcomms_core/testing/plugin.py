@@ -66,22 +66,60 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="how ranks start: spawned processes, or MPI processes under mpiexec; "
         "auto (default) uses what the backend declares (mpi: mpiexec)",
     )
+    group.addoption(
+        "--torchcomms-rank-env",
+        action="append",
+        default=[],
+        metavar="RANKS:KEY=VALUE",
+        help="set an environment variable in some ranks only, e.g. 0,1:TORCHCOMM_HOST_ID=a "
+        "(repeatable; spawned ranks only)",
+    )
 
 
-#: Every pool handed out in this session, by (ranks, launcher, communicator timeout).
-_pools: dict[tuple[int, str, float], RankPool] = {}
+def parse_rank_env(items: list[str], size: int) -> dict[int, dict[str, str]]:
+    """``["0,1:KEY=VALUE", ...]`` as ``{rank: {KEY: VALUE}}``; a usage error names a bad item."""
+    found: dict[int, dict[str, str]] = {}
+    for item in items:
+        ranks, sep, assignment = item.partition(":")
+        key, eq, value = assignment.partition("=")
+        try:
+            numbers = [int(r) for r in ranks.split(",")]
+        except ValueError:
+            numbers = []
+        if not sep or not eq or not key or not numbers or not all(0 <= r < size for r in numbers):
+            raise pytest.UsageError(
+                f"--torchcomms-rank-env {item!r}: expected RANKS:KEY=VALUE with ranks in "
+                f"0..{size - 1}, e.g. 0,1:TORCHCOMM_HOST_ID=a"
+            )
+        for r in numbers:
+            found.setdefault(r, {})[key] = value
+    return found
 
 
-def shared_pool(size: int, *, launcher: str = "spawn", comm_timeout_s: float = 30.0) -> RankPool:
+#: Every pool handed out in this session, by (ranks, launcher, communicator timeout,
+#: per-rank environment).
+_pools: dict[tuple[int, str, float, str], RankPool] = {}
+
+
+def shared_pool(
+    size: int,
+    *,
+    launcher: str = "spawn",
+    comm_timeout_s: float = 30.0,
+    rank_env: dict[int, dict[str, str]] | None = None,
+) -> RankPool:
     """The session's pool of ``size`` ranks started by ``launcher``, created on first use.
 
     It lives until the session ends; a body that fails recycles its ranks (see
-    :class:`RankPool`), so later tests still get working ones.
+    :class:`RankPool`), so later tests still get working ones. ``rank_env`` sets
+    variables in single ranks (:class:`RankPool`).
     """
-    key = (size, launcher, float(comm_timeout_s))
+    key = (size, launcher, float(comm_timeout_s), repr(sorted((rank_env or {}).items())))
     pool = _pools.get(key)
     if pool is None:
-        pool = _pools[key] = RankPool(size, comm_timeout_s=comm_timeout_s, launcher=launcher)
+        pool = _pools[key] = RankPool(
+            size, comm_timeout_s=comm_timeout_s, launcher=launcher, rank_env=rank_env
+        )
     return pool
 
 
@@ -155,7 +193,10 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         missing = mpiexec_unavailable()
         if missing:
             pytest.skip(f"conformance suite under mpiexec: {missing}")
-    return shared_pool(size, launcher=launcher, comm_timeout_s=60)
+    rank_env = parse_rank_env(request.config.getoption("--torchcomms-rank-env"), size)
+    if rank_env and launcher != "spawn":
+        raise pytest.UsageError("--torchcomms-rank-env needs spawned ranks, not mpiexec")
+    return shared_pool(size, launcher=launcher, comm_timeout_s=60, rank_env=rank_env)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -175,7 +216,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"{config.getoption('--torchcomms-world-size')} ranks, "
         f"device {config.getoption('--torchcomms-device')}, "
         f"launcher {config.getoption('--torchcomms-launcher')}"
-    ]
+    ] + [f"  rank environment: {item}" for item in config.getoption("--torchcomms-rank-env")]
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -133,6 +133,8 @@ class RankPool:
 
     Workers see ``TORCHCOMM_RANK``/``TORCHCOMM_SIZE`` and a rendezvous store hosted by
     this process (as torchrun's agent does), so ``torchcomms.new_comm`` works in them.
+    ``rank_env`` adds variables to single ranks (``{0: {"TORCHCOMM_HOST_ID": "a"}}``),
+    over ``env``, e.g. to make several simulated hosts.
     With ``launcher="mpiexec"`` the workers are MPI processes started by ``mpiexec``
     (for backends such as mpi); ``mpi_launch.mpiexec_unavailable()`` says if it can run.
     """
@@ -145,6 +147,7 @@ class RankPool:
         comm_timeout_s: float = 30.0,
         grace_s: float = 5.0,
         launcher: str = "spawn",
+        rank_env: dict[int, dict[str, str]] | None = None,
     ) -> None:
         if world_size < 1:
             raise ValueError(f"RankPool: world_size must be >= 1, got {world_size}")
@@ -156,6 +159,12 @@ class RankPool:
         self.world_size = world_size
         self.grace_s = grace_s
         self._extra_env = dict(env or {})
+        self._rank_env = {int(r): dict(v) for r, v in (rank_env or {}).items()}
+        bad = sorted(r for r in self._rank_env if not 0 <= r < world_size)
+        if bad:
+            raise ValueError(f"RankPool: rank_env names rank(s) {bad}, outside 0..{world_size - 1}")
+        if self._rank_env and launcher != "spawn":
+            raise ValueError("RankPool: rank_env needs launcher='spawn' (mpiexec ranks share one)")
         self._comm_timeout_s = comm_timeout_s
         self._procs: list[Any] = []
         self._conns: list[Any] = []
@@ -198,7 +207,13 @@ class RankPool:
             proc = ctx.Process(
                 target=_worker_main,
                 daemon=True,
-                args=(rank, self.world_size, env, child, stack_file),
+                args=(
+                    rank,
+                    self.world_size,
+                    {**env, **self._rank_env.get(rank, {})},
+                    child,
+                    stack_file,
+                ),
                 name=f"torchcomms-rank{rank}",
             )
             proc.start()

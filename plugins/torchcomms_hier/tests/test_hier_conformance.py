@@ -1,0 +1,98 @@
+"""The shipped conformance suite passes for ``hier`` at 4 ranks on simulated hosts, run as a
+vendor runs it, with each rank's host and local backend set by ``--torchcomms-rank-env``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchcomms
+
+REPO = Path(__file__).resolve().parents[3]
+VENDOR_SRC = REPO / "examples" / "vendor_plugin" / "src"
+SHM_MISSING = "shm" not in torchcomms.available_backends()
+
+#: name: (host of each rank, local backend of each host)
+CONFIGURATIONS = {
+    "2 hosts x 2 on gloo": ("aabb", {"a": "gloo", "b": "gloo"}),
+    "uneven 3 + 1, gloo and examplevendor": ("aaab", {"a": "gloo", "b": "examplevendor"}),
+    "2 x 2, shm and gloo": ("aabb", {"a": "shm", "b": "gloo"}),
+    "2 + 1 + 1, shm, gloo and examplevendor": (
+        "aabc",
+        {"a": "shm", "b": "gloo", "c": "examplevendor"},
+    ),
+}
+
+
+def _vendor_entry_point(folder: Path) -> str:
+    """A dist-info that makes the (uninstalled) example vendor plugin resolvable by entry
+    point in the child processes only; returns the PYTHONPATH they need."""
+    info = folder / "torchcomms_examplevendor-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchcomms-examplevendor\nVersion: 0.1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[torchcomms.backends]\nexamplevendor = torchcomms_examplevendor:ExampleVendorBackend\n"
+    )
+    return os.pathsep.join([str(folder), str(VENDOR_SRC)])
+
+
+@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -> None:
+    hosts, backends = CONFIGURATIONS[configuration]
+    if SHM_MISSING and "shm" in backends.values():
+        pytest.skip("needs the shm backend (torchcomms-shm), which is not installed")
+    args = []
+    for host in sorted(set(hosts)):
+        ranks = ",".join(str(r) for r, h in enumerate(hosts) if h == host)
+        args += ["--torchcomms-rank-env", f"{ranks}:TORCHCOMM_HOST_ID=host-{host}"]
+        args += ["--torchcomms-rank-env", f"{ranks}:TORCHCOMM_LOCAL_BACKEND={backends[host]}"]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
+    }
+    extra = _vendor_entry_point(tmp_path / "site")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), extra]))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "torchcomms_core.testing",
+            "--torchcomms-backend",
+            "hier",
+            "--torchcomms-world-size",
+            str(len(hosts)),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd="/",
+    )
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    summary = res.stdout.strip().splitlines()[-1]
+    assert "passed" in summary and "failed" not in summary and "skipped" not in summary
+    assert "'hier', 4 ranks" in res.stdout
+    for host in sorted(set(hosts)):  # the header lists each rank's environment
+        assert f"TORCHCOMM_LOCAL_BACKEND={backends[host]}" in res.stdout
+
+
+def test_rank_env_option_parses_and_refuses_bad_items() -> None:
+    from torchcomms_core.testing.plugin import parse_rank_env
+
+    parsed = parse_rank_env(["0,2:TORCHCOMM_HOST_ID=a", "2:X=1=2"], 4)
+    assert parsed == {0: {"TORCHCOMM_HOST_ID": "a"}, 2: {"TORCHCOMM_HOST_ID": "a", "X": "1=2"}}
+    for bad in ("TORCHCOMM_HOST_ID=a", "4:K=v", "x:K=v", "0:novalue"):
+        with pytest.raises(pytest.UsageError, match="RANKS:KEY=VALUE"):
+            parse_rank_env([bad], 4)
