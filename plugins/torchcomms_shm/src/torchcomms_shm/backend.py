@@ -47,7 +47,7 @@ from . import segment as seg
 
 #: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
 ARENA_BYTES = "arena_bytes"
-DEFAULT_ARENA_BYTES = 2 << 20
+DEFAULT_ARENA_BYTES = 8 << 20
 #: Hint: bytes of the ring each ordered pair of ranks uses for send/recv.
 P2P_BYTES = "p2p_bytes"
 DEFAULT_P2P_BYTES = 256 << 10
@@ -260,6 +260,8 @@ class ShmBackend(TorchCommBackend):
         self._sent = [0] * n  # bytes this rank wrote into channel me -> p
         self._got = [0] * n  # bytes this rank read from channel p -> me
         self._npending = 0
+        #: Slot views of recent small all-reduces, by (dtype, numel, half).
+        self._views: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
         self._op = ""
         self._deadline = 0.0
 
@@ -363,10 +365,18 @@ class ShmBackend(TorchCommBackend):
 
     def _sync(self) -> None:
         """Publish the next step and wait until every peer published it."""
+        self._post()
+        self._wait_peers()
+
+    def _post(self) -> None:
+        """Publish the next step (what this rank staged for it is in place)."""
         self._step += 1
+        self._w[self._my_step] = self._step
+
+    def _wait_peers(self) -> None:
+        """Wait until every peer published this rank's current step."""
         target = self._step
         w = self._w
-        w[self._my_step] = target
         idx = self._peer_steps
         for _ in range(200):
             for i in idx:
@@ -410,6 +420,22 @@ class ShmBackend(TorchCommBackend):
             self._all_reduce(tensor.view(-1), _REDUCE[op.type])
         return None
 
+    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
+        """The synchronous ``all_reduce`` for the core's lean lane (small tensors skip the
+        keyword handling of the method; the work is the same)."""
+        seconds = timeout.total_seconds()
+
+        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            with self._lock:
+                if self._aborted or self._broken is not None or self._mapping is None:
+                    self._begin("all_reduce", timeout)  # raises the reason
+                self._op, self._seconds = "all_reduce", seconds
+                self._deadline = time.monotonic() + seconds
+                self._all_reduce(tensor.view(-1), _REDUCE[op.type])
+            return None
+
+        return {"all_reduce": all_reduce}
+
     def _all_reduce(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
         n, me = self._size, self._rank
         if n == 1:
@@ -419,7 +445,14 @@ class ShmBackend(TorchCommBackend):
         if total * es <= min(SMALL_BYTES, self._chunk):
             # One step: every rank stages its whole tensor and folds all of them itself.
             h = self._half()
-            slots = [self._slots[r][h][: total * es].view(dtype) for r in range(n)]
+            key = (dtype, total, h)
+            slots = self._views.get(key)
+            if slots is None:
+                if len(self._views) > 64:
+                    self._views.clear()
+                slots = self._views[key] = [
+                    self._slots[r][h][: total * es].view(dtype) for r in range(n)
+                ]
             slots[me].copy_(flat)
             self._sync()
             _fold(fn, slots, flat)
@@ -566,9 +599,10 @@ class ShmBackend(TorchCommBackend):
 
     def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
         n, me, c = self._size, self._rank, self._chunk
-        if outs[me].data_ptr() != mine.data_ptr():
-            outs[me].copy_(mine)
+        local = outs[me].data_ptr() != mine.data_ptr()
         if n == 1:
+            if local:
+                outs[me].copy_(mine)
             return
         steps = max(-(-o.numel() // c) for o in outs)
         for k in range(steps):
@@ -577,7 +611,10 @@ class ShmBackend(TorchCommBackend):
             m = min(c, mine.numel() - lo)
             if m > 0:
                 self._slots[me][h][:m].copy_(mine[lo : lo + m])
-            self._sync()
+            self._post()
+            if local and m > 0:  # this rank's own block, while the peers catch up
+                outs[me][lo : lo + m].copy_(mine[lo : lo + m])
+            self._wait_peers()
             for p in self._peers:
                 m = min(c, outs[p].numel() - lo)
                 if m > 0:
@@ -660,11 +697,11 @@ class ShmBackend(TorchCommBackend):
 
     def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         n, me = self._size, self._rank
-        outs[me].copy_(ins[me])
         if n == 1:
+            outs[me].copy_(ins[me])
             return
         region = self._chunk // n // 64 * 64
-        local = max(-(-t.numel() // region) for i, t in enumerate(outs + ins) if i % n != me)
+        local = max(-(-t.numel() // region) for t in outs + ins)
         count_word = self._layout.rank_word(me, seg.W_COUNT)
         peer_counts = [self._layout.rank_word(p, seg.W_COUNT) for p in self._peers]
         w = self._w
@@ -678,7 +715,11 @@ class ShmBackend(TorchCommBackend):
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
                     mine[p * region : p * region + m].copy_(ins[p][lo : lo + m])
-            self._sync()
+            self._post()
+            m = min(region, outs[me].numel() - lo)
+            if m > 0:  # this rank's own block, while the peers catch up
+                outs[me][lo : lo + m].copy_(ins[me][lo : lo + m])
+            self._wait_peers()
             if k == 0:
                 steps = max([local] + [w[i] for i in peer_counts])
             for p in self._peers:
