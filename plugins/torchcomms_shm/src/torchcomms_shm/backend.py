@@ -88,7 +88,10 @@ def host_identity(hints: dict[str, str]) -> str:
 
 
 def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: torch.Tensor) -> None:
-    """``out = sources[0] op sources[1] op ...`` in list order (``out`` may be a source)."""
+    """``out = sources[0] op sources[1] op ...`` in list order.
+
+    ``out`` must not overlap any source but the first two (it is written first).
+    """
     if len(sources) == 1:
         if sources[0].data_ptr() != out.data_ptr():
             out.copy_(sources[0])
@@ -126,6 +129,13 @@ class ShmBackend(TorchCommBackend):
     def is_available(cls) -> tuple[bool, str]:
         return seg.arch_supported()
 
+    def __init__(self) -> None:
+        # Unbound (``enable_reconfigure=True`` before the first reconfigure): no segment.
+        self._rank, self._size = -1, 0
+        self._mapping: seg.Mapping | None = None
+        self._aborted = False
+        self._broken: str | None = None
+
     # -- lifecycle --------------------------------------------------------------------
 
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
@@ -149,6 +159,12 @@ class ShmBackend(TorchCommBackend):
         self._rank, self._size = rank, size
         self._store = store
         self._lock = threading.RLock()
+        # Asynchronous collectives, run in issue order by one worker thread.
+        self._jobs: deque[_Job] = deque()
+        self._jobs_lock = threading.Lock()
+        self._jobs_cv = threading.Condition(self._jobs_lock)
+        self._worker: threading.Thread | None = None
+        self._stop = False
         self._aborted = False
         self._broken: str | None = None
         self._mapping: seg.Mapping | None = None
@@ -281,6 +297,7 @@ class ShmBackend(TorchCommBackend):
         self._release(abort=True)
 
     def _release(self, abort: bool) -> None:
+        self._stop_worker(drain=not abort)
         for window in list(getattr(self, "_windows", [])):
             window.free(abort=True)
         self._windows = []
@@ -291,11 +308,19 @@ class ShmBackend(TorchCommBackend):
         mapping = getattr(self, "_mapping", None)
         if mapping is None:
             return
-        self._mapping = None
-        if abort and getattr(self, "_busy", 0):
-            return  # another thread is inside an operation on the mapping: leave it to GC
-        self._slots = []
-        mapping.close()
+        if abort and not self._lock.acquire(blocking=False):
+            # Another thread is inside an operation: it sees the abort within milliseconds
+            # and fails; the mapping goes when its last view does.
+            self._mapping = None
+            return
+        try:
+            self._mapping = None
+            self._slots = []
+            self._views = {}
+            mapping.close()
+        finally:
+            if abort:
+                self._lock.release()
 
     def get_rank(self) -> int:
         return self._rank
@@ -388,6 +413,59 @@ class ShmBackend(TorchCommBackend):
             lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm
         )
 
+    def _run(
+        self, what: str, timeout: timedelta | None, async_op: bool, body: Callable[[], None]
+    ) -> Any:
+        """Run a collective: here when synchronous and nothing is queued, else in order on
+        the communicator's worker thread (``async_op``: return its work at once)."""
+        if not async_op and not self._jobs:
+            with self._lock:
+                self._begin(what, timeout)
+                body()
+            return None
+        job = _Job(what, timeout, body)
+        with self._jobs_lock:
+            self._jobs.append(job)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work_loop, name=f"torchcomms-shm-{self.comm_name}", daemon=True
+                )
+                self._worker.start()
+            self._jobs_cv.notify()
+        if async_op:
+            return job
+        job.wait()
+        return None
+
+    def _work_loop(self) -> None:
+        while True:
+            with self._jobs_lock:
+                while not self._jobs and not self._stop:
+                    self._jobs_cv.wait()
+                if self._stop and not self._jobs:
+                    self._worker = None
+                    return
+                job = self._jobs[0]
+            try:
+                with self._lock:
+                    self._begin(job.what, job.timeout)
+                    job.body()
+            except BaseException as exc:  # handed to whoever waits on the work
+                job.error = exc
+            with self._jobs_lock:
+                self._jobs.popleft()
+            job.done.set()
+
+    def _stop_worker(self, drain: bool) -> None:
+        worker = getattr(self, "_worker", None)
+        if worker is None:
+            return
+        with self._jobs_lock:
+            self._stop = True
+            self._jobs_cv.notify()
+        if drain and worker is not threading.current_thread():
+            worker.join()
+
     def _half(self) -> int:
         self._use += 1
         return self._use & 1
@@ -401,10 +479,7 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("barrier", timeout)
-            self._sync()
-        return None
+        return self._run("barrier", timeout, async_op, self._sync)
 
     def all_reduce(
         self,
@@ -415,10 +490,8 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("all_reduce", timeout)
-            self._all_reduce(tensor.view(-1), _REDUCE[op.type])
-        return None
+        flat, fn = tensor.view(-1), _REDUCE[op.type]
+        return self._run("all_reduce", timeout, async_op, lambda: self._all_reduce(flat, fn))
 
     def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
         """The synchronous ``all_reduce`` for the core's lean lane (small tensors skip the
@@ -426,6 +499,8 @@ class ShmBackend(TorchCommBackend):
         seconds = timeout.total_seconds()
 
         def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            if self._jobs:  # asynchronous collectives still queued: in order behind them
+                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
             with self._lock:
                 if self._aborted or self._broken is not None or self._mapping is None:
                     self._begin("all_reduce", timeout)  # raises the reason
@@ -473,8 +548,9 @@ class ShmBackend(TorchCommBackend):
                 mine[hi:].copy_(chunk[hi:])
             self._sync()
             own = chunk[lo:hi]
-            _fold(fn, [own if r == me else slots[r][lo:hi] for r in range(n)], own)
-            mine[lo:hi].copy_(own)
+            # Into this rank's own (free) region of its slot, then back into the tensor.
+            _fold(fn, [own if r == me else slots[r][lo:hi] for r in range(n)], mine[lo:hi])
+            own.copy_(mine[lo:hi])
             self._sync()
             for r in self._peers:
                 a, b = bounds[r], bounds[r + 1]
@@ -516,14 +592,14 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("reduce_scatter", timeout)
-            ins = [t.reshape(-1) for t in input_list]
-            out = output.view(-1)
-            if any(_overlap(out, t) for t in ins):
-                ins = [t.clone() for t in ins]
-            self._reduce_scatter(out, ins, _REDUCE[op.type])
-        return None
+        ins = [t.reshape(-1) for t in input_list]
+        out = output.view(-1)
+        if any(_overlap(out, t) for t in ins):
+            ins = [t.clone() for t in ins]
+        fn = _REDUCE[op.type]
+        return self._run(
+            "reduce_scatter", timeout, async_op, lambda: self._reduce_scatter(out, ins, fn)
+        )
 
     def _reduce_scatter(
         self, out: torch.Tensor, ins: list[torch.Tensor], fn: Callable[..., torch.Tensor]
@@ -588,14 +664,11 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("all_gather", timeout)
-            outs = [_u8(t) for t in tensor_list]
-            mine = _u8(tensor)
-            if any(_overlap(o, mine) for i, o in enumerate(outs) if i != self._rank):
-                mine = mine.clone()
-            self._all_gather(outs, mine)
-        return None
+        outs = [_u8(t) for t in tensor_list]
+        mine = _u8(tensor)
+        if any(_overlap(o, mine) for i, o in enumerate(outs) if i != self._rank):
+            mine = mine.clone()
+        return self._run("all_gather", timeout, async_op, lambda: self._all_gather(outs, mine))
 
     def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
         n, me, c = self._size, self._rank, self._chunk
@@ -629,10 +702,8 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("broadcast", timeout)
-            self._broadcast(_u8(tensor), root)
-        return None
+        data = _u8(tensor)
+        return self._run("broadcast", timeout, async_op, lambda: self._broadcast(data, root))
 
     def _broadcast(self, data: torch.Tensor, root: int) -> None:
         if self._size == 1:
@@ -659,14 +730,11 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            self._begin("all_to_all", timeout)
-            outs = [_u8(t) for t in output_tensor_list]
-            ins = [_u8(t) for t in input_tensor_list]
-            if any(_overlap(o, i) for o in outs for i in ins):
-                ins = [t.clone() for t in ins]
-            self._all_to_all(outs, ins)
-        return None
+        outs = [_u8(t) for t in output_tensor_list]
+        ins = [_u8(t) for t in input_tensor_list]
+        if any(_overlap(o, i) for o in outs for i in ins):
+            ins = [t.clone() for t in ins]
+        return self._run("all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins))
 
     def all_to_all_single(
         self,
@@ -806,72 +874,77 @@ class ShmBackend(TorchCommBackend):
         return lay.rings + (src * self._size + dst) * lay.p2p_bytes
 
     def _push(self, item: _P2P) -> bool:
-        """Write what fits of ``item`` into channel me -> peer; ``True`` once all is written."""
+        """Write what fits of ``item`` into channel me -> peer; ``True`` once all is written.
+
+        On the wire a message is an 8-byte header (its byte count), the bytes, and padding
+        to a multiple of 8, so every header sits 8-aligned and never wraps.
+        """
         me, p, size = self._rank, item.peer, self._ring
         w, lay = self._w, self._layout
+        mapping = self._mapping
+        assert mapping is not None
         tail = w[lay.tail_word(me, p)]
         head = self._sent[p]
-        while item.done < item.total:
+        base = self._ring_base(me, p)
+        while item.done < item.wire:
             free = size - (head - tail)
-            if free < 8:
-                return False
-            if item.done == -8:  # the header: this message's byte count
-                pos = head % size
-                self._mapping.map[self._ring_base(me, p) + pos : self._ring_base(me, p) + pos + 8] = (  # type: ignore[union-attr]
-                    item.data.numel().to_bytes(8, "little")
-                )
-                head += 8
-                item.done = 0
-                continue
             pos = head % size
-            m = min(free, size - pos, item.total - item.done)
-            base = self._ring_base(me, p) + pos
-            self._mapping.raw[base : base + m].copy_(item.data[item.done : item.done + m])  # type: ignore[union-attr]
+            if item.done == 0:
+                if free < 8:
+                    break
+                mapping.map[base + pos : base + pos + 8] = item.total.to_bytes(8, "little")
+                head += 8
+                item.done = 8
+                continue
+            if free <= 0:
+                break
+            m = min(free, size - pos, item.wire - item.done)
+            lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
+            if hi > lo:
+                mapping.raw[base + pos : base + pos + hi - lo].copy_(item.data[lo:hi])
             head += m
             item.done += m
-            if item.done == item.total:
-                head += -head % 8  # keep every header 8-aligned
-        self._sent[p] = head
-        w[lay.head_word(me, p)] = head
-        return True
+        if head != self._sent[p]:
+            self._sent[p] = head
+            w[lay.head_word(me, p)] = head
+        return item.done == item.wire
 
     def _pull(self, item: _P2P) -> bool:
         """Read what has arrived of ``item`` from channel peer -> me; ``True`` once complete."""
         me, p, size = self._rank, item.peer, self._ring
         w, lay = self._w, self._layout
+        mapping = self._mapping
+        assert mapping is not None
         head = w[lay.head_word(p, me)]
         tail = self._got[p]
-        moved = False
-        while item.done < item.total:
+        base = self._ring_base(p, me)
+        while item.done < item.wire:
             avail = head - tail
             if avail <= 0:
                 break
             pos = tail % size
-            base = self._ring_base(p, me) + pos
-            if item.done == -8:
-                sent = int.from_bytes(self._mapping.map[base : base + 8], "little")  # type: ignore[union-attr]
-                if sent != item.data.numel():
+            if item.done == 0:  # a header is written whole before the head moves past it
+                sent = int.from_bytes(mapping.map[base + pos : base + pos + 8], "little")
+                if sent != item.total:
                     raise self._fail(
                         CommInputError(
-                            f"recv from rank {p} expects {item.data.numel()} bytes but rank {p} "
-                            f"sent {sent}; post receives of the sent size and dtype"
+                            f"recv from rank {p} expects {item.total} bytes but rank {p} sent "
+                            f"{sent}; post receives of the sent size and dtype"
                         )
                     )
                 tail += 8
-                item.done = 0
-                moved = True
+                item.done = 8
                 continue
-            m = min(avail, size - pos, item.total - item.done)
-            item.data[item.done : item.done + m].copy_(self._mapping.raw[base : base + m])  # type: ignore[union-attr]
+            m = min(avail, size - pos, item.wire - item.done)
+            lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
+            if hi > lo:
+                item.data[lo:hi].copy_(mapping.raw[base + pos : base + pos + hi - lo])
             tail += m
             item.done += m
-            moved = True
-            if item.done == item.total:
-                tail += -tail % 8
-        if moved:
+        if tail != self._got[p]:
             self._got[p] = tail
             w[lay.tail_word(p, me)] = tail
-        return item.done == item.total
+        return item.done == item.wire
 
     # -- windows ----------------------------------------------------------------------
 
@@ -894,15 +967,37 @@ def _blocks(t: torch.Tensor, split_sizes: list[int], n: int) -> list[torch.Tenso
     return [b.reshape(-1) for b in torch.split(t, list(split_sizes), dim=0)]
 
 
-class _P2P:
-    """One queued send or receive: the bytes and how many moved (-8: header not yet)."""
+class _Job:
+    """An asynchronous collective: queued, run by the worker thread, waited on by the user."""
 
-    __slots__ = ("send", "data", "peer", "done", "total")
+    __slots__ = ("what", "timeout", "body", "done", "error")
+
+    def __init__(self, what: str, timeout: timedelta | None, body: Callable[[], None]) -> None:
+        self.what, self.timeout, self.body = what, timeout, body
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        return self.done.is_set() and self.error is None
+
+    def wait(self) -> bool:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+class _P2P:
+    """One queued send or receive: its bytes, and how many wire bytes moved (header, data,
+    padding to 8)."""
+
+    __slots__ = ("send", "data", "peer", "done", "total", "wire")
 
     def __init__(self, send: bool, data: torch.Tensor, peer: int) -> None:
         self.send, self.data, self.peer = send, data, peer
-        self.done = -8
+        self.done = 0
         self.total = data.numel()
+        self.wire = 8 + (self.total + 7) // 8 * 8
 
 
 class _P2PWork:
@@ -913,7 +1008,7 @@ class _P2PWork:
         self._deadline = time.monotonic() + seconds
 
     def is_completed(self) -> bool:
-        if all(i.done == i.total for i in self._items):
+        if all(i.done == i.wire for i in self._items):
             return True
         b = self._b
         if b._lock.acquire(blocking=False):
@@ -922,19 +1017,19 @@ class _P2PWork:
                     b._progress()
             finally:
                 b._lock.release()
-        return all(i.done == i.total for i in self._items)
+        return all(i.done == i.wire for i in self._items)
 
     def wait(self) -> bool:
         b, items = self._b, self._items
 
         def ready() -> bool:
-            if all(i.done == i.total for i in items):
+            if all(i.done == i.wire for i in items):
                 return True
             with b._lock:
                 if b._aborted or b._mapping is None:
                     return True  # the alarm below reports it
                 b._progress()
-            return all(i.done == i.total for i in items)
+            return all(i.done == i.wire for i in items)
 
         if ready():
             return True
@@ -950,6 +1045,6 @@ class _P2PWork:
         with b._lock:
             b._op, b._seconds = self._what, self._seconds
             if final:
-                peers = sorted({i.peer for i in self._items if i.done != i.total})
+                peers = sorted({i.peer for i in self._items if i.done != i.wire})
                 raise b._fail(seg.timeout_error(self._what, self._seconds, peers))
             b._alarm(False)

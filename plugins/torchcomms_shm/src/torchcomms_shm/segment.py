@@ -219,21 +219,15 @@ class Waiter:
         point-to-point operations); past ``deadline``, ``ready`` is checked one last time
         and then ``alarm(True)`` raises the timeout.
         """
-        now = time.monotonic()
-        spin_until = now + self.spin_s
-        while True:
-            for _ in range(64):
-                if ready():
-                    return
-            now = time.monotonic()
-            if now >= spin_until:
-                break
-        yield_until = now + self.yield_s
-        check_at = now + self._CHECK_S
+        start = now = time.monotonic()
+        spin_until = start + self.spin_s
+        yield_until = spin_until + self.yield_s
+        check_at = start + self._CHECK_S
         nap = self._NAP_S
         while True:
-            if ready():
-                return
+            for _ in range(64 if now < spin_until else 1):
+                if ready():
+                    return
             now = time.monotonic()
             if now >= check_at:
                 alarm(False)
@@ -242,6 +236,8 @@ class Waiter:
                     if ready():
                         return
                     alarm(True)
+            if now < spin_until:
+                continue
             if now < yield_until:
                 os.sched_yield()
             else:
