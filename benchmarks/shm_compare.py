@@ -57,8 +57,10 @@ def main() -> None:
 
     copy = memcpy_gbps()
     load = os.getloadavg()
-    print(f"# host {socket.gethostname()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} intra-op threads")
+    print(
+        f"# host {socket.gethostname()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} intra-op threads"
+    )
     print(f"# load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"# memcpy (copy_, 1 thread, 64 MiB): {copy:.2f} GB/s")
     for n in args.ranks:
@@ -81,14 +83,18 @@ def main() -> None:
 
 def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
     print(f"\n## {n} ranks, {nbytes >> 20} MiB float32, busbw GB/s (median of rounds)")
-    print(f"| op | shm | gloo | MPICH | shm/MPICH | shm/gloo | shm/memcpy |")
+    print("| op | shm | gloo | MPICH | shm/MPICH | shm/gloo | shm/memcpy |")
     print("|---|---|---|---|---|---|---|")
     for op in OPS:
         s, g, m = (res[op].get(i, float("nan")) for i in IMPLS)
-        print(f"| {op} | {s:.2f} | {g:.2f} | {m:.2f} | {s / m:.2f} | {s / g:.2f} | {s / copy:.2f} |")
+        print(
+            f"| {op} | {s:.2f} | {g:.2f} | {m:.2f} | {s / m:.2f} | {s / g:.2f} | {s / copy:.2f} |"
+        )
     s, g, m = (res["latency"].get(i, float("nan")) for i in IMPLS)
-    print(f"| all_reduce 8 B latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | "
-          f"{s / g:.3f} | |")
+    print(
+        f"| all_reduce 8 B latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | "
+        f"{s / g:.3f} | |"
+    )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -129,7 +135,9 @@ def worker(args: argparse.Namespace) -> None:
             return {
                 "all_reduce": lambda: mpi.Allreduce(MPI.IN_PLACE, np_(big), MPI.SUM),
                 "all_gather": lambda: mpi.Allgather(np_(small_in), np_(big_out)),
-                "reduce_scatter": lambda: mpi.Reduce_scatter_block(np_(big), np_(small_out), MPI.SUM),
+                "reduce_scatter": lambda: mpi.Reduce_scatter_block(
+                    np_(big), np_(small_out), MPI.SUM
+                ),
                 "broadcast": lambda: mpi.Bcast(np_(big), 0),
                 "all_to_all": lambda: mpi.Alltoall(np_(big), np_(big_out)),
                 "latency": lambda: mpi.Allreduce(MPI.IN_PLACE, np_(tiny), MPI.SUM),

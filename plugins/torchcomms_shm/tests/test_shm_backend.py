@@ -324,10 +324,18 @@ def body_reconfigure() -> tuple[int, int, float]:
     r = current_rank()
     name = unique_name("reconf")
     comm = torchcomms.new_comm(
-        "shm", torch.device("cpu"), name=name, enable_reconfigure=True, timeout=timedelta(seconds=60)
+        "shm",
+        torch.device("cpu"),
+        name=name,
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=60),
     )
     store = TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, timedelta(seconds=30)
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        None,
+        False,
+        timedelta(seconds=30),
     )
     store.set(f"{name}/{r}", comm.get_init_handle())
     handles = [store.get(f"{name}/{k}").decode() for k in range(n)]

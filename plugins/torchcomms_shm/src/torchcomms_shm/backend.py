@@ -166,8 +166,8 @@ class ShmBackend(TorchCommBackend):
         self._worker: threading.Thread | None = None
         self._stop = False
         self._aborted = False
-        self._broken: str | None = None
-        self._mapping: seg.Mapping | None = None
+        self._broken = None
+        self._mapping = None
         self._liveness: seg.Liveness | None = None
         self._windows: list[Any] = []
         self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6)
@@ -215,7 +215,9 @@ class ShmBackend(TorchCommBackend):
         try:
             if rank == 0:
                 mapping = seg.Mapping(name, layout, create=True)
-                mapping.raw[:32].copy_(torch.frombuffer(bytearray(token.encode()), dtype=torch.uint8))
+                mapping.raw[:32].copy_(
+                    torch.frombuffer(bytearray(token.encode()), dtype=torch.uint8)
+                )
                 store.set("shm/created", "1")
             else:
                 store.get("shm/created")
@@ -258,7 +260,11 @@ class ShmBackend(TorchCommBackend):
         self._chunk = half
         self._slots = [
             [
-                raw[lay.arena + r * lay.arena_bytes + h * half : lay.arena + r * lay.arena_bytes + (h + 1) * half]
+                raw[
+                    lay.arena + r * lay.arena_bytes + h * half : lay.arena
+                    + r * lay.arena_bytes
+                    + (h + 1) * half
+                ]
                 for h in (0, 1)
             ]
             for r in range(n)
@@ -409,9 +415,7 @@ class ShmBackend(TorchCommBackend):
                     break
             else:
                 return
-        self._waiter.wait(
-            lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm
-        )
+        self._waiter.wait(lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm)
 
     def _run(
         self, what: str, timeout: timedelta | None, async_op: bool, body: Callable[[], None]
@@ -579,7 +583,11 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        blocks = list(input.view(-1).chunk(self._size)) if input.numel() else [input.view(-1)] * self._size
+        blocks = (
+            list(input.view(-1).chunk(self._size))
+            if input.numel()
+            else [input.view(-1)] * self._size
+        )
         return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
 
     def reduce_scatter_v(
@@ -745,7 +753,9 @@ class ShmBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        return self.all_to_all_v_single(output, input, [], [], async_op, timeout=timeout, hints=hints)
+        return self.all_to_all_v_single(
+            output, input, [], [], async_op, timeout=timeout, hints=hints
+        )
 
     def all_to_all_v_single(
         self,
@@ -829,7 +839,9 @@ class ShmBackend(TorchCommBackend):
         hints: dict[str, str] | None = None,
     ) -> Any:
         with self._lock:
-            self._begin("batch_op_issue" if len(ops) > 1 else ops[0][0] if ops else "batch", timeout)
+            self._begin(
+                "batch_op_issue" if len(ops) > 1 else ops[0][0] if ops else "batch", timeout
+            )
             posted = []
             for kind, tensor, peer in ops:
                 item = _P2P(kind == "send", _u8(tensor), peer)
