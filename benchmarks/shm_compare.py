@@ -48,6 +48,11 @@ def main() -> None:
     parser.add_argument("--hints", default="", help="shm hints, k=v,k=v")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument(
+        "--policies",
+        action="store_true",
+        help="compare shm wait policies instead (spin / spin+yield / spin+sleep / default)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -70,13 +75,18 @@ def main() -> None:
         if args.hints:
             cmd += ["--hints", args.hints]
         cmd += ["--threads", str(args.threads), "--impls", *args.impls]
+        if args.policies:
+            cmd += ["--policies"]
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if res.returncode != 0:
             print(res.stdout[-3000:], res.stderr[-3000:])
             raise SystemExit(f"{n} ranks failed")
         line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
-        report(n, json.loads(line[7:]), copy, args.bytes)
+        if args.policies:
+            report_policies(n, json.loads(line[7:]), args.bytes)
+        else:
+            report(n, json.loads(line[7:]), copy, args.bytes)
     load = os.getloadavg()
     print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
@@ -95,6 +105,39 @@ def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
         f"| all_reduce 8 B latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | "
         f"{s / g:.3f} | |"
     )
+
+
+#: Wait policies compared by ``--policies``: shm hints (microseconds).
+POLICIES = {
+    "spin": "spin_us=1000000000",
+    "spin+yield": "spin_us=50,yield_us=1000000000",
+    "spin+sleep": "spin_us=50,yield_us=0",
+    "spin+yield300+sleep": "spin_us=50,yield_us=300",
+    "default": "",
+}
+
+
+def report_policies(n: int, res: dict[str, Any], nbytes: int) -> None:
+    names = list(POLICIES)
+    print(f"\n## {n} ranks: shm wait policies (median of rounds); ratios to the default")
+    print(
+        "| figure | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{p}/default" for p in names[:-1])
+        + " |"
+    )
+    print("|---" * (2 * len(names)) + "|")
+    for op, unit in (("all_reduce", f"{nbytes >> 20} MiB busbw GB/s"), ("latency", "8 B us")):
+        vals = [res[op][p] for p in names]
+        ratios = [v / vals[-1] for v in vals[:-1]]
+        print(
+            f"| {op} {unit} | "
+            + " | ".join(f"{v:.2f}" for v in vals)
+            + " | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " |"
+        )
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -152,7 +195,16 @@ def worker(args: argparse.Namespace) -> None:
             "latency": lambda: c.all_reduce(tiny, ReduceOp.SUM, False),
         }
 
-    impls = tuple(args.impls)
+    ops: tuple[str, ...] = OPS
+    if args.policies:
+        ops = ("all_reduce",)
+        comms.pop("gloo", None)
+        for policy, text in POLICIES.items():
+            extra = dict(kv.split("=", 1) for kv in text.split(",") if kv)
+            comms[policy] = torchcomms.new_comm("shm", cpu, name=f"cmp-{policy}", hints=extra)
+        impls: tuple[str, ...] = tuple(POLICIES)
+    else:
+        impls = tuple(args.impls)
     table = {impl: calls(impl) for impl in impls}
     factor = {
         "all_reduce": 2 * (n - 1) / n,
@@ -162,7 +214,7 @@ def worker(args: argparse.Namespace) -> None:
         "all_to_all": (n - 1) / n,
     }
     samples: dict[str, dict[str, list[float]]] = {
-        op: {i: [] for i in impls} for op in (*OPS, "latency")
+        op: {i: [] for i in impls} for op in (*ops, "latency")
     }
 
     def timed(fn: Callable[[], None], iters: int) -> float:
@@ -174,10 +226,10 @@ def worker(args: argparse.Namespace) -> None:
         return world.allreduce(dt, MPI.MAX)
 
     for impl in impls:  # warm up: pages, connections
-        for op in (*OPS, "latency"):
+        for op in (*ops, "latency"):
             timed(table[impl][op], 2)
     for _ in range(args.rounds):
-        for op in OPS:
+        for op in ops:
             for impl in impls:
                 t = timed(table[impl][op], args.iters)
                 samples[op][impl].append(args.bytes / t * factor[op] / 1e9)

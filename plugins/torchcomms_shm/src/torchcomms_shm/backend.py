@@ -51,11 +51,23 @@ DEFAULT_ARENA_BYTES = 8 << 20
 #: Hint: bytes of the ring each ordered pair of ranks uses for send/recv.
 P2P_BYTES = "p2p_bytes"
 DEFAULT_P2P_BYTES = 256 << 10
-#: Hints: microseconds a waiting rank polls flat out, then polls yielding the CPU.
+#: Hints: microseconds a waiting rank polls flat out, then polls yielding the CPU, before
+#: it naps between polls. Defaults: 50 and 300 when every rank can have a core of its own;
+#: with more ranks than cores, 20 and 0 (nap at once: a rank that polls or yields keeps a
+#: core from the peer it waits for; see docs/benchmarks.md for the measurement).
 SPIN_US = "spin_us"
-DEFAULT_SPIN_US = 50
 YIELD_US = "yield_us"
-DEFAULT_YIELD_US = 5000
+
+
+def default_wait(size: int) -> tuple[int, int]:
+    """``(spin_us, yield_us)`` for ``size`` ranks on the cores this process may use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return (50, 300) if size <= cores else (20, 0)
+
+
 #: Hint (and environment variable ``TORCHCOMM_SHM_HOST_ID``): this rank's host identity,
 #: in place of ``hostname/boot_id`` (tests simulate ranks on two hosts with it).
 HOST_ID = "host_id"
@@ -152,8 +164,9 @@ class ShmBackend(TorchCommBackend):
         hints = options.hints or {}
         arena = int_hint(hints, ARENA_BYTES, DEFAULT_ARENA_BYTES, minimum=2 * seg.PAGE)
         p2p = int_hint(hints, P2P_BYTES, DEFAULT_P2P_BYTES, minimum=seg.PAGE)
-        spin = int_hint(hints, SPIN_US, DEFAULT_SPIN_US)
-        yld = int_hint(hints, YIELD_US, DEFAULT_YIELD_US)
+        spin0, yield0 = default_wait(size)
+        spin = int_hint(hints, SPIN_US, spin0)
+        yld = int_hint(hints, YIELD_US, yield0)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
