@@ -630,7 +630,9 @@ class ShmBackend(TorchCommBackend):
             out.copy_(ins[0])
             return
         dtype, es = out.dtype, out.element_size()
-        region = self._chunk // n // es  # elements per destination per step
+        # Elements per destination per step: a slot holds one region per peer (the one
+        # for a destination ``p`` at ``_place(p, owner)``).
+        region = self._chunk // (n - 1) // es
         steps = max(-(-t.numel() // region) for t in ins)
         for k in range(steps):
             lo = k * region
@@ -639,7 +641,8 @@ class ShmBackend(TorchCommBackend):
             for p in self._peers:
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
-                    dst = base[me][h][p * region * es : (p * region + m) * es].view(dtype)
+                    at = _place(p, me) * region
+                    dst = base[me][h][at * es : (at + m) * es].view(dtype)
                     dst.copy_(ins[p][lo : lo + m])
             self._sync()
             m = min(region, out.numel() - lo)
@@ -647,7 +650,9 @@ class ShmBackend(TorchCommBackend):
                 srcs = [
                     ins[me][lo : lo + m]
                     if r == me
-                    else base[r][h][me * region * es : (me * region + m) * es].view(dtype)
+                    else base[r][h][
+                        _place(me, r) * region * es : (_place(me, r) * region + m) * es
+                    ].view(dtype)
                     for r in range(n)
                 ]
                 _fold(fn, srcs, out[lo : lo + m])
@@ -791,10 +796,14 @@ class ShmBackend(TorchCommBackend):
         if n == 1:
             outs[me].copy_(ins[me])
             return
-        region = self._chunk // n // 64 * 64
+        region = self._chunk // (n - 1) // 64 * 64
         local = max(-(-t.numel() // region) for t in outs + ins)
-        count_word = self._layout.rank_word(me, seg.W_COUNT)
-        peer_counts = [self._layout.rank_word(p, seg.W_COUNT) for p in self._peers]
+        # The step count is announced in one of two words, by the parity of the first
+        # step: a peer reaches a later step of that parity only after this rank posted the
+        # step in between, which it does after reading the count.
+        word = seg.W_COUNT + ((self._use + 1) & 1)
+        count_word = self._layout.rank_word(me, word)
+        peer_counts = [self._layout.rank_word(p, word) for p in self._peers]
         w = self._w
         w[count_word] = local  # read by the peers once they see this step
         k, steps = 0, 1
@@ -805,7 +814,8 @@ class ShmBackend(TorchCommBackend):
             for p in self._peers:
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
-                    mine[p * region : p * region + m].copy_(ins[p][lo : lo + m])
+                    at = _place(p, me) * region
+                    mine[at : at + m].copy_(ins[p][lo : lo + m])
             self._post()
             m = min(region, outs[me].numel() - lo)
             if m > 0:  # this rank's own block, while the peers catch up
@@ -816,7 +826,8 @@ class ShmBackend(TorchCommBackend):
             for p in self._peers:
                 m = min(region, outs[p].numel() - lo)
                 if m > 0:
-                    outs[p][lo : lo + m].copy_(self._slots[p][h][me * region : me * region + m])
+                    at = _place(me, p) * region
+                    outs[p][lo : lo + m].copy_(self._slots[p][h][at : at + m])
             k += 1
 
     # -- point to point ---------------------------------------------------------------
@@ -981,6 +992,11 @@ class ShmBackend(TorchCommBackend):
         engine = ShmWindowEngine(self, self._windows_made)
         self._windows.append(engine)
         return engine
+
+
+def _place(dst: int, owner: int) -> int:
+    """Index of ``dst``'s region in ``owner``'s slot (one region per peer of ``owner``)."""
+    return dst if dst < owner else dst - 1
 
 
 def _blocks(t: torch.Tensor, split_sizes: list[int], n: int) -> list[torch.Tensor]:

@@ -40,7 +40,7 @@ LINE = 16
 W_STEP = 0  # collective step counter
 W_READY = 1  # 1 once the rank has mapped the segment
 W_ABORT = 2  # 1 once the rank aborted the communicator
-W_COUNT = 3  # scratch: a count announced with the next step (all_to_all's chunk count)
+W_COUNT = 3  # words 3 and 4: a count announced with a step (all_to_all's chunk count)
 
 
 def arch_supported() -> tuple[bool, str]:
