@@ -139,6 +139,7 @@ def test_64_mib(pool: RankPool) -> None:
 def body_p2p(count: int) -> list[str]:
     """Every rank sends ``count`` floats to its right while receiving from its left, through
     rings far smaller than the message; then a receive of the wrong size is refused."""
+    side = _comm("p2p-side")  # holds the ranks until the refusal was seen
     comm = _comm("p2p", p2p_bytes="65536")
     r, n = comm.get_rank(), comm.get_size()
     right, left = (r + 1) % n, (r - 1) % n
@@ -161,7 +162,9 @@ def body_p2p(count: int) -> list[str]:
             comm.recv(torch.empty(4), 0)
         except torchcomms.TorchCommError as exc:
             errors.append(str(exc))
+    side.barrier()
     comm.abort()
+    side.finalize()
     return errors
 
 
