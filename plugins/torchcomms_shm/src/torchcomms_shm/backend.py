@@ -18,6 +18,7 @@ by whoever waits, so asynchronous sends never block on the receiver.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import socket
@@ -106,11 +107,26 @@ def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: tor
     """
     if len(sources) == 1:
         if sources[0].data_ptr() != out.data_ptr():
-            out.copy_(sources[0])
+            _copy(out, sources[0])
         return
     fn(sources[0], sources[1], out=out)
     for src in sources[2:]:
         fn(out, src, out=out)
+
+
+#: ``memmove`` (one thread, glibc's memcpy) or ``torch`` (``Tensor.copy_``, which splits
+#: large copies over torch's intra-op threads).
+_COPY_WITH = os.environ.get("TORCHCOMM_SHM_COPY", "memmove")
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst``: contiguous, same dtype and size (one ``memmove``)."""
+    if _COPY_WITH == "torch":
+        dst.copy_(src)
+        return
+    nbytes = src.nbytes
+    if nbytes:
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
 
 
 def _u8(t: torch.Tensor) -> torch.Tensor:
@@ -545,7 +561,7 @@ class ShmBackend(TorchCommBackend):
                 slots = self._views[key] = [
                     self._slots[r][h][: total * es].view(dtype) for r in range(n)
                 ]
-            slots[me].copy_(flat)
+            _copy(slots[me], flat)
             self._sync()
             _fold(fn, slots, flat)
             return
@@ -560,19 +576,19 @@ class ShmBackend(TorchCommBackend):
             mine = slots[me]
             # Stage every part but this rank's own (which it reduces from its tensor).
             if lo:
-                mine[:lo].copy_(chunk[:lo])
+                _copy(mine[:lo], chunk[:lo])
             if hi < m:
-                mine[hi:].copy_(chunk[hi:])
+                _copy(mine[hi:], chunk[hi:])
             self._sync()
             own = chunk[lo:hi]
             # Into this rank's own (free) region of its slot, then back into the tensor.
             _fold(fn, [own if r == me else slots[r][lo:hi] for r in range(n)], mine[lo:hi])
-            own.copy_(mine[lo:hi])
+            _copy(own, mine[lo:hi])
             self._sync()
             for r in self._peers:
                 a, b = bounds[r], bounds[r + 1]
                 if b > a:
-                    chunk[a:b].copy_(slots[r][a:b])
+                    _copy(chunk[a:b], slots[r][a:b])
 
     def reduce_scatter(
         self,
@@ -627,7 +643,7 @@ class ShmBackend(TorchCommBackend):
     ) -> None:
         n, me = self._size, self._rank
         if n == 1:
-            out.copy_(ins[0])
+            _copy(out, ins[0])
             return
         dtype, es = out.dtype, out.element_size()
         # Elements per destination per step: a slot holds one region per peer (the one
@@ -643,7 +659,7 @@ class ShmBackend(TorchCommBackend):
                 if m > 0:
                     at = _place(p, me) * region
                     dst = base[me][h][at * es : (at + m) * es].view(dtype)
-                    dst.copy_(ins[p][lo : lo + m])
+                    _copy(dst, ins[p][lo : lo + m])
             self._sync()
             m = min(region, out.numel() - lo)
             if m > 0:
@@ -701,7 +717,7 @@ class ShmBackend(TorchCommBackend):
         local = outs[me].data_ptr() != mine.data_ptr()
         if n == 1:
             if local:
-                outs[me].copy_(mine)
+                _copy(outs[me], mine)
             return
         steps = max(-(-o.numel() // c) for o in outs)
         for k in range(steps):
@@ -709,15 +725,15 @@ class ShmBackend(TorchCommBackend):
             h = self._half()
             m = min(c, mine.numel() - lo)
             if m > 0:
-                self._slots[me][h][:m].copy_(mine[lo : lo + m])
+                _copy(self._slots[me][h][:m], mine[lo : lo + m])
             self._post()
             if local and m > 0:  # this rank's own block, while the peers catch up
-                outs[me][lo : lo + m].copy_(mine[lo : lo + m])
+                _copy(outs[me][lo : lo + m], mine[lo : lo + m])
             self._wait_peers()
             for p in self._peers:
                 m = min(c, outs[p].numel() - lo)
                 if m > 0:
-                    outs[p][lo : lo + m].copy_(self._slots[p][h][:m])
+                    _copy(outs[p][lo : lo + m], self._slots[p][h][:m])
 
     def broadcast(
         self,
@@ -742,10 +758,10 @@ class ShmBackend(TorchCommBackend):
             h = self._half()
             slot = self._slots[root][h][:m]
             if me == root:
-                slot.copy_(data[lo : lo + m])
+                _copy(slot, data[lo : lo + m])
             self._sync()
             if me != root:
-                data[lo : lo + m].copy_(slot)
+                _copy(data[lo : lo + m], slot)
 
     def all_to_all(
         self,
@@ -794,7 +810,7 @@ class ShmBackend(TorchCommBackend):
     def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         n, me = self._size, self._rank
         if n == 1:
-            outs[me].copy_(ins[me])
+            _copy(outs[me], ins[me])
             return
         region = self._chunk // (n - 1) // 64 * 64
         local = max(-(-t.numel() // region) for t in outs + ins)
@@ -815,11 +831,11 @@ class ShmBackend(TorchCommBackend):
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
                     at = _place(p, me) * region
-                    mine[at : at + m].copy_(ins[p][lo : lo + m])
+                    _copy(mine[at : at + m], ins[p][lo : lo + m])
             self._post()
             m = min(region, outs[me].numel() - lo)
             if m > 0:  # this rank's own block, while the peers catch up
-                outs[me][lo : lo + m].copy_(ins[me][lo : lo + m])
+                _copy(outs[me][lo : lo + m], ins[me][lo : lo + m])
             self._wait_peers()
             if k == 0:
                 steps = max([local] + [w[i] for i in peer_counts])
@@ -827,7 +843,7 @@ class ShmBackend(TorchCommBackend):
                 m = min(region, outs[p].numel() - lo)
                 if m > 0:
                     at = _place(me, p) * region
-                    outs[p][lo : lo + m].copy_(self._slots[p][h][at : at + m])
+                    _copy(outs[p][lo : lo + m], self._slots[p][h][at : at + m])
             k += 1
 
     # -- point to point ---------------------------------------------------------------
@@ -937,7 +953,7 @@ class ShmBackend(TorchCommBackend):
             m = min(free, size - pos, item.wire - item.done)
             lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
             if hi > lo:
-                mapping.raw[base + pos : base + pos + hi - lo].copy_(item.data[lo:hi])
+                _copy(mapping.raw[base + pos : base + pos + hi - lo], item.data[lo:hi])
             head += m
             item.done += m
         if head != self._sent[p]:
@@ -974,7 +990,7 @@ class ShmBackend(TorchCommBackend):
             m = min(avail, size - pos, item.wire - item.done)
             lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
             if hi > lo:
-                item.data[lo:hi].copy_(mapping.raw[base + pos : base + pos + hi - lo])
+                _copy(item.data[lo:hi], mapping.raw[base + pos : base + pos + hi - lo])
             tail += m
             item.done += m
         if tail != self._got[p]:
