@@ -394,6 +394,8 @@ class ShmBackend(TorchCommBackend):
             raise self._fail(CommOperationError(f"{what}: aborted while waiting"))
         w = self._w
         gone = [r for r, i in zip(self._peers, self._abort_words, strict=True) if w[i]]
+        if gone and self._waiter.satisfied():
+            return  # the peer published what this rank waited for before it went
         if gone:
             raise self._fail(
                 CommOperationError(
@@ -402,13 +404,14 @@ class ShmBackend(TorchCommBackend):
             )
         liveness = self._liveness
         dead = liveness.dead() if liveness is not None else []
+        if dead and self._waiter.satisfied():
+            return
         if dead:
             raise self._fail(
                 CommOperationError(
                     f"{what}: rank(s) {dead} exited (killed or crashed) while this rank waited "
                     f"for them; abort this communicator and create a new one (or reconfigure)"
-                ),
-                dead=True,
+                )
             )
         if final:
             raise self._fail(seg.timeout_error(what, self._seconds, self._lagging()))
@@ -419,7 +422,8 @@ class ShmBackend(TorchCommBackend):
         w = self._w
         return [r for r, i in zip(self._peers, self._peer_steps, strict=True) if w[i] < self._step]
 
-    def _fail(self, exc: Exception, dead: bool = False) -> Exception:
+    def _fail(self, exc: Exception) -> Exception:
+        """Remember ``exc`` as the reason this communicator is unusable; return it."""
         self._broken = str(exc)
         return exc
 

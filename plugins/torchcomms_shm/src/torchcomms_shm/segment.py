@@ -25,6 +25,7 @@ import os
 import platform
 import secrets
 import select
+import threading
 import time
 from collections.abc import Callable
 
@@ -206,6 +207,13 @@ class Waiter:
     def __init__(self, spin_s: float, yield_s: float) -> None:
         self.spin_s = spin_s
         self.yield_s = yield_s
+        self._local = threading.local()
+
+    def satisfied(self) -> bool:
+        """Whether the condition this thread waits for holds now (for an alarm that found a
+        peer gone: it may have published what was awaited just before it went)."""
+        ready = getattr(self._local, "ready", None)
+        return ready is not None and bool(ready())
 
     def wait(
         self,
@@ -219,6 +227,7 @@ class Waiter:
         point-to-point operations); past ``deadline``, ``ready`` is checked one last time
         and then ``alarm(True)`` raises the timeout.
         """
+        self._local.ready = ready
         start = now = time.monotonic()
         spin_until = start + self.spin_s
         yield_until = spin_until + self.yield_s
