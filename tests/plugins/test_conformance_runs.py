@@ -48,6 +48,15 @@ def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
     assert "derived: all_gather_v, reduce_scatter_v, split" in res.stdout
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_shm_passes_the_conformance_suite(world_size: int) -> None:
+    res = _conformance("shm", world_size)
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
+    assert "failed" not in res.stdout and "skipped" not in res.stdout
+    assert f"{world_size} ranks" in res.stdout
+    assert "derived: gather, gather_single, reduce, scatter, split" in res.stdout
+
+
 def test_conformance_suite_is_inert_without_a_backend() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM_")}
     res = subprocess.run(

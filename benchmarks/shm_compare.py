@@ -1,0 +1,248 @@
+"""shm, gloo and MPICH side by side on one host, in one run, with ratios.
+
+For each rank count it starts ``mpiexec -n N`` on this script; in those same processes it
+creates a ``shm`` and a ``gloo`` communicator (rendezvous through a store rank 0 hosts)
+and measures raw MPICH through mpi4py on its own duplicate of ``MPI.COMM_WORLD``, the
+way ``torchcomms bench --compare mpi4py`` calls it. Every round runs each operation on
+the three implementations one after the other, so load drifts hit all three alike; the
+figure printed is the median over rounds, and the ratios compare the medians.
+
+Figures (nccl-tests conventions, ``size`` = the largest buffer of the call):
+
+- busbw at ``--bytes`` (64 MiB): all_reduce (in place), all_gather_single,
+  reduce_scatter_single, broadcast (root 0), all_to_all_single; float32;
+- latency of an 8-byte all_reduce (2 float32), median over rounds of the mean per call;
+- a one-thread memcpy (``Tensor.copy_``, what ``torchcomms bench --probe`` reports), and
+  the fraction of it each shm busbw reaches.
+
+    python benchmarks/shm_compare.py                 # 2 and 4 ranks
+    python benchmarks/shm_compare.py --ranks 2 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+IMPLS = ("shm", "gloo", "mpich")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--bytes", type=int, default=64 << 20, help="large message size")
+    parser.add_argument("--iters", type=int, default=5, help="large calls timed per round")
+    parser.add_argument("--lat-iters", type=int, default=500, help="8-byte calls per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--hints", default="", help="shm hints, k=v,k=v")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
+    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
+    parser.add_argument(
+        "--policies",
+        action="store_true",
+        help="compare shm wait policies instead (spin / spin+yield / spin+sleep / default)",
+    )
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    from torchcomms_core.bench.probe import memcpy_gbps
+
+    copy = memcpy_gbps()
+    load = os.getloadavg()
+    print(
+        f"# host {socket.gethostname()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} intra-op threads"
+    )
+    print(f"# load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"# memcpy (copy_, 1 thread, 64 MiB): {copy:.2f} GB/s")
+    for n in args.ranks:
+        cmd = ["mpiexec", "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker"]
+        cmd += ["--bytes", str(args.bytes), "--iters", str(args.iters)]
+        cmd += ["--lat-iters", str(args.lat_iters), "--rounds", str(args.rounds)]
+        if args.hints:
+            cmd += ["--hints", args.hints]
+        cmd += ["--threads", str(args.threads), "--impls", *args.impls]
+        if args.policies:
+            cmd += ["--policies"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if res.returncode != 0:
+            print(res.stdout[-3000:], res.stderr[-3000:])
+            raise SystemExit(f"{n} ranks failed")
+        line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
+        if args.policies:
+            report_policies(n, json.loads(line[7:]), args.bytes)
+        else:
+            report(n, json.loads(line[7:]), copy, args.bytes)
+    load = os.getloadavg()
+    print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
+    print(f"\n## {n} ranks, {nbytes >> 20} MiB float32, busbw GB/s (median of rounds)")
+    print("| op | shm | gloo | MPICH | shm/MPICH | shm/gloo | shm/memcpy |")
+    print("|---|---|---|---|---|---|---|")
+    for op in OPS:
+        s, g, m = (res[op].get(i, float("nan")) for i in IMPLS)
+        print(
+            f"| {op} | {s:.2f} | {g:.2f} | {m:.2f} | {s / m:.2f} | {s / g:.2f} | {s / copy:.2f} |"
+        )
+    s, g, m = (res["latency"].get(i, float("nan")) for i in IMPLS)
+    print(
+        f"| all_reduce 8 B latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | "
+        f"{s / g:.3f} | |"
+    )
+
+
+#: Wait policies compared by ``--policies``: shm hints (microseconds).
+POLICIES = {
+    "spin": "spin_us=1000000000",
+    "spin+yield": "spin_us=50,yield_us=1000000000",
+    "spin+sleep": "spin_us=50,yield_us=0",
+    "spin+yield300+sleep": "spin_us=50,yield_us=300",
+    "default": "",
+}
+
+
+def report_policies(n: int, res: dict[str, Any], nbytes: int) -> None:
+    names = list(POLICIES)
+    print(f"\n## {n} ranks: shm wait policies (median of rounds); ratios to the default")
+    print(
+        "| figure | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{p}/default" for p in names[:-1])
+        + " |"
+    )
+    print("|---" * (2 * len(names)) + "|")
+    for op, unit in (("all_reduce", f"{nbytes >> 20} MiB busbw GB/s"), ("latency", "8 B us")):
+        vals = [res[op][p] for p in names]
+        ratios = [v / vals[-1] for v in vals[:-1]]
+        print(
+            f"| {op} {unit} | "
+            + " | ".join(f"{v:.2f}" for v in vals)
+            + " | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " |"
+        )
+
+
+def worker(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    import torchcomms
+    from torchcomms import ReduceOp
+
+    world = MPI.COMM_WORLD
+    rank, n = world.Get_rank(), world.Get_size()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    port = 0
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port, 0)))
+    hints = dict(kv.split("=", 1) for kv in args.hints.split(",") if kv)
+    cpu = torch.device("cpu")
+    comms = {
+        "shm": torchcomms.new_comm("shm", cpu, name="cmp-shm", hints=hints),
+    }
+    if "gloo" in args.impls:
+        comms["gloo"] = torchcomms.new_comm("gloo", cpu, name="cmp-gloo")
+    mpi = world.Dup()
+    count = args.bytes // 4
+    part = count // n
+    big = torch.ones(count)
+    big_out = torch.empty(count)
+    small_in = torch.ones(part)
+    small_out = torch.empty(part)
+    tiny = torch.ones(2)
+    np_ = lambda t: t.numpy()  # noqa: E731
+
+    def calls(impl: str) -> dict[str, Callable[[], None]]:
+        if impl == "mpich":
+            return {
+                "all_reduce": lambda: mpi.Allreduce(MPI.IN_PLACE, np_(big), MPI.SUM),
+                "all_gather": lambda: mpi.Allgather(np_(small_in), np_(big_out)),
+                "reduce_scatter": lambda: mpi.Reduce_scatter_block(
+                    np_(big), np_(small_out), MPI.SUM
+                ),
+                "broadcast": lambda: mpi.Bcast(np_(big), 0),
+                "all_to_all": lambda: mpi.Alltoall(np_(big), np_(big_out)),
+                "latency": lambda: mpi.Allreduce(MPI.IN_PLACE, np_(tiny), MPI.SUM),
+            }
+        c = comms[impl]
+        return {
+            "all_reduce": lambda: c.all_reduce(big, ReduceOp.SUM, False),
+            "all_gather": lambda: c.all_gather_single(big_out, small_in, False),
+            "reduce_scatter": lambda: c.reduce_scatter_single(small_out, big, ReduceOp.SUM, False),
+            "broadcast": lambda: c.broadcast(big, 0, False),
+            "all_to_all": lambda: c.all_to_all_single(big_out, big, False),
+            "latency": lambda: c.all_reduce(tiny, ReduceOp.SUM, False),
+        }
+
+    ops: tuple[str, ...] = OPS
+    if args.policies:
+        ops = ("all_reduce",)
+        comms.pop("gloo", None)
+        for policy, text in POLICIES.items():
+            extra = dict(kv.split("=", 1) for kv in text.split(",") if kv)
+            comms[policy] = torchcomms.new_comm("shm", cpu, name=f"cmp-{policy}", hints=extra)
+        impls: tuple[str, ...] = tuple(POLICIES)
+    else:
+        impls = tuple(args.impls)
+    table = {impl: calls(impl) for impl in impls}
+    factor = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": 1.0,
+        "all_to_all": (n - 1) / n,
+    }
+    samples: dict[str, dict[str, list[float]]] = {
+        op: {i: [] for i in impls} for op in (*ops, "latency")
+    }
+
+    def timed(fn: Callable[[], None], iters: int) -> float:
+        world.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        dt = (time.perf_counter() - t0) / iters
+        return world.allreduce(dt, MPI.MAX)
+
+    for impl in impls:  # warm up: pages, connections
+        for op in (*ops, "latency"):
+            timed(table[impl][op], 2)
+    for _ in range(args.rounds):
+        for op in ops:
+            for impl in impls:
+                t = timed(table[impl][op], args.iters)
+                samples[op][impl].append(args.bytes / t * factor[op] / 1e9)
+        for impl in impls:
+            t = timed(table[impl]["latency"], args.lat_iters)
+            samples["latency"][impl].append(t * 1e6)
+    result = {op: {i: statistics.median(v) for i, v in d.items()} for op, d in samples.items()}
+    for c in comms.values():
+        c.finalize()
+    mpi.Free()
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""One-sided windows on shared memory.
+
+Each registration gives every rank a file in ``/dev/shm`` holding ``int64`` signal
+counters (one per peer, each written by that peer only) and then the registered data.
+``register`` moves the caller's tensor into it (the same tensor object, now backed by
+shared memory) and ``deregister`` moves it back to private memory. Every rank maps every
+rank's file, and the files are unlinked as soon as all ranks mapped them. ``put`` is one
+``memmove`` into the peer's mapping; ``signal`` bumps this rank's counter in the peer's
+file after the data (x86 store order makes the data visible first, see ``segment``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchcomms_core.plugin import CommOperationError, TorchCommWinAccessType
+
+from . import segment as seg
+
+if TYPE_CHECKING:
+    from .backend import ShmBackend
+
+
+class _File:
+    """One rank's window file, mapped: ``counters`` (as Python ints) and ``data``."""
+
+    def __init__(self, path: str, nbytes: int, nranks: int, create: bool) -> None:
+        size = 8 * nranks + max(nbytes, 1)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        raw = torch.frombuffer(self.map, dtype=torch.uint8)
+        self.words = memoryview(self.map)[: 8 * nranks].cast("q")
+        self.data = raw[8 * nranks : 8 * nranks + nbytes]
+
+    def close(self) -> None:
+        self.words.release()
+        self.data = None  # type: ignore[assignment]
+        try:
+            self.map.close()
+        except BufferError:  # a tensor still views it; the mapping goes with that tensor
+            pass
+
+
+class ShmWindowEngine:
+    """The ``WindowEngine`` of the shm backend (see the module docstring)."""
+
+    def __init__(self, backend: ShmBackend, index: int) -> None:
+        self._b = backend
+        self._rank = backend.get_rank()
+        self._size = backend.get_size()
+        self._key = f"shm/window/{index}"
+        self._epoch = 0
+        self._files: list[_File] = []
+        self._views: list[torch.Tensor] = []
+        self._bases: list[int] = []
+        self._tensor: torch.Tensor | None = None
+        self._waited = [0] * self._size
+
+    def _timeout(self) -> timedelta:
+        return timedelta(seconds=self._b._default_s)
+
+    def register(self, tensor: torch.Tensor) -> list[int]:
+        self._epoch += 1
+        prefix = f"{self._key}/{self._epoch}"
+        store = self._b._store
+        path = os.path.join(seg.SHM_DIR, seg.segment_name() + "-win")
+        nbytes = tensor.numel() * tensor.element_size()
+        store.set(f"{prefix}/{self._rank}", json.dumps({"path": path, "numel": tensor.numel()}))
+        infos = [json.loads(store.get(f"{prefix}/{r}")) for r in range(self._size)]
+        mine = _File(path, nbytes, self._size, create=True)
+        try:
+            shared = mine.data[:nbytes].view(tensor.dtype).view(tensor.shape)
+            shared.copy_(tensor)
+            tensor.set_(shared)  # type: ignore[call-overload]
+            self._tensor = tensor
+            self._waited = [0] * self._size
+            self._b.barrier(False, timeout=self._timeout())  # every file exists
+            es = tensor.element_size()
+            self._files = [
+                mine
+                if r == self._rank
+                else _File(info["path"], info["numel"] * es, self._size, create=False)
+                for r, info in enumerate(infos)
+            ]
+            self._b.barrier(False, timeout=self._timeout())  # everyone mapped everyone
+        finally:
+            for info in infos:  # any rank removes any file: a SIGKILLed peer leaks nothing
+                seg.unlink_quietly(os.path.basename(info["path"]))
+        self._views = [
+            f.data[: info["numel"] * tensor.element_size()].view(tensor.dtype)
+            for f, info in zip(self._files, infos, strict=True)
+        ]
+        self._bases = [v.data_ptr() for v in self._views]
+        return [info["numel"] for info in infos]
+
+    def deregister(self) -> None:
+        self._b.barrier(False, timeout=self._timeout())  # no peer still writes here
+        self.free()
+
+    def free(self, abort: bool = False) -> None:
+        tensor = self._tensor
+        if tensor is not None:
+            tensor.set_(tensor.clone())  # type: ignore[call-overload]
+        self._tensor = None
+        self._views, self._bases = [], []
+        for f in self._files:
+            f.close()
+        self._files = []
+
+    def put(
+        self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
+    ) -> Any:
+        size = tensor.element_size()
+        ctypes.memmove(
+            self._bases[dst_rank] + offset * size, tensor.data_ptr(), tensor.numel() * size
+        )
+        return None
+
+    def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        self._files[peer_rank].words[self._rank] += 1  # this rank is the only writer
+        return None
+
+    def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
+        self._waited[peer_rank] += 1
+        work = _SignalWait(self, peer_rank, self._waited[peer_rank], timeout.total_seconds())
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
+        return TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED
+
+    def map_remote(self, rank: int) -> torch.Tensor:
+        return self._views[rank]
+
+
+class _SignalWait:
+    """Waits until ``peer``'s counter in this rank's file reaches ``target``."""
+
+    def __init__(self, engine: ShmWindowEngine, peer: int, target: int, seconds: float) -> None:
+        self._e, self._peer, self._target, self._seconds = engine, peer, target, seconds
+        self._deadline = time.monotonic() + seconds
+
+    def is_completed(self) -> bool:
+        files = self._e._files
+        return bool(files) and files[self._e._rank].words[self._peer] >= self._target
+
+    def wait(self) -> bool:
+        e, b = self._e, self._e._b
+        if not e._files:
+            raise CommOperationError("wait_signal: the window was freed while waiting")
+        words, peer, target = e._files[e._rank].words, self._peer, self._target
+
+        def alarm(final: bool) -> None:
+            with b._lock:
+                b._op, b._seconds = "wait_signal", self._seconds
+                if final:
+                    raise seg.timeout_error(
+                        f"wait_signal (rank {e._rank} waiting for a signal from rank {peer})",
+                        self._seconds,
+                        [peer],
+                    )
+                b._alarm(False)
+
+        b._waiter.wait(lambda: words[peer] >= target, self._deadline, alarm)
+        return True

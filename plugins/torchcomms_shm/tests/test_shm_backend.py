@@ -1,0 +1,385 @@
+"""The shm backend on real rank processes: large and uneven messages through a small arena,
+point-to-point through the rings, windows, faults (SIGKILL, abort), leaks, bad input and
+the host check. The conformance suite runs in ``tests/plugins/test_conformance_runs.py``."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+from torchcomms_core.testing import RankPool, current_rank, unique_name
+
+TIMEOUT_S = 60.0  # the communicators' timeout; faults must be reported well before it
+BOUND_S = 10.0  # "well before the timeout": a correctness bound, not a speed goal
+
+
+def _comm(prefix: str, **hints: str) -> torchcomms.TorchComm:
+    return torchcomms.new_comm(
+        "shm",
+        torch.device("cpu"),
+        name=unique_name(prefix),
+        timeout=timedelta(seconds=TIMEOUT_S),
+        abort_process_on_timeout_or_error=False,
+        hints=hints,
+    )
+
+
+def _segments(pids: list[int]) -> list[str]:
+    """Files in /dev/shm created by these processes (names carry the creator's pid)."""
+    return [p for pid in pids for p in glob.glob(f"/dev/shm/torchcomms-shm-{pid}-*")]
+
+
+def _vals(rank: int, count: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Exact small integers (sums stay exact in float32), different per rank and index."""
+    return ((torch.arange(count, dtype=torch.int64) * 7 + rank * 3) % 251).to(dtype)
+
+
+# -- large and uneven messages -----------------------------------------------------------
+
+
+def body_large(arena: int, big: int, odd: int) -> dict:
+    """Every native collective on ``odd`` elements (not a multiple of the arena's chunk),
+    and an all-reduce of ``big`` elements, checked exactly against local references."""
+    comm = _comm("large", arena_bytes=str(arena))
+    r, n = comm.get_rank(), comm.get_size()
+    out: dict = {"segment": comm.get_backend_impl()._segname, "pid": os.getpid()}
+
+    t = _vals(r, big)
+    comm.all_reduce(t, ReduceOp.SUM)
+    assert torch.equal(t, sum(_vals(k, big) for k in range(n))), "all_reduce big"
+
+    t = _vals(r, odd)
+    comm.all_reduce(t, ReduceOp.MAX, async_op=True).wait()
+    assert torch.equal(t, torch.stack([_vals(k, odd) for k in range(n)]).amax(0)), "max"
+
+    t = _vals(r, odd, torch.int64) + r
+    comm.broadcast(t, n - 1)
+    assert torch.equal(t, _vals(n - 1, odd, torch.int64) + n - 1), "broadcast"
+
+    # Uneven all-gather: rank k contributes odd + 1000 * k elements.
+    mine = _vals(r, odd + 1000 * r)
+    outs = [torch.empty(odd + 1000 * k) for k in range(n)]
+    comm.all_gather_v(outs, mine)
+    for k in range(n):
+        assert torch.equal(outs[k], _vals(k, odd + 1000 * k)), f"all_gather_v[{k}]"
+    flat = torch.empty(n * odd)
+    comm.all_gather_single(flat, _vals(r, odd))
+    assert torch.equal(flat, torch.cat([_vals(k, odd) for k in range(n)])), "all_gather_single"
+
+    # Uneven reduce-scatter: rank k receives odd + 3 * k elements.
+    ins = [_vals(r + j, odd + 3 * j) for j in range(n)]
+    res = torch.empty(odd + 3 * r)
+    comm.reduce_scatter_v(res, ins, ReduceOp.SUM)
+    assert torch.equal(res, sum(_vals(k + r, odd + 3 * r) for k in range(n))), "rs_v"
+    res = torch.empty(odd)
+    comm.reduce_scatter_single(res, torch.cat([_vals(r + j, odd) for j in range(n)]), ReduceOp.MIN)
+    want = torch.stack([_vals(k + r, odd) for k in range(n)]).amin(0)
+    assert torch.equal(res, want), "reduce_scatter_single"
+
+    # Uneven all-to-all: rank s sends odd + s + 2 * d rows of 3 to rank d.
+    rows = [odd // 3 + r + 2 * d for d in range(n)]
+    src = torch.cat([_vals(100 * r + d, k * 3).view(k, 3) for d, k in enumerate(rows)])
+    got_rows = [odd // 3 + s + 2 * r for s in range(n)]
+    dst = torch.empty(sum(got_rows), 3)
+    comm.all_to_all_v_single(dst, src, got_rows, rows)
+    want = torch.cat([_vals(100 * s + r, k * 3).view(k, 3) for s, k in enumerate(got_rows)])
+    assert torch.equal(dst, want), "all_to_all_v_single"
+    # In place (output is input).
+    inplace = torch.cat([_vals(10 * r + d, odd) for d in range(n)])
+    comm.all_to_all_single(inplace, inplace)
+    assert torch.equal(inplace, torch.cat([_vals(10 * s + r, odd) for s in range(n)])), "a2a"
+    comm.finalize()
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_large_and_uneven_messages_through_a_small_arena(world_size: int) -> None:
+    # A 64 KiB arena (32 KiB chunks): 4 MiB of float32 is 128 chunks, 100003 elements
+    # a chunk count with a remainder on every operation.
+    with RankPool(world_size) as pool:
+        results = pool.run(body_large, 65536, 1 << 20, 100003, timeout=300)
+        assert not _segments([res["pid"] for res in results])
+        assert all(not os.path.exists(f"/dev/shm/{res['segment']}") for res in results)
+
+
+def body_64mib() -> bool:
+    """A 64 MiB all-reduce (plus an uneven tail) and a 64 MiB all-gather, default arena."""
+    comm = _comm("64mib")
+    r, n = comm.get_rank(), comm.get_size()
+    count = (64 << 20) // 4 + 5
+    base = torch.arange(count, dtype=torch.int32).bitwise_and_(1023).float()
+    t = base + r
+    comm.all_reduce(t, ReduceOp.SUM)
+    assert torch.equal(t, base * n + n * (n - 1) // 2), "all_reduce 64 MiB"
+    part = count // n
+    gathered = torch.empty(part * n)
+    comm.all_gather_single(gathered, base[:part] + r)
+    want = torch.cat([base[:part] + k for k in range(n)])
+    assert torch.equal(gathered, want), "all_gather 64 MiB"
+    comm.finalize()
+    return True
+
+
+def test_64_mib(pool: RankPool) -> None:
+    assert pool.run(body_64mib, timeout=300) == [True] * pool.world_size
+
+
+# -- point to point ----------------------------------------------------------------------
+
+
+def body_p2p(count: int) -> list[str]:
+    """Every rank sends ``count`` floats to its right while receiving from its left, through
+    rings far smaller than the message; then a receive of the wrong size is refused."""
+    side = _comm("p2p-side")  # holds the ranks until the refusal was seen
+    comm = _comm("p2p", p2p_bytes="65536")
+    r, n = comm.get_rank(), comm.get_size()
+    right, left = (r + 1) % n, (r - 1) % n
+    got = torch.empty(count)
+    work = comm.send(_vals(r, count), right, async_op=True)  # must not block on the peer
+    comm.recv(got, left)
+    work.wait()
+    assert torch.equal(got, _vals(left, count)), "ring"
+    # Both directions at once in one batch, receives listed first.
+    a, b = torch.empty(count), torch.empty(count)
+    batch = comm.batch_op_create()
+    batch.recv(a, left).recv(b, right).send(_vals(r, count), right).send(_vals(r, count), left)
+    batch.issue(async_op=False)
+    assert torch.equal(a, _vals(left, count)) and torch.equal(b, _vals(right, count)), "batch"
+    errors = []
+    if r == 0:
+        comm.send(torch.ones(5), 1)
+    elif r == 1:
+        try:
+            comm.recv(torch.empty(4), 0)
+        except torchcomms.TorchCommError as exc:
+            errors.append(str(exc))
+    side.barrier()
+    comm.abort()
+    side.finalize()
+    return errors
+
+
+def test_point_to_point_larger_than_the_rings(pool: RankPool) -> None:
+    # 4 MiB and 12 bytes through 64 KiB rings: 64 refills each way, a padded tail.
+    results = pool.run(body_p2p, (1 << 20) + 3, timeout=300)
+    assert "expects 16 bytes but rank 0 sent 20" in results[1][0]
+
+
+# -- windows -----------------------------------------------------------------------------
+
+
+def body_window() -> list[float]:
+    comm = _comm("win")
+    r, n = comm.get_rank(), comm.get_size()
+    win = comm.new_window()
+    buf = torch.zeros(4 * n)
+    win.tensor_register(buf)
+    right = (r + 1) % n
+    win.put(torch.full((4,), float(r + 1)), right, 4 * r, False)
+    win.signal(right, False)
+    win.wait_signal((r - 1) % n, False)
+    seen = buf.tolist()
+    win.tensor_deregister()
+    comm.finalize()
+    return seen
+
+
+def test_windows_put_and_signal(pool: RankPool) -> None:
+    n = pool.world_size
+    for r, seen in enumerate(pool.run(body_window, timeout=60)):
+        left = (r - 1) % n
+        want = [0.0] * (4 * n)
+        want[4 * left : 4 * left + 4] = [float(left + 1)] * 4
+        assert seen == want
+
+
+# -- faults ------------------------------------------------------------------------------
+
+
+def body_killed(victim: int) -> dict:
+    """``victim`` SIGKILLs itself while the others are inside an all-reduce; they must
+    fail long before the timeout, and later calls must fail too."""
+    comm = _comm("kill")
+    r = comm.get_rank()
+    out: dict = {"pid": os.getpid(), "segment": comm.get_backend_impl()._segname}
+    comm.barrier()
+    if r == victim:
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(torch.ones(1 << 20), ReduceOp.SUM)
+        out["pending"] = "completed"
+    except torchcomms.TorchCommError as exc:
+        out["pending"] = str(exc)
+    out["seconds"] = time.monotonic() - t0
+    try:
+        comm.barrier()
+        out["later"] = "completed"
+    except torchcomms.TorchCommError as exc:
+        out["later"] = type(exc).__name__
+    out["later_seconds"] = time.monotonic() - t0
+    comm.abort()
+    return out
+
+
+@pytest.mark.parametrize(("world_size", "victim"), [(2, 1), (4, 0)])
+def test_sigkill_during_a_collective_fails_the_survivors(world_size: int, victim: int) -> None:
+    with RankPool(world_size, grace_s=BOUND_S) as pool:
+        outcomes = pool.run_outcomes(body_killed, victim, timeout=120)
+    assert outcomes[victim].status == "died"
+    survivors = [o for o in outcomes if o.rank != victim]
+    for o in survivors:
+        assert o.ok, o.error
+        res = o.value
+        assert f"rank(s) [{victim}] exited" in res["pending"], res
+        assert res["later"] != "completed" and res["later_seconds"] < BOUND_S, res
+        assert not os.path.exists(f"/dev/shm/{res['segment']}")
+    assert not _segments([o.value["pid"] for o in survivors])
+
+
+def body_abort(from_thread: bool) -> dict:
+    """Rank 0 waits in an all-reduce nobody joins; abort() must end the wait at once."""
+    side = torchcomms.new_comm("shm", torch.device("cpu"), name=unique_name("side"))
+    comm = _comm("abort")
+    out: dict = {}
+    if comm.get_rank() == 0:
+        t0 = time.monotonic()
+        if from_thread:  # a synchronous call blocked in another thread
+            box: dict = {}
+
+            def run() -> None:
+                try:
+                    comm.all_reduce(torch.ones(8), ReduceOp.SUM)
+                    box["r"] = "completed"
+                except torchcomms.TorchCommError as exc:
+                    box["r"] = str(exc)
+
+            th = threading.Thread(target=run)
+            th.start()
+            time.sleep(0.5)
+            comm.abort()
+            th.join(BOUND_S)
+            out["wait"] = box.get("r", "still blocked")
+        else:  # an asynchronous call, waited on after the abort
+            work = comm.all_reduce(torch.ones(8), ReduceOp.SUM, async_op=True)
+            time.sleep(0.5)
+            comm.abort()
+            try:
+                work.wait()
+                out["wait"] = "completed"
+            except torchcomms.TorchCommError as exc:
+                out["wait"] = str(exc)
+        out["seconds"] = time.monotonic() - t0
+    side.barrier()  # peers stay alive (and out of ``comm``) until rank 0 is done
+    if comm.get_rank() != 0:
+        comm.abort()
+    side.finalize()
+    return out
+
+
+@pytest.mark.parametrize("from_thread", [False, True])
+def test_abort_unblocks_a_waiting_collective(pool2: RankPool, from_thread: bool) -> None:
+    res = pool2.run(body_abort, from_thread, timeout=120)[0]
+    assert "abort" in res["wait"], res
+    assert res["seconds"] < BOUND_S, res
+
+
+def body_peer_abort() -> str:
+    """A peer's abort fails the ranks waiting for it without waiting for the timeout."""
+    comm = _comm("peer-abort")
+    if comm.get_rank() == 1:
+        time.sleep(0.3)
+        comm.abort()
+        return "aborted"
+    t0 = time.monotonic()
+    try:
+        comm.barrier()
+        return "completed"
+    except torchcomms.TorchCommError as exc:
+        assert time.monotonic() - t0 < BOUND_S
+        return str(exc)
+    finally:
+        comm.abort()
+
+
+def test_a_peer_abort_fails_the_waiters(pool2: RankPool) -> None:
+    res = pool2.run(body_peer_abort, timeout=60)
+    assert "rank(s) [1] aborted the communicator" in res[0]
+
+
+# -- lifecycle, input, host check --------------------------------------------------------
+
+
+def body_reconfigure() -> tuple[int, int, float]:
+    from torch._C._distributed_c10d import TCPStore
+
+    n = int(os.environ["TORCHCOMM_SIZE"])
+    r = current_rank()
+    name = unique_name("reconf")
+    comm = torchcomms.new_comm(
+        "shm",
+        torch.device("cpu"),
+        name=name,
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=60),
+    )
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        None,
+        False,
+        timedelta(seconds=30),
+    )
+    store.set(f"{name}/{r}", comm.get_init_handle())
+    handles = [store.get(f"{name}/{k}").decode() for k in range(n)]
+    comm.reconfigure(1, list(reversed(handles)))
+    t = torch.ones(1 << 16)
+    comm.all_reduce(t, ReduceOp.SUM)
+    out = (comm.get_rank(), comm.get_size(), float(t[0]))
+    comm.finalize()
+    return out
+
+
+def test_reconfigure_on_one_host(pool: RankPool) -> None:
+    n = pool.world_size
+    results = pool.run(body_reconfigure, timeout=120)
+    assert results == [(n - 1 - r, n, float(n)) for r in range(n)]
+
+
+def body_hosts() -> str:
+    try:
+        torchcomms.new_comm(
+            "shm", "cpu", name=unique_name("hosts"), hints={"host_id": f"node{current_rank() % 2}"}
+        )
+    except torchcomms.CommInputError as exc:
+        return str(exc)
+    return "created"
+
+
+def test_ranks_on_two_hosts_are_refused(pool: RankPool) -> None:
+    for msg in pool.run(body_hosts, timeout=60):
+        assert "needs every rank on one host" in msg and "2 hosts" in msg
+        assert "node0: ranks [0" in msg and "node1: ranks [1" in msg
+        assert "'gloo'" in msg and "'hier'" in msg
+
+
+def body_bad_hint() -> str:
+    try:
+        torchcomms.new_comm("shm", "cpu", name=unique_name("hint"), hints={"arena_bytes": "lots"})
+    except torchcomms.CommInputError as exc:
+        return str(exc)
+    return "created"
+
+
+def test_bad_hint(pool2: RankPool) -> None:
+    assert all("arena_bytes" in m and "not an integer" in m for m in pool2.run(body_bad_hint))
