@@ -57,7 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="time limit of one contract body on all ranks (default 120)",
+        help="time limit of one contract body on all ranks (default 120); a contract still "
+        "running then is reported with every rank's stack and stops the run. Operations "
+        "time out after half of it",
     )
     group.addoption(
         "--torchcomms-launcher",
@@ -155,7 +157,12 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         missing = mpiexec_unavailable()
         if missing:
             pytest.skip(f"conformance suite under mpiexec: {missing}")
-    return shared_pool(size, launcher=launcher, comm_timeout_s=60)
+    # Operations time out within the body's limit, so a rank stuck in one reports it
+    # itself (with its traceback) before the pool declares the body hung.
+    timeout = float(request.config.getoption("--torchcomms-timeout"))
+    if timeout <= 0:
+        raise pytest.UsageError("--torchcomms-timeout must be a positive number of seconds")
+    return shared_pool(size, launcher=launcher, comm_timeout_s=max(1.0, timeout / 2))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
