@@ -223,6 +223,13 @@ def list_collectives() -> dict[str, str]:
     return dict(sorted(names.items()))
 
 
+def plugin_collectives() -> dict[str, Collective]:
+    """The collectives plugins (and the core's built-in plugin) add, by name."""
+    load_plugins()
+    with _lock:
+        return dict(_collectives)
+
+
 def plugin_records() -> list[PluginRecord]:
     load_plugins()
     with _lock:

@@ -190,7 +190,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if not name:
         return
     from .._registry import get_backend_class
-    from ..spec import method_support
+    from ..spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS, method_support
 
     try:
         cls = get_backend_class(name)
@@ -202,9 +202,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section(
         f"torchcomms backend {name!r} at {size} ranks: native vs derived methods"
     )
-    for kind in ("native", "derived", "unsupported"):
-        names = sorted(m for m, v in support.items() if v == kind)
-        terminalreporter.write_line(f"{kind:>11}: {', '.join(names) if names else '-'}")
+    spec = {*REQUIRED_METHODS, *DERIVABLE_METHODS, *OPTIONAL_METHODS}
+    for kind in ("native", "derived", "unsupported", "missing"):
+        names = sorted(m for m, v in support.items() if v == kind and m in spec)
+        if names or kind != "missing":
+            terminalreporter.write_line(f"{kind:>11}: {', '.join(names) if names else '-'}")
+    plugins = ", ".join(f"{m} ({v})" for m, v in sorted(support.items()) if m not in spec)
+    terminalreporter.write_line(f"    plugins: {plugins or '-'}")
     dtypes = ", ".join(str(d).replace("torch.", "") for d in cls.supported_dtypes)
     ops = ", ".join(sorted(t.name for t in cls.supported_reduce_ops))
     terminalreporter.write_line(f"     dtypes: {dtypes}")
