@@ -20,6 +20,7 @@ from . import _env, hookspecs
 from ._collectives import Collective
 from ._errors import TorchCommError
 from ._optable import OPS
+from .spec import set_collective_source
 
 PLUGINS_GROUP = "torchcomms.plugins"
 BUILTIN = "torchcomms-core"
@@ -228,6 +229,13 @@ def plugin_collectives() -> dict[str, Collective]:
     load_plugins()
     with _lock:
         return dict(_collectives)
+
+
+def _collective_names() -> list[str]:
+    return sorted(plugin_collectives())
+
+
+set_collective_source(_collective_names)
 
 
 def plugin_records() -> list[PluginRecord]:

@@ -6,8 +6,10 @@ works the core can wait on (its engine's own, :class:`C10dWork`, :class:`MultiWo
 :class:`ThenWork`), and may return a :class:`WindowEngine` from ``new_window()``. A
 collective plugin implements the hooks of :mod:`torchcomms_core.hookspecs` with
 :data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
-implements :class:`TransportProvider`. The conformance suite and the rank helpers of
-:mod:`torchcomms_core.testing` check a plugin against the spec.
+implements :class:`TransportProvider`. A collective declares its benchmark with the
+toolkit ``bench`` (``torchcomms_core.bench.kit``, imported on first use). The
+conformance suite and the rank helpers of :mod:`torchcomms_core.testing` check a plugin
+against the spec.
 
 The plugins in ``plugins/`` import from this module only (an import contract checks it).
 Importing it loads the core's communicator and the spec, never the PyTorch bridges
@@ -15,6 +17,8 @@ Importing it loads the core's communicator and the spec, never the PyTorch bridg
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from ._collectives import Collective
 from ._errors import (
@@ -72,6 +76,20 @@ from .transport_spec import (
     TransportProvider,
 )
 
+if TYPE_CHECKING:
+    from .bench import kit as bench
+
+
+def __getattr__(name: str) -> Any:
+    # ``bench`` (the toolkit of ``Collective(bench=...)``) is imported on first use only:
+    # loading a plugin must not load the benchmark code.
+    if name == "bench":
+        from .bench import kit
+
+        return kit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BASIC_REDUCE_OPS",
     "DEFAULT_DTYPES",
@@ -116,6 +134,7 @@ __all__ = [
     "UnknownHintWarning",
     "WindowEngine",
     "WorkStatus",
+    "bench",
     "bool_hint",
     "check_spec_version",
     "cuda_unavailable_reason",

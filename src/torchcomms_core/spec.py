@@ -1139,16 +1139,31 @@ def method_support(backend: type[TorchCommBackend] | TorchCommBackend) -> dict[s
         report[name] = "native" if _overrides(cls, name) else "unsupported"
     if report["reconfigure_engine"] == "native" and not cls.reconfigure_support()[0]:
         report["reconfigure_engine"] = "unsupported"  # implemented, but not on this build
-    from ._errors import TorchCommError
-    from ._plugins import plugin_collectives
-
-    try:
-        collectives = plugin_collectives()
-    except TorchCommError:  # a broken plugin set: reported where plugins are loaded
-        collectives = {}
-    for name in collectives:
+    for name in _collective_names():
         report.setdefault(name, "native" if callable(getattr(cls, name, None)) else "derived")
     return report
+
+
+#: Names of the collectives plugins add (set by the plugin manager, which sits above the
+#: spec: see ``set_collective_source``).
+_collective_source: Callable[[], Sequence[str]] | None = None
+
+
+def set_collective_source(source: Callable[[], Sequence[str]]) -> None:
+    """Let :func:`method_support` list plugin collectives: ``source()`` names them."""
+    global _collective_source
+    _collective_source = source
+
+
+def _collective_names() -> Sequence[str]:
+    from ._errors import TorchCommError
+
+    if _collective_source is None:
+        return ()
+    try:
+        return _collective_source()
+    except TorchCommError:  # a broken plugin set: reported where plugins are loaded
+        return ()
 
 
 def _abstract(cls: type) -> frozenset[str]:

@@ -426,7 +426,7 @@ def _side_store() -> Any:
     """A client of the launcher's store, to coordinate ranks without the backend."""
     import os
 
-    from torch.distributed import TCPStore
+    from torch._C._distributed_c10d import TCPStore
 
     return TCPStore(
         os.environ["MASTER_ADDR"],
@@ -594,7 +594,7 @@ def body_large_collectives(backend: str, device: str) -> list[str]:
     out_splits = [count + r] * n
     a2av = torch.empty(sum(out_splits), dtype=dtype, device=dev)
     comm.all_to_all_v_single(a2av, torch.cat(v_mine), out_splits, in_splits)
-    for k, piece in enumerate(a2av.split(out_splits)):
+    for k, piece in enumerate(torch.split(a2av, out_splits)):
         check(f"all_to_all_v_single[{k}]", piece.cpu(), pattern(k, r, count + r, dtype))
     done.append("all_to_all_v_single")
     del a2av, v_mine, v_out

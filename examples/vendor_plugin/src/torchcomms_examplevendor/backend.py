@@ -15,7 +15,6 @@ import torch
 
 from torchcomms_core.plugin import CommOptions, TorchCommBackend
 
-
 #: Largest value the store is given at once (c10d's TCPStore refuses more than 8 MiB).
 PART_BYTES = 4 << 20
 

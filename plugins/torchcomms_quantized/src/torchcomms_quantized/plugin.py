@@ -40,6 +40,7 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=validate_all_reduce,
             doc=ALL_REDUCE_DOC,
+            bench="torchcomms_quantized.bench:QuantizedAllReduce",
         ),
         Collective(
             name="quantized_reduce_scatter",
@@ -48,5 +49,6 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=validate_reduce_scatter,
             doc=REDUCE_SCATTER_DOC,
+            bench="torchcomms_quantized.bench:QuantizedReduceScatter",
         ),
     ]
