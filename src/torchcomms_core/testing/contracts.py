@@ -20,6 +20,49 @@ from .._work import WorkStatus
 from .pool import unique_name
 from .reference import DTYPES, check, ops_for, product_values, reference, values
 
+#: Bytes of one message in the large contracts. Linux caps a TCP socket's buffers at 4 MiB
+#: (send) and 6 MiB (receive) by default and tuned hosts rarely exceed 16 MiB, so a backend
+#: that only works while the kernel buffers a whole message (a blocking ``send``) is caught.
+LARGE_MESSAGE_BYTES = 16 << 20
+#: Elements added to every large message so no size is a multiple of a rank count, a
+#: block or a page: uneven sizes.
+UNEVEN_EXTRA = 3
+
+#: The rules the contracts check, by contract, as failure messages quote them.
+RULES: dict[str, str] = {
+    "send_before_recv": (
+        "send(async_op=True) must return before the peer has posted its receive, and its "
+        "work must complete once the peer receives (writing-a-backend.md: send 'must not "
+        "block on the peer')"
+    ),
+    "large_p2p": (
+        "send and recv must work on messages larger than the kernel's socket buffers "
+        f"({LARGE_MESSAGE_BYTES >> 20} MiB and uneven sizes): a ring of async sends then "
+        "receives must not deadlock"
+    ),
+    "large_collectives": (
+        "every collective must work on messages larger than the kernel's socket buffers "
+        f"({LARGE_MESSAGE_BYTES >> 20} MiB per peer, uneven sizes) with exact results: no "
+        "rank may wait on a peer that is itself blocked sending"
+    ),
+    "api_shapes": "every operation returns a work that completes, with outputs of the "
+    "promised shape, dtype and device",
+    "every_op": "every operation gives the exact reference result on every declared dtype",
+    "edge_counts": "every operation works on 0, 1 and 1000 elements",
+    "split": "split gives working sub-communicators, and [] skips a rank",
+    "batch": "a batch issues all its sends and receives before waiting on any",
+    "recv_timeout": (
+        "a receive nobody answers must raise CommTimeoutError within its own timeout, "
+        "mark its work TIMEDOUT and refuse later operations"
+    ),
+    "bad_input": "invalid calls are refused before communicating",
+}
+
+
+class PeerStuck(AssertionError):
+    """A contract saw a peer stuck in an operation (it will not return by itself): the
+    conformance run stops, as it does when a rank hangs or an operation times out."""
+
 
 def body_every_op(backend: str, device: str, dtype_name: str, count: int) -> int:
     """Run every operation of the API once at ``count`` elements; return #checks."""
@@ -274,11 +317,19 @@ def body_batch_ring(backend: str, device: str, count: int) -> None:
     comm.finalize()
 
 
-def body_timeout(backend: str, device: str, seconds: float) -> dict[str, Any]:
-    """A receive nobody answers must time out within its timeout and mark the work."""
+def body_timeout(
+    backend: str, device: str, seconds: float, patience_s: float = 30.0
+) -> dict[str, Any]:
+    """A receive nobody answers must time out within its timeout and mark the work.
+
+    Rank 0 receives from rank 1 with a timeout of ``seconds``; rank 1 stays alive and
+    silent until rank 0 is done, at most ``patience_s`` (then it reports rank 0 stuck).
+    """
     comm = new_comm(backend, device, name=unique_name("contract-timeout"))
     r = comm.get_rank()
     result: dict[str, Any] = {"rank": r}
+    store = _side_store()
+    key = unique_name("timeout-done")
     if r == 0:
         start = time.monotonic()
         work = comm.recv(
@@ -291,15 +342,25 @@ def body_timeout(backend: str, device: str, seconds: float) -> dict[str, Any]:
             work.wait()
         except CommTimeoutError:
             result["status"] = work.status.name
+        except Exception as exc:  # reported by the test, with the rule
+            result["status"] = f"{work.status.name} ({type(exc).__name__}: {exc})"
         else:
             result["status"] = "completed without a sender"
         result["seconds"] = time.monotonic() - start
+        store.set(key, "done")
         try:
             comm.barrier()
         except CommStateError:
             result["after"] = "refused"
-    else:
-        time.sleep(seconds + 1)
+    elif r == 1:
+        try:
+            store.wait([key], timedelta(seconds=patience_s))
+        except Exception:
+            raise PeerStuck(
+                f"{RULES['recv_timeout']}: rank 0's recv with a {seconds:g} s timeout has not "
+                f"returned after {patience_s:.0f} s while rank 1 stayed alive and silent: the "
+                f"backend's recv does not honour the timeout it is given"
+            ) from None
     comm.abort() if comm.is_abort_supported() else comm.finalize()
     return result
 
@@ -354,44 +415,6 @@ def body_bad_inputs(backend: str, device: str) -> list[str]:
 
 
 # -- messages larger than the kernel's socket buffers ------------------------------------
-
-#: Bytes of one message in the large contracts. Linux caps a TCP socket's buffers at 4 MiB
-#: (send) and 6 MiB (receive) by default and tuned hosts rarely exceed 16 MiB, so a backend
-#: that only works while the kernel buffers a whole message (a blocking ``send``) is caught.
-LARGE_MESSAGE_BYTES = 16 << 20
-#: Elements added to every large message so no size is a multiple of a rank count, a
-#: block or a page: uneven sizes.
-UNEVEN_EXTRA = 3
-
-#: The rules the contracts check, by contract, as failure messages quote them.
-RULES: dict[str, str] = {
-    "send_before_recv": (
-        "send(async_op=True) must return before the peer has posted its receive, and its "
-        "work must complete once the peer receives (writing-a-backend.md: send 'must not "
-        "block on the peer')"
-    ),
-    "large_p2p": (
-        "send and recv must work on messages larger than the kernel's socket buffers "
-        f"({LARGE_MESSAGE_BYTES >> 20} MiB and uneven sizes): a ring of async sends then "
-        "receives must not deadlock"
-    ),
-    "large_collectives": (
-        "every collective must work on messages larger than the kernel's socket buffers "
-        f"({LARGE_MESSAGE_BYTES >> 20} MiB per peer, uneven sizes) with exact results: no "
-        "rank may wait on a peer that is itself blocked sending"
-    ),
-    "api_shapes": "every operation returns a work that completes, with outputs of the "
-    "promised shape, dtype and device",
-    "every_op": "every operation gives the exact reference result on every declared dtype",
-    "edge_counts": "every operation works on 0, 1 and 1000 elements",
-    "split": "split gives working sub-communicators, and [] skips a rank",
-    "batch": "a batch issues all its sends and receives before waiting on any",
-    "recv_timeout": (
-        "a receive nobody answers must raise CommTimeoutError within its own timeout, "
-        "mark its work TIMEDOUT and refuse later operations"
-    ),
-    "bad_input": "invalid calls are refused before communicating",
-}
 
 
 def large_dtype(declared: tuple[torch.dtype, ...]) -> torch.dtype | None:
@@ -468,7 +491,7 @@ def body_send_before_recv(backend: str, device: str, limit_s: float) -> float:
         try:
             store.wait([key], timedelta(seconds=limit_s))
         except Exception:
-            raise AssertionError(
+            raise PeerStuck(
                 f"{RULES['send_before_recv']}: rank 0's send(async_op=True) of "
                 f"{count} {str(dtype).replace('torch.', '')} elements "
                 f"({count * torch.empty(0, dtype=dtype).element_size() / 2**20:.1f} MiB) to "

@@ -23,6 +23,9 @@ from torchcomms_core.testing.reference import DTYPES
 
 Contract = Callable[..., list[Any]]
 
+#: Exceptions that mean a rank is stuck (not merely wrong): the run stops after them.
+_STUCK = frozenset({"CommTimeoutError", "PeerStuck"})
+
 
 def _declared_dtypes(backend: str) -> list[str]:
     try:
@@ -54,19 +57,30 @@ def contract(
             return [o.value for o in outcomes]
         failure = RankFailure(body.__name__, outcomes)
         hung = [o.rank for o in outcomes if o.status == "hung"]
-        # Ranks left waiting on a peer that raised are a consequence, settled within the
-        # pool's grace period; a hang with no rank failing would cost every later
-        # contract its whole timeout.
-        if hung and all(o.ok or o.status == "hung" for o in outcomes):
+        timed_out = [o.rank for o in outcomes if o.exc_type in _STUCK]
+        # A rank that raised (a wrong result, a refused call) leaves its peers waiting only
+        # for the pool's grace period, and the next contract gets fresh ranks. A rank that
+        # hung, or an operation that timed out, would cost every later contract its whole
+        # timeout: the run stops there.
+        stuck = (hung or timed_out) and all(
+            o.ok or o.status == "hung" or o.exc_type in _STUCK for o in outcomes
+        )
+        if stuck:
             request.session.shouldfail = (
-                f"conformance contract {request.node.name} hung on rank(s) "
-                f"{', '.join(map(str, hung))} (--torchcomms-timeout "
+                f"conformance contract {request.node.name} hung (--torchcomms-timeout "
                 f"{torchcomms_timeout:g} s); later contracts were not run"
             )
-            why = (
-                f"rank(s) {', '.join(map(str, hung))} still busy after "
-                f"--torchcomms-timeout {torchcomms_timeout:g} s (stacks below); the run stops here"
+            why = "; ".join(
+                part
+                for part in (
+                    hung and f"rank(s) {', '.join(map(str, hung))} did not return (stacks below)",
+                    timed_out
+                    and f"rank(s) {', '.join(map(str, timed_out))} reported an operation "
+                    f"that did not finish (tracebacks below)",
+                )
+                if part
             )
+            why += "; the run stops here"
         else:
             why = "a rank failed (tracebacks below)"
             if hung:
@@ -196,10 +210,15 @@ def test_batch_issues_all_before_waiting(
 
 @pytest.mark.usefixtures("numerical")
 def test_unanswered_receive_times_out(
-    contract: Contract, torchcomms_backend: str, torchcomms_device: str
+    contract: Contract, torchcomms_backend: str, torchcomms_device: str, torchcomms_timeout: float
 ) -> None:
     results = contract(
-        "recv_timeout", contracts.body_timeout, torchcomms_backend, torchcomms_device, 1.0
+        "recv_timeout",
+        contracts.body_timeout,
+        torchcomms_backend,
+        torchcomms_device,
+        1.0,
+        max(2.0, torchcomms_timeout / 2),
     )
     first = results[0]
     rule = contracts.RULES["recv_timeout"]
