@@ -121,9 +121,9 @@ def test_plugin_errors_reach_the_caller_and_engine_failures_still_abort() -> Non
                 err = out[what]
                 assert err is not None and err["type"] == "RuntimeError", (what, err)
                 assert "invalid for input of size 5" in err["message"]
-                assert "in regroup" in err["traceback"] and "tensor.view(3, -1)" in err[
-                    "traceback"
-                ], err["traceback"]
+                assert (
+                    "in regroup" in err["traceback"] and "tensor.view(3, -1)" in err["traceback"]
+                ), err["traceback"]
             err = out["implementation"]
             assert err["type"] == "RuntimeError" and "portable implementation" in err["message"]
             assert "in _impl_fails" in err["traceback"]
