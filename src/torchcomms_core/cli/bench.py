@@ -187,7 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(0, 1),
         default=1,
         help="check every result against the exact expected values; "
-        "quantized collectives against their documented error bound "
+        "approximate plugin collectives (quantized) against their documented error bound "
         "(default: %(default)s)",
     )
     parser.add_argument(
