@@ -103,19 +103,23 @@ def _engine_sources(cls: type) -> tuple[str, ...]:
 
     found = {os.path.dirname(torch.distributed.__file__) + os.sep}
     for klass in cls.__mro__:
-        module = sys.modules.get(klass.__module__)
-        if module is None or klass.__module__ in ("builtins", "abc", "torchcomms_core.spec"):
+        if klass.__module__ in ("builtins", "abc", "torchcomms_core.spec"):
             continue
+        module = sys.modules.get(klass.__module__)
         if klass.__module__.startswith("torchcomms_core."):
             # A base class the core ships (C10dBackend): its own module only.
-            if getattr(module, "__file__", None):
-                found.add(str(module.__file__))
-            continue
-        top = sys.modules.get(klass.__module__.split(".", 1)[0])
-        where = getattr(top, "__file__", None)
-        if where:
-            is_package = hasattr(top, "__path__")
-            found.add(os.path.dirname(where) + os.sep if is_package else where)
+            where = getattr(module, "__file__", None)
+        else:
+            top = sys.modules.get(klass.__module__.split(".", 1)[0])
+            where = getattr(top, "__file__", None)
+            if where and hasattr(top, "__path__"):  # a package: all of it
+                where = os.path.dirname(where) + os.sep
+        if not where:
+            # Defined where no file says so (an interactive session): every frame could
+            # be the backend's, so nothing is taken for a plugin's own error.
+            _engine_paths[cls] = ("",)
+            return ("",)
+        found.add(str(where))
     paths = _engine_paths[cls] = tuple(found)
     return paths
 
