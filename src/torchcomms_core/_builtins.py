@@ -69,5 +69,6 @@ def torchcomms_register_collectives() -> list[Collective]:
             validate=_validate_coalesced,
             doc="all_reduce_coalesced(tensors, op=ReduceOp.SUM, async_op=False): reduce a "
             "list of tensors of one dtype in a single engine call.",
+            bench="torchcomms_core.bench.ops:AllReduceCoalesced",
         )
     ]

@@ -45,6 +45,13 @@ class Collective:
     #: The docstring of the ``TorchComm`` method the collective becomes; left empty, the
     #: method gets a line naming the provider.
     doc: str = ""
+    #: How ``torchcomms bench`` measures the collective: a ``BenchOp`` (see
+    #: ``torchcomms_core.plugin.bench``: the inputs, the exact expected result, the bytes
+    #: that cross the bus); or, so that the benchmark's code is imported only when a
+    #: benchmark runs, ``"module:Name"`` naming its class (or an instance, or a function
+    #: returning one), or a function without arguments returning one. Its ``name`` is
+    #: the collective's. ``None`` (the default): not benchmarkable.
+    bench: Any = None
     #: Who provides the collective, filled in by the plugin manager.
     provider: str = ""
 
@@ -56,3 +63,11 @@ class Collective:
             )
         if not callable(self.impl):
             raise CommTypeError(f"Collective {self.name!r}: impl must be callable")
+        bench = self.bench
+        if bench is not None and not (
+            callable(bench) or hasattr(bench, "run") or (isinstance(bench, str) and ":" in bench)
+        ):
+            raise CommTypeError(
+                f"Collective {self.name!r}: bench must be a BenchOp, 'module:Name' or a "
+                f"function returning a BenchOp, got {bench!r}"
+            )

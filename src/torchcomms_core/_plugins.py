@@ -20,6 +20,7 @@ from . import _env, hookspecs
 from ._collectives import Collective
 from ._errors import TorchCommError
 from ._optable import OPS
+from .spec import set_collective_source
 
 PLUGINS_GROUP = "torchcomms.plugins"
 BUILTIN = "torchcomms-core"
@@ -221,6 +222,20 @@ def list_collectives() -> dict[str, str]:
     with _lock:
         names.update({n: c.provider for n, c in _collectives.items()})
     return dict(sorted(names.items()))
+
+
+def plugin_collectives() -> dict[str, Collective]:
+    """The collectives plugins (and the core's built-in plugin) add, by name."""
+    load_plugins()
+    with _lock:
+        return dict(_collectives)
+
+
+def _collective_names() -> list[str]:
+    return sorted(plugin_collectives())
+
+
+set_collective_source(_collective_names)
 
 
 def plugin_records() -> list[PluginRecord]:

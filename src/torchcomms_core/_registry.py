@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from . import _env
 from ._errors import BackendLoadError, BackendNotFoundError, CommTypeError
-from .spec import TorchCommBackend, check_spec_version
+from .spec import TorchCommBackend, backend_class_problems, check_spec_version
 
 BACKENDS_GROUP = "torchcomms.backends"
 
@@ -196,15 +196,39 @@ def get_backend_class(name: str) -> type[TorchCommBackend]:
     try:
         cls = entry.entry_point.load()
     except Exception as exc:
-        raise BackendLoadError(
-            f"{who} failed to import ({type(exc).__name__}: {exc}); reinstall it with "
-            f"`pip install --force-reinstall {entry.distribution or name}` or uninstall it; "
-            f"other backends keep working"
-        ) from exc
+        raise BackendLoadError(_import_failure(entry, who, exc)) from exc
     _check_backend_class(cls, who)  # raises unless cls is a TorchCommBackend subclass
     with _lock:
         _loaded[name] = cls
     return cast(type[TorchCommBackend], cls)
+
+
+def _import_failure(entry: BackendEntry, who: str, exc: Exception) -> str:
+    """Why the entry point of ``entry`` did not load, and what fixes it."""
+    module, _, attr = entry.value.partition(":")
+    module = module.strip()
+    section = f'[project.entry-points."{BACKENDS_GROUP}"]'
+    fix_entry = (
+        f"fix the entry point {entry.name} = {entry.value!r} in the {section} section of "
+        f"{entry.distribution or 'its distribution'}'s pyproject.toml, then reinstall it "
+        f"(pip install -e . while developing)"
+    )
+    if isinstance(exc, ModuleNotFoundError) and exc.name and module.startswith(exc.name):
+        return (
+            f"{who}: its entry point {entry.value!r} names module {module!r}, which does not "
+            f"exist ({exc}); {fix_entry}"
+        )
+    if isinstance(exc, AttributeError) and attr:
+        return (
+            f"{who}: its entry point {entry.value!r} names {attr.strip()!r}, which module "
+            f"{module!r} does not define ({exc}); {fix_entry}"
+        )
+    return (
+        f"{who} failed to import ({type(exc).__name__}: {exc}); the error is raised by the "
+        f"plugin's own code (see the traceback), or a dependency of it is missing. Fix "
+        f"or reinstall {entry.distribution or entry.name}, or uninstall it; other backends "
+        f"keep working"
+    )
 
 
 def _check_backend_class(cls: Any, who: str) -> None:
@@ -214,6 +238,13 @@ def _check_backend_class(cls: Any, who: str) -> None:
             f"the entry point must name the backend class"
         )
     check_spec_version(getattr(cls, "spec_version", "0.0"), who)
+    problems = backend_class_problems(cls)
+    if problems:
+        raise BackendLoadError(
+            f"{who}: class {cls.__module__}.{cls.__qualname__} does not meet the backend spec: "
+            + "; ".join(problems)
+            + ". See docs/writing-a-backend.md (required and optional methods)"
+        )
 
 
 def _not_found_message(name: str) -> str:

@@ -7,6 +7,8 @@ It wraps whatever the backend returned (``None`` when done, else an object with
 from __future__ import annotations
 
 import enum
+import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -87,6 +89,67 @@ def is_engine_failure(exc: BaseException) -> bool:
     if isinstance(exc, (TorchCommError, TimeoutError, ConnectionError)):
         return True
     return isinstance(exc, RuntimeError) and not isinstance(exc, NotImplementedError)
+
+
+#: Per backend class: the source files and folders whose frames mean "the engine".
+_engine_paths: dict[type, tuple[str, ...]] = {}
+
+
+def _engine_sources(cls: type) -> tuple[str, ...]:
+    paths = _engine_paths.get(cls)
+    if paths is not None:
+        return paths
+    import torch.distributed
+
+    found = {os.path.dirname(torch.distributed.__file__) + os.sep}
+    for klass in cls.__mro__:
+        if klass.__module__ in ("builtins", "abc", "torchcomms_core.spec"):
+            continue
+        module = sys.modules.get(klass.__module__)
+        if klass.__module__.startswith("torchcomms_core."):
+            # A base class the core ships (C10dBackend): its own module only.
+            where = getattr(module, "__file__", None)
+        else:
+            top = sys.modules.get(klass.__module__.split(".", 1)[0])
+            where = getattr(top, "__file__", None)
+            if where and hasattr(top, "__path__"):  # a package: all of it
+                where = os.path.dirname(where) + os.sep
+        if not where:
+            # Defined where no file says so (an interactive session): every frame could
+            # be the backend's, so nothing is taken for a plugin's own error.
+            _engine_paths[cls] = ("",)
+            return ("",)
+        found.add(str(where))
+    paths = _engine_paths[cls] = tuple(found)
+    return paths
+
+
+def raised_by_plugin_code(exc: BaseException, backend: Any) -> bool:
+    """Tell whether ``exc`` came from a plugin's own Python code rather than the engine.
+
+    True when neither ``exc`` nor its causes passed through the backend's code (its
+    classes' packages, the core engine module it builds on) or ``torch.distributed``: a
+    collective plugin's ``validate``, portable implementation or ``then`` step raised on
+    its own. Such an error is the caller's to see, with its traceback; it does not mark
+    the communicator failed nor abort the process. Explicit engine signals
+    (``TorchCommError``, ``TimeoutError``, ``ConnectionError``) never count as such.
+    """
+    if backend is None:
+        return False
+    sources = _engine_sources(type(backend))
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (TorchCommError, TimeoutError, ConnectionError)):
+            return False
+        tb = err.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename.startswith(sources):
+                return False
+            tb = tb.tb_next
+        err = err.__cause__ or err.__context__
+    return True
 
 
 class TorchWork:
@@ -291,7 +354,10 @@ class TorchWork:
     def _fail(self, exc: BaseException) -> None:
         comm = self._comm
         comm_name = comm.get_name() if comm is not None else "?"
-        engine = is_engine_failure(exc)
+        engine = is_engine_failure(exc) and not (
+            comm is not None
+            and raised_by_plugin_code(exc, getattr(comm, "get_backend_impl", lambda: None)())
+        )
         if (
             comm is not None
             and engine

@@ -8,8 +8,10 @@ collective plugin implements the hooks of :mod:`torchcomms_core.hookspecs` with
 :data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
 implements :class:`TransportProvider`. A backend built of other backends' communicators
 (``torchcomms-hier``) creates them with :func:`new_member_comm` and looks backends up with
-:func:`get_backend_class`. The conformance suite and the rank helpers of
-:mod:`torchcomms_core.testing` check a plugin against the spec.
+:func:`get_backend_class`. A collective declares its benchmark with the
+toolkit ``bench`` (``torchcomms_core.bench.kit``, imported on first use). The
+conformance suite and the rank helpers of :mod:`torchcomms_core.testing` check a plugin
+against the spec.
 
 The plugins in ``plugins/`` import from this module only (an import contract checks it).
 Importing it loads the core's communicator and the spec, never the PyTorch bridges
@@ -17,6 +19,8 @@ Importing it loads the core's communicator and the spec, never the PyTorch bridg
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from ._collectives import Collective
 from ._create import new_comm, new_member_comm
@@ -76,6 +80,20 @@ from .transport_spec import (
     TransportProvider,
 )
 
+if TYPE_CHECKING:
+    from .bench import kit as bench
+
+
+def __getattr__(name: str) -> Any:
+    # ``bench`` (the toolkit of ``Collective(bench=...)``) is imported on first use only:
+    # loading a plugin must not load the benchmark code.
+    if name == "bench":
+        from .bench import kit
+
+        return kit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "BASIC_REDUCE_OPS",
     "DEFAULT_DTYPES",
@@ -121,6 +139,7 @@ __all__ = [
     "WindowEngine",
     "WorkStatus",
     "available_backends",
+    "bench",
     "bool_hint",
     "check_spec_version",
     "cuda_unavailable_reason",

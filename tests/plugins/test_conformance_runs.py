@@ -78,3 +78,45 @@ def test_conformance_suite_is_inert_without_a_backend() -> None:
     )
     assert res.returncode == 0, res.stdout[-3000:]
     assert "skipped" in res.stdout and "passed" not in res.stdout
+
+
+def _module_run(code: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_", "PYTEST_"))
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**clean, **env},
+        cwd="/",
+    )
+
+
+def test_the_module_entry_runs_the_suite_even_without_plugin_autoloading() -> None:
+    # Plain pytest would answer "unrecognized arguments: --torchcomms-backend" here.
+    res = _module_run(
+        "import sys\n"
+        "from torchcomms_core.testing.__main__ import main\n"
+        "sys.exit(main(['-q', '-p', 'no:cacheprovider', '--torchcomms-backend', 'gloo', "
+        "'-k', 'resolves']))",
+        PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+    )
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "1 passed" in res.stdout and "native vs derived" in res.stdout
+    assert "warning" not in res.stdout
+
+
+def test_the_module_entry_without_pytest_names_the_extra() -> None:
+    res = _module_run(
+        "import sys\n"
+        "sys.modules['pytest'] = None  # as if pytest were not installed\n"
+        "from torchcomms_core.testing.__main__ import main\n"
+        "sys.exit(main(['--torchcomms-backend', 'gloo']))"
+    )
+    assert res.returncode == 2, res.stderr
+    assert "pytest is not installed" in res.stderr
+    assert 'pip install "torchcomms-core[conformance]"' in res.stderr

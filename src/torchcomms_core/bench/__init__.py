@@ -7,18 +7,18 @@ present it, ``compare`` sets torch.distributed beside it, ``probe`` measures the
 from __future__ import annotations
 
 from .base import BenchOp
-from .ops import DEFAULT_OPS, OPS, PLUGIN_OPS, available_ops
+from .ops import DEFAULT_OPS, OPS, available_ops, plugin_ops
 from .runner import BenchConfig, run_rank
 from .sizes import parse_size, size_sweep
 
 __all__ = [
     "DEFAULT_OPS",
     "OPS",
-    "PLUGIN_OPS",
     "BenchConfig",
     "BenchOp",
     "available_ops",
     "parse_size",
+    "plugin_ops",
     "run_rank",
     "size_sweep",
 ]

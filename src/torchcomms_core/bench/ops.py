@@ -1,11 +1,14 @@
 """The operations ``torchcomms bench`` measures, one :class:`BenchOp` subclass each.
 
-Adding one to ``OPS`` makes it benchmarkable; ``PLUGIN_OPS`` run when their plugin is installed.
+Adding one to ``OPS`` makes it benchmarkable; a plugin collective brings its own through
+``Collective(bench=...)`` (see :func:`plugin_ops`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -20,7 +23,6 @@ from .data import (
     REDOPS,
     Buffers,
     Case,
-    blocks,
     dtype_name,
     fill,
     locate,
@@ -41,14 +43,15 @@ __all__ = [
     "IN_PLACE",
     "OPS",
     "OUT_OF_PLACE",
-    "PLUGIN_OPS",
     "REDOPS",
     "BenchOp",
     "Buffers",
     "Case",
+    "PluginOp",
     "available_ops",
     "dtype_name",
     "pattern",
+    "plugin_ops",
     "reduce_pattern",
     "unknown_ops_message",
 ]
@@ -533,8 +536,12 @@ class Barrier(BenchOp):
 # -- plugin collectives --------------------------------------------------------------------
 
 
-class _PluginOp(_Collective):
-    """A collective that a plugin adds: torch.distributed has no equivalent to compare."""
+class PluginOp(_Collective):
+    """A collective that a plugin adds: torch.distributed has no equivalent to compare.
+
+    Subclass it together with the operation whose buffers and data the collective
+    shares (``class Mine(PluginOp, AllReduce)``) and give ``name`` and ``run``.
+    """
 
     c10d_name: ClassVar[str | None] = None
 
@@ -542,7 +549,7 @@ class _PluginOp(_Collective):
         raise NotImplementedError(f"{self.name} has no torch.distributed equivalent")
 
 
-class AllReduceCoalesced(_PluginOp, AllReduce):
+class AllReduceCoalesced(PluginOp, AllReduce):
     """``all_reduce`` of the buffer as a list of tensors, through the built-in plugin."""
 
     name = "all_reduce_coalesced"
@@ -564,153 +571,6 @@ class AllReduceCoalesced(_PluginOp, AllReduce):
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
         comm.all_reduce_coalesced(bufs.output_list, case.reduce_op)
-
-
-class _Quantized(_PluginOp):
-    """Counts elements outside the error bound torchcomms-quantized documents (its README).
-
-    The plugin's data moves as int8 with one float32 scale per block, so results are
-    approximate by design. Per element of block ``b``: ``|result - exact| <= A_b / divisor``
-    for SUM (divided by ``n`` for AVG), ``A_b`` being the sum over ranks of max|x| over the
-    block, plus ``flushes * 2**-100`` for blocks flushed to zero, plus the final rounding to
-    bfloat16/float16: ``u * (|exact| + that)`` and, for float16 subnormals, ``2**-25``.
-    Restated rather than imported (the core imports no plugin), so the bench checks the
-    documented contract independently of the plugin's own code.
-    """
-
-    #: The collective's default block size, which ``run`` uses.
-    block_size: ClassVar[int] = 256
-    #: The ``divisor`` of the bound.
-    divisor: ClassVar[int]
-    #: The bound's ``flushes``: ``nranks`` plus this many.
-    extra_flushes: ClassVar[int] = 0
-    _FLUSH: ClassVar[float] = 2.0**-100
-    _ROUNDING: ClassVar[dict[torch.dtype, tuple[float, float]]] = {
-        torch.float32: (0.0, 0.0),
-        torch.bfloat16: (2.0**-8, 0.0),
-        torch.float16: (2.0**-11, 2.0**-25),
-    }
-
-    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
-        if dtype not in self._ROUNDING:
-            return (
-                f"needs a floating-point datatype (float32, bfloat16, float16), got "
-                f"{dtype_name(dtype)}"
-            )
-        if redop not in ("sum", "avg"):
-            return f"reduces with sum or avg only, got --op {redop}"
-        return super().refuses(dtype, redop, nranks)
-
-    def count_wrong(self, bufs: Buffers, case: Case) -> int:
-        """Elements farther from the exact result than the documented error bound."""
-        flat = bufs.output.view(-1)
-        n, size = case.nranks, self.block_size
-        unit, tiny = self._ROUNDING[case.dtype]
-        ranks = [dataclasses.replace(case, rank=r) for r in range(n)]
-        # Where this rank's output lies in every rank's input. Each output is padded to
-        # whole blocks, so blocks start at the output's start.
-        parts = self.input_parts(bufs.count, case)
-        start_in_input = 0 if parts is None else starts(parts)[case.rank]
-        wrong = 0
-        # BLOCK (2**20) is a multiple of the block size, so quantization blocks never straddle
-        # two of these slices.
-        for start, stop, index in blocks(flat.numel(), flat.device):
-            exact = torch.zeros(stop - start, dtype=torch.float64, device=flat.device)
-            absmax_sum = torch.zeros(
-                -(-(stop - start) // size), dtype=torch.float64, device=flat.device
-            )
-            for rank_case in ranks:
-                addends = self.input_values(index + start_in_input, bufs.count, rank_case)
-                addends = addends.to(torch.float64)
-                exact += addends
-                padded = torch.zeros(
-                    absmax_sum.numel() * size, dtype=torch.float64, device=flat.device
-                )
-                padded[: addends.numel()] = addends.abs()
-                absmax_sum += padded.view(-1, size).amax(dim=1)
-            per_block = absmax_sum / self.divisor
-            if case.redop == "avg":
-                exact /= n
-                per_block /= n
-            per_block += (n + self.extra_flushes) * self._FLUSH
-            quantized = per_block.repeat_interleave(size)[: stop - start]
-            bound = quantized + unit * (exact.abs() + quantized) + tiny
-            error = (flat[start:stop].to(torch.float64) - exact).abs()
-            # A NaN result is wrong too: compare with "not within" rather than "above".
-            wrong += int((~(error <= bound)).sum())
-        return wrong
-
-
-class QuantizedAllReduce(_Quantized, AllReduce):
-    """In place, like all_reduce, through the ``quantized_all_reduce`` plugin collective."""
-
-    name = "quantized_all_reduce"
-    divisor = 126
-    extra_flushes = 1
-
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        comm.quantized_all_reduce(bufs.output, case.reduce_op)
-
-
-class QuantizedReduceScatter(_Quantized, ReduceScatterSingle):
-    """Like reduce_scatter_single, through the ``quantized_reduce_scatter`` plugin collective.
-
-    One int8 quantization.
-    """
-
-    name = "quantized_reduce_scatter"
-    forms = (OUT_OF_PLACE,)
-    divisor = 250
-
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        comm.quantized_reduce_scatter(bufs.output, bufs.input, case.reduce_op)
-
-
-class ReduceScatterQuantized(_PluginOp, ReduceScatterSingle):
-    """Like reduce_scatter_single, through torchcomms-quantized's ``reduce_scatter_quantized``
-    (the reference's: float32 in and out, bfloat16 with stochastic rounding on the wire).
-
-    Checked against its documented bound, restated here (the core imports no plugin): per
-    element, ``|result - exact| <= sum_r |x_r| * (2**-7 + n * 2**-23)`` (divided by ``n`` for
-    AVG).
-    """
-
-    name = "reduce_scatter_quantized"
-    forms = (OUT_OF_PLACE,)
-
-    def refuses(self, dtype: torch.dtype, redop: str, nranks: int | None = None) -> str | None:
-        if dtype != torch.float32:
-            return f"takes float32 tensors only (as the reference), got {dtype_name(dtype)}"
-        if redop not in ("sum", "avg"):
-            return f"reduces with sum or avg only, got --op {redop}"
-        return super().refuses(dtype, redop, nranks)
-
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        seed = torch.tensor([case.rank], dtype=torch.int64, device=bufs.output.device)
-        comm.reduce_scatter_quantized(bufs.output, bufs.input, case.reduce_op, seed)
-
-    def count_wrong(self, bufs: Buffers, case: Case) -> int:
-        """Elements farther from the exact result than the documented bound."""
-        flat = bufs.output.view(-1)
-        n = case.nranks
-        parts = self.input_parts(bufs.count, case)
-        start_in_input = 0 if parts is None else starts(parts)[case.rank]
-        wrong = 0
-        for start, stop, index in blocks(flat.numel(), flat.device):
-            exact = torch.zeros(stop - start, dtype=torch.float64, device=flat.device)
-            magnitude = torch.zeros_like(exact)
-            for r in range(n):
-                rank_case = dataclasses.replace(case, rank=r)
-                addends = self.input_values(index + start_in_input, bufs.count, rank_case)
-                exact += addends.to(torch.float64)
-                magnitude += addends.to(torch.float64).abs()
-            bound = magnitude * (2.0**-7 + n * 2.0**-23)
-            if case.redop == "avg":
-                exact /= n
-                bound /= n
-            error = (flat[start:stop].to(torch.float64) - exact).abs()
-            wrong += int((~(error <= bound)).sum())
-        return wrong
 
 
 #: Benchmarkable operations by name; ``DEFAULT_OPS`` run when ``--ops`` is not given.
@@ -749,40 +609,74 @@ DEFAULT_OPS: tuple[str, ...] = (
     "broadcast",
 )
 
-#: Operations over collectives that plugins add, with the distribution that provides each.
-#: They are offered when the collective is installed and run only when named in ``--ops``
-#: (or with ``--ops all``).
-PLUGIN_OPS: dict[str, tuple[BenchOp, str]] = {
-    "all_reduce_coalesced": (AllReduceCoalesced(), "torchcomms-core"),
-    "quantized_all_reduce": (QuantizedAllReduce(), "torchcomms-quantized"),
-    "quantized_reduce_scatter": (QuantizedReduceScatter(), "torchcomms-quantized"),
-    "reduce_scatter_quantized": (ReduceScatterQuantized(), "torchcomms-quantized"),
-}
+
+def plugin_ops() -> dict[str, BenchOp]:
+    """The benchmarks of the installed plugin collectives that declare one (``bench=``).
+
+    A benchmark that cannot be built (its factory raises, or its ``name`` is not the
+    collective's) is left out with a warning naming its provider.
+    """
+    from .._plugins import plugin_collectives
+
+    found: dict[str, BenchOp] = {}
+    for name, coll in plugin_collectives().items():
+        if coll.bench is None:
+            continue
+        try:
+            op = _bench_op(coll.bench)
+            if not isinstance(op, BenchOp):
+                raise TypeError(f"bench= gave {op!r}, not a BenchOp")
+            if op.name != name:
+                raise ValueError(f"its BenchOp is named {op.name!r}, not {name!r}")
+        except Exception as exc:  # one broken benchmark must not hide the others
+            warnings.warn(
+                f"torchcomms bench: the benchmark of collective {name!r} from {coll.provider} "
+                f"cannot be used ({type(exc).__name__}: {exc}); fix its Collective(bench=...)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        found[name] = op
+    return found
+
+
+def _bench_op(declared: Any) -> Any:
+    """The ``BenchOp`` a ``Collective(bench=...)`` declares (see ``Collective.bench``)."""
+    if isinstance(declared, str):
+        module, _, attr = declared.partition(":")
+        declared = importlib.import_module(module.strip())
+        for part in attr.strip().split("."):
+            declared = getattr(declared, part)
+    if isinstance(declared, BenchOp):
+        return declared
+    return declared()
 
 
 def available_ops() -> dict[str, BenchOp]:
-    """``OPS`` plus the ``PLUGIN_OPS`` whose collective is installed in this environment."""
-    from .._plugins import list_collectives
-
-    installed = list_collectives()
-    return {**OPS, **{name: op for name, (op, _dist) in PLUGIN_OPS.items() if name in installed}}
+    """``OPS`` plus the benchmarks that installed plugin collectives declare."""
+    return {**OPS, **plugin_ops()}
 
 
 def unknown_ops_message(names: list[str] | tuple[str, ...]) -> str | None:
     """Why some of ``names`` cannot be benchmarked here, or ``None`` when all can."""
+    from .._plugins import plugin_collectives
+
     ops = available_ops()
     missing = [name for name in names if name not in ops]
     if not names:
         return f"no operation given; choose from {', '.join(ops)}, or all"
     if not missing:
         return None
-    uninstalled = [name for name in missing if name in PLUGIN_OPS]
-    if uninstalled:
-        dists = sorted({PLUGIN_OPS[name][1] for name in uninstalled})
+    collectives = plugin_collectives()
+    without = [name for name in missing if name in collectives]
+    if without:
+        providers = sorted({collectives[name].provider for name in without})
         return (
-            f"operation {', '.join(map(repr, uninstalled))} is a plugin collective that is "
-            f"not installed; pip install {' '.join(dists)}"
+            f"collective {', '.join(map(repr, without))} (from {', '.join(providers)}) declares "
+            f"no benchmark; its plugin can add one with Collective(bench=...) "
+            f"(docs/writing-a-collective.md)"
         )
     return (
-        f"unknown operation {', '.join(map(repr, missing))}; choose from {', '.join(ops)}, or all"
+        f"unknown operation {', '.join(map(repr, missing))}; choose from {', '.join(ops)}, or "
+        f"all. A plugin collective is offered once its plugin is installed"
     )

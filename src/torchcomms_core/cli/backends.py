@@ -21,7 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def describe_backends() -> list[dict[str, Any]]:
     """One record per backend name (entry points and in-process registrations)."""
     from .. import _registry as registry
-    from ..spec import method_support
+    from ..spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS, method_support
+
+    spec_ops = {*REQUIRED_METHODS, *DERIVABLE_METHODS, *OPTIONAL_METHODS}
 
     entries = registry.entry_points()
     rows = []
@@ -47,9 +49,11 @@ def describe_backends() -> list[dict[str, Any]]:
                 spec_version="?",
                 devices=[],
                 runnable=False,
+                broken=True,
                 reason=f"failed to load: {exc}",
                 native=[],
                 derived=[],
+                plugin_collectives={},
                 hint_keys=None,
             )
             rows.append(row)
@@ -60,12 +64,15 @@ def describe_backends() -> list[dict[str, Any]]:
             runnable, reason = False, f"is_available() raised {exc!r}"
         support = method_support(cls)
         row.update(
+            broken=False,
             spec_version=cls.spec_version,
             devices=list(cls.devices),
             runnable=bool(runnable),
             reason="" if runnable else reason,
-            native=sorted(m for m, v in support.items() if v == "native"),
-            derived=sorted(m for m, v in support.items() if v == "derived"),
+            native=sorted(m for m, v in support.items() if v == "native" and m in spec_ops),
+            derived=sorted(m for m, v in support.items() if v == "derived" and m in spec_ops),
+            # Collectives that plugins add: the backend's own method, or the plugin's.
+            plugin_collectives={m: v for m, v in support.items() if m not in spec_ops},
             # The hint keys the backend reads (``None``: it does not declare them).
             hint_keys=list(cls.hint_keys) if cls.hint_keys is not None else None,
         )
@@ -89,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = [("backend", "distribution", "version", "spec", "devices", "runs here", "operations")]
     for r in rows:
-        runs = "yes" if r["runnable"] else f"no: {r['reason']}"
+        if r["broken"]:
+            runs = "BROKEN (see below)"
+        else:
+            runs = "yes" if r["runnable"] else f"no: {r['reason']}"
         ops = f"{len(r['native'])} native, {len(r['derived'])} derived" if r["native"] else "-"
         dist = r["distribution"] or "?"
         if r["also_registered_by"]:
@@ -106,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     print_table(table)
+    for r in rows:
+        if r["broken"]:
+            print(f"\nbroken: {r['name']}: {r['reason']}")
     for r in rows:
         if r["conflict"]:
             print(f"\nconflict: {r['conflict']}")

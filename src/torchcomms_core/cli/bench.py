@@ -18,7 +18,7 @@ from .. import _env
 from .._errors import TorchCommError
 from ..bench.compare import COMPARE_WITH
 from ..bench.launch import launch
-from ..bench.ops import DEFAULT_OPS, DTYPES, PLUGIN_OPS, REDOPS, unknown_ops_message
+from ..bench.ops import DEFAULT_OPS, DTYPES, REDOPS, unknown_ops_message
 from ..bench.runner import INPLACE_CHOICES, BenchConfig, run_rank, runnable_ops, validate_config
 from ..bench.sizes import parse_size
 
@@ -61,6 +61,19 @@ def _op_list(text: str) -> tuple[str, ...]:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return names
+
+
+class _PluginOpsHelp(str):
+    """A help text naming the installed plugin collectives' benchmarks, found only when
+    the help is shown (so other commands do not load the plugins)."""
+
+    __slots__ = ()
+
+    def __mod__(self, params: Any) -> str:
+        from ..bench.ops import plugin_ops
+
+        names = ", ".join(plugin_ops()) or "none installed"
+        return str.__mod__(str(self).replace("%s", names.replace("%", "%%")), params)
 
 
 def _seconds(text: str) -> float:
@@ -152,10 +165,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops",
         type=_op_list,
         default=",".join(DEFAULT_OPS),
-        help=f"comma-separated operations to run, or {ALL_OPS!r} for every "
-        f"collective of the API and the installed plugin collectives "
-        f"({', '.join(PLUGIN_OPS)}) that can run with the other options "
-        f"(default: {', '.join(DEFAULT_OPS)})",
+        help=_PluginOpsHelp(
+            f"comma-separated operations to run, or {ALL_OPS!r} for every "
+            f"collective of the API and the installed plugin collectives "
+            f"(%s) that can run with the other options "
+            f"(default: {', '.join(DEFAULT_OPS)})"
+        ),
     )
     parser.add_argument(
         "--inplace",
@@ -172,7 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=(0, 1),
         default=1,
         help="check every result against the exact expected values; "
-        "quantized collectives against their documented error bound "
+        "approximate plugin collectives (quantized) against their documented error bound "
         "(default: %(default)s)",
     )
     parser.add_argument(

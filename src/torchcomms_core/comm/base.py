@@ -30,7 +30,13 @@ from .._reduce_op import RedOpType, ReduceOp
 from .._registry import backend_version, get_mem_allocator
 from .._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
 from .._validation import Checker, check_hints, check_timeout, lean_pairs, writable
-from .._work import TorchWork, WorkStatus, is_engine_failure, set_failure_listener
+from .._work import (
+    TorchWork,
+    WorkStatus,
+    is_engine_failure,
+    raised_by_plugin_code,
+    set_failure_listener,
+)
 from ..hints import warn_unknown_hints
 from ..spec import TorchCommBackend, method_support
 from . import lean
@@ -693,8 +699,8 @@ class CommBase:
         is; an engine failure while issuing (sync calls wait inside the backend) is
         classified and updates the communicator exactly as a failed ``wait()`` would.
         """
-        if not is_engine_failure(exc):
-            raise exc
+        if not is_engine_failure(exc) or raised_by_plugin_code(exc, self._backend):
+            raise exc  # a refusal, or a plugin's own Python error: the communicator is fine
         error = TorchWork.failed(exc, self, name).error
         if error is None or error is exc:
             raise exc

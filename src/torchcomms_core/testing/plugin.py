@@ -57,7 +57,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=float,
         default=120.0,
         metavar="SECONDS",
-        help="time limit of one contract body on all ranks (default 120)",
+        help="time limit of one contract body on all ranks (default 120); a contract still "
+        "running then is reported with every rank's stack and stops the run. Operations "
+        "time out after half of it",
     )
     group.addoption(
         "--torchcomms-launcher",
@@ -193,10 +195,17 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         missing = mpiexec_unavailable()
         if missing:
             pytest.skip(f"conformance suite under mpiexec: {missing}")
+    # Operations time out within the body's limit, so a rank stuck in one reports it
+    # itself (with its traceback) before the pool declares the body hung.
+    timeout = float(request.config.getoption("--torchcomms-timeout"))
+    if timeout <= 0:
+        raise pytest.UsageError("--torchcomms-timeout must be a positive number of seconds")
     rank_env = parse_rank_env(request.config.getoption("--torchcomms-rank-env"), size)
     if rank_env and launcher != "spawn":
         raise pytest.UsageError("--torchcomms-rank-env needs spawned ranks, not mpiexec")
-    return shared_pool(size, launcher=launcher, comm_timeout_s=60, rank_env=rank_env)
+    return shared_pool(
+        size, launcher=launcher, comm_timeout_s=max(1.0, timeout / 2), rank_env=rank_env
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -224,7 +233,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if not name:
         return
     from .._registry import get_backend_class
-    from ..spec import method_support
+    from ..spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS, method_support
 
     try:
         cls = get_backend_class(name)
@@ -236,9 +245,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section(
         f"torchcomms backend {name!r} at {size} ranks: native vs derived methods"
     )
-    for kind in ("native", "derived", "unsupported"):
-        names = sorted(m for m, v in support.items() if v == kind)
-        terminalreporter.write_line(f"{kind:>11}: {', '.join(names) if names else '-'}")
+    spec = {*REQUIRED_METHODS, *DERIVABLE_METHODS, *OPTIONAL_METHODS}
+    for kind in ("native", "derived", "unsupported", "missing"):
+        names = sorted(m for m, v in support.items() if v == kind and m in spec)
+        if names or kind != "missing":
+            terminalreporter.write_line(f"{kind:>11}: {', '.join(names) if names else '-'}")
+    plugins = ", ".join(f"{m} ({v})" for m, v in sorted(support.items()) if m not in spec)
+    terminalreporter.write_line(f"    plugins: {plugins or '-'}")
     dtypes = ", ".join(str(d).replace("torch.", "") for d in cls.supported_dtypes)
     ops = ", ".join(sorted(t.name for t in cls.supported_reduce_ops))
     terminalreporter.write_line(f"     dtypes: {dtypes}")

@@ -124,6 +124,9 @@ def serve(conn: Any, stack_file: str) -> None:
             )
 
 
+#: Seconds a rank may take to start (import torch and the core) before it is declared hung.
+STARTUP_S = 120.0
+
 #: How a pool starts its ranks: spawned Python processes, or MPI processes under mpiexec.
 LAUNCHERS = ("spawn", "mpiexec")
 
@@ -272,6 +275,11 @@ class RankPool:
         if not self._procs:
             self._start()
             self.restarts += 1
+            # Starting a rank (importing torch) can take longer than a short body's timeout
+            # on a loaded machine: wait until every rank serves before timing ``fn``.
+            started = self.run_outcomes(current_rank, timeout=max(STARTUP_S, timeout))
+            if not all(o.ok for o in started):
+                return started
         task = (next(self._tasks), fn, args, kwargs)
         outcomes: dict[int, Outcome] = {}
         for rank, conn in enumerate(self._conns):

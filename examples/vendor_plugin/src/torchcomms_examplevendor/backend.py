@@ -15,6 +15,9 @@ import torch
 
 from torchcomms_core.plugin import CommOptions, TorchCommBackend
 
+#: Largest value the store is given at once (c10d's TCPStore refuses more than 8 MiB).
+PART_BYTES = 4 << 20
+
 
 class _PendingRecv:
     """A receive that completes when the peer's message is in the store."""
@@ -80,8 +83,13 @@ class ExampleVendorBackend(TorchCommBackend):
         seq = self._sent[dst]
         self._sent[dst] = seq + 1
         nbytes = tensor.numel() * tensor.element_size()
-        payload = ctypes.string_at(tensor.data_ptr(), nbytes) if nbytes else b""
-        self._store.set(f"msg/{self._rank}->{dst}/{seq}", payload)
+        key = f"msg/{self._rank}->{dst}/{seq}"
+        # The store refuses values over 8 MiB: large messages travel in parts, and the
+        # message's own key (its size) is written last, once every part is there.
+        for part, start in enumerate(range(0, nbytes, PART_BYTES)):
+            size = min(PART_BYTES, nbytes - start)
+            self._store.set(f"{key}/{part}", ctypes.string_at(tensor.data_ptr() + start, size))
+        self._store.set(key, str(nbytes))
         return None  # the store holds the message: the send is complete
 
     def recv(
@@ -105,13 +113,15 @@ class ExampleVendorBackend(TorchCommBackend):
 
     def _take(self, key: str, tensor: torch.Tensor, timeout: timedelta) -> None:
         self._store.wait([key], timeout)
-        payload = self._store.get(key)
+        nbytes = int(self._store.get(key))
         self._store.delete_key(key)
         expected = tensor.numel() * tensor.element_size()
-        if len(payload) != expected:
+        if nbytes != expected:
             raise RuntimeError(
-                f"examplevendor: received {len(payload)} bytes into a buffer "
+                f"examplevendor: received {nbytes} bytes into a buffer "
                 f"of {expected}; the ranks called mismatched operations"
             )
-        if expected:
-            ctypes.memmove(tensor.data_ptr(), payload, expected)
+        for part, start in enumerate(range(0, nbytes, PART_BYTES)):
+            payload = self._store.get(f"{key}/{part}")
+            self._store.delete_key(f"{key}/{part}")
+            ctypes.memmove(tensor.data_ptr() + start, payload, len(payload))

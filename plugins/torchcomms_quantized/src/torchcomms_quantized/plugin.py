@@ -57,6 +57,7 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=validate_all_reduce,
             doc=ALL_REDUCE_DOC,
+            bench="torchcomms_quantized.bench:QuantizedAllReduce",
         ),
         Collective(
             name="quantized_reduce_scatter",
@@ -65,6 +66,7 @@ def torchcomms_register_collectives() -> list[Collective]:
             defaults={"op": ReduceOp.SUM},
             validate=validate_reduce_scatter,
             doc=REDUCE_SCATTER_DOC,
+            bench="torchcomms_quantized.bench:QuantizedReduceScatter",
         ),
         Collective(
             name="reduce_scatter_quantized",
@@ -72,5 +74,6 @@ def torchcomms_register_collectives() -> list[Collective]:
             args=("output", "input", "op", "seed"),
             validate=validate_reduce_scatter_quantized,
             doc=REDUCE_SCATTER_QUANTIZED_DOC,
+            bench="torchcomms_quantized.bench:ReduceScatterQuantized",
         ),
     ]
