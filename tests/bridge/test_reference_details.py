@@ -37,7 +37,7 @@ def test_flight_recorder_duration_and_finalize_takes_no_id() -> None:
     assert [e["profiling_name"] for e in entries] == ["fake:all_reduce"]  # no finalize entry
     assert entries[0]["state"] == "completed"
     assert isinstance(entries[0]["duration_ms"], float) and entries[0]["duration_ms"] >= 0
-    assert dump["pg_config"][comm.get_name()]["ranks"] == "[0, 1, 2, 3]"
+    assert dump["pg_config"][comm.get_name()]["ranks"] == "[0,1,2,3]"
 
 
 def body_fr_pending_has_no_duration() -> list:
@@ -64,26 +64,45 @@ def test_duration_only_once_completed(pool2) -> None:
     assert done[0] == (True, "completed") and all(has for has, _ in done)
 
 
-def test_ranks_are_written_as_c10d_writes_them() -> None:
-    assert ranks_str([0, 1, 2]) == "[0, 1, 2]"
-    assert ranks_str(range(2)) == "[0, 1]"
+def test_ranks_are_written_as_the_reference_writes_them() -> None:
+    assert ranks_str([0, 1, 2]) == "[0,1,2]"
+    assert ranks_str(range(2)) == "[0,1]"
     assert ranks_str([torch.tensor(3)]) == "[3]"
     assert ranks_str([]) == "[]"
 
 
-def test_clog_creates_its_file_when_registered(tmp_path) -> None:
+def test_clog_writes_to_its_path_when_made(tmp_path) -> None:
+    """The file is created (0600, truncated) with its header when the logger is made;
+    one logger serves several communicators, and two loggers keep separate files."""
     path = tmp_path / "log" / "ops.clog"
     path.parent.mkdir()
-    comm = _fake()
+    clog(str(path), [])
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"  # a file it creates
+    path.write_text("stale\n")
     logger = clog(str(path), ["ALL"])
-    assert not path.exists()
-    logger.register_with_comm(comm)
-    assert path.exists() and path.read_text() == ""  # before any operation
-    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
-    comm.all_reduce(torch.ones(1), torchcomms.ReduceOp.SUM)
-    comm.finalize()
+    assert path.read_text().startswith("V|1|base_timestamp=") and "stale" not in path.read_text()
+    a, b, c = _fake(), _fake(), _fake()
+    other = clog(str(tmp_path / "other.clog"), [])
+    logger.register_with_comm(a).register_with_comm(b)
+    other.register_with_comm(c)
+    for comm in (a, b, c):
+        comm.all_reduce(torch.ones(1), torchcomms.ReduceOp.SUM)
+        comm.all_reduce(torch.ones(1), torchcomms.ReduceOp.SUM)  # the same signature
+    text = path.read_text()
+    for comm in (a, b):
+        assert text.count(f"|comm={comm.get_name()}") == 2  # new_comm and one signature
+    assert c.get_name() not in text
+    assert f"|comm={c.get_name()}" in (tmp_path / "other.clog").read_text()
+    assert text.count("|Q|work_id=") == 4
+    try:
+        logger.register_with_comm(a)
+        raise AssertionError("registering twice must be refused")
+    except torchcomms.CommInputError as exc:
+        assert "already registered" in str(exc)
+    for comm in (a, b, c):
+        comm.finalize()
     logger.close()
-    assert "|Q|all_reduce|" in path.read_text()
+    other.close()
 
 
 def test_copies_of_communicators_and_reduce_ops() -> None:

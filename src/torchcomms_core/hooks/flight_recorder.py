@@ -1091,6 +1091,7 @@ class FlightRecorderHook:
         if isolated:  # as the reference does: operation ids start from 0 again
             reset_op_ids()
         self._tracks: list[_Track] = []
+        self._registered = False
 
     @property
     def isolated(self) -> bool:
@@ -1104,12 +1105,14 @@ class FlightRecorderHook:
 
     @property
     def enabled(self) -> bool:
-        """Whether the recorder keeps any entries (the property spelling of :meth:`is_enabled`)."""
-        return self._recorder.enabled
+        """The property spelling of :meth:`is_enabled`."""
+        return self.is_enabled()
 
     def is_enabled(self) -> bool:
-        """Whether the recorder keeps any entries (its size is above 0)."""
-        return self._recorder.enabled
+        """Whether this hook records: it was registered with a communicator (as in the
+        reference, it stays enabled once registered) and its recorder keeps entries
+        (its size is above 0). ``False`` before the first :meth:`register_with_comm`."""
+        return self._registered and self._recorder.enabled
 
     def size(self) -> int:
         """Entries held now (at most the recorder's size)."""
@@ -1138,6 +1141,7 @@ class FlightRecorderHook:
             )
         if not self._recorder.enabled:
             return self
+        self._registered = True
         _follow_splits()
         attached = _attached.setdefault(comm, [])
         if self not in attached:
@@ -1279,8 +1283,10 @@ def _write_private(path: str, payload: bytes) -> None:
 
 
 def ranks_str(ranks: Any) -> str:
-    """A group's ranks as c10d's recorder writes them in ``pg_config``: ``"[0, 1, 2]"``."""
-    return "[" + ", ".join(str(int(r)) for r in ranks) + "]"
+    """A group's ranks as the reference's recorder writes them in ``pg_config``:
+    ``"[0,1,2]"`` (torch 2.13's c10d recorder puts a space after each comma; readers such
+    as ``fr_trace`` parse either)."""
+    return "[" + ",".join(str(int(r)) for r in ranks) + "]"
 
 
 def _fallback_ranks(comm: TorchComm) -> list[int]:
