@@ -28,13 +28,17 @@ def test_flight_recorder_duration_and_finalize_takes_no_id() -> None:
     comm.finalize()
     after = _fake()
     after.register_pre_hook(lambda name, op_id, args: ids.append(op_id))
+    recorder.register_with_comm(after)
     after.barrier()
     after.finalize()
     # finalize's hooks see 2**64 - 1; the next operation takes the next id.
     assert ids == [0, 2**64 - 1, 1, 2**64 - 1]
     dump = json.loads(recorder.dump_json())
     entries = dump["entries"]
-    assert [e["profiling_name"] for e in entries] == ["fake:all_reduce"]  # no finalize entry
+    # No finalize entry, and op_id counts the recorder's operations over both communicators.
+    assert [e["profiling_name"] for e in entries] == ["fake:all_reduce", "fake:barrier"]
+    assert [e["op_id"] for e in entries] == [1, 2]
+    assert [e["collective_seq_id"] for e in entries] == [1, 1]  # per group, as c10d's
     assert entries[0]["state"] == "completed"
     assert isinstance(entries[0]["duration_ms"], float) and entries[0]["duration_ms"] >= 0
     assert dump["pg_config"][comm.get_name()]["ranks"] == "[0,1,2,3]"
