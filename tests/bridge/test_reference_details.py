@@ -199,3 +199,57 @@ def test_the_reference_sheet_is_covered_names_and_hint_keys() -> None:
         else [("torchcomms.distwrap.ProcessGroupNCCL", "missing")]
     )
     assert off == expected
+
+
+def test_the_reference_backend_modules_name_the_backend_classes() -> None:
+    from torchcomms._comms_gloo import TorchCommGloo
+    from torchcomms._comms_nccl import TorchCommNCCL
+    from torchcomms._comms_ncclx import TorchCommNCCLX
+    from torchcomms_core._registry import get_backend_class
+
+    assert TorchCommGloo is get_backend_class("gloo")
+    assert TorchCommNCCLX is get_backend_class("ncclx") and TorchCommNCCL is TorchCommNCCLX
+    import torchcomms._comms_gloo as gloo_module
+
+    try:
+        gloo_module.TorchCommNCCLX  # noqa: B018
+        raise AssertionError("an unknown name must raise")
+    except AttributeError as exc:
+        assert "TorchCommNCCLX" in str(exc)
+
+
+def test_master_port_zero_serves_a_single_rank_and_is_refused_for_more(tmp_path) -> None:
+    """The reference's test_factory: MASTER_PORT=0 under torchrun's agent store, 1 rank."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "factory.py"
+    script.write_text(
+        "import sys, torch, torchcomms\n"
+        "from torchcomms._comms_gloo import TorchCommGloo\n"
+        "c = torchcomms.new_comm('gloo', torch.device('cpu'), 'my_comm')\n"
+        "assert isinstance(c.get_backend_impl(), TorchCommGloo)\n"
+        "c.finalize()\n"
+        "try:\n"
+        "    torchcomms.new_comm('invalid', torch.device('cuda'), 'x')\n"
+        "except ModuleNotFoundError as exc:\n"
+        "    assert 'failed to find backend' in str(exc), exc\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
+    env.update(
+        MASTER_ADDR="localhost",
+        MASTER_PORT="0",
+        RANK="0",
+        WORLD_SIZE="1",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+    )
+    one = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert one.returncode == 0 and one.stdout.strip() == "ok", one.stderr[-2000:]
+    env.update(WORLD_SIZE="2")
+    two = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert two.returncode != 0 and "MASTER_PORT=0 names no port" in two.stderr, two.stderr[-2000:]
