@@ -212,6 +212,10 @@ class TorchCommBackend(abc.ABC):
     #: ``False`` for backends whose operations do not really communicate (``fake``); the
     #: conformance suite then runs only its API-shape contracts, not the numerical ones.
     communicates: ClassVar[bool] = True
+    #: Whether ``send``/``recv`` may name this rank itself (the reference's core passes
+    #: such calls to the backend unchecked). ``False``: the core refuses them with a clear
+    #: error first, for engines that cannot (c10d's, MPI's blocking paths).
+    allows_self_p2p: ClassVar[bool] = True
 
     device: torch.device
     comm_name: str

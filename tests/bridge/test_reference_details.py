@@ -253,3 +253,94 @@ def test_master_port_zero_serves_a_single_rank_and_is_refused_for_more(tmp_path)
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
     )
     assert two.returncode != 0 and "MASTER_PORT=0 names no port" in two.stderr, two.stderr[-2000:]
+
+
+def body_name_reused_after_finalize() -> list:
+    """A finalized communicator gives its name back (the reference's test_copy makes
+    one name per test); the new one starts clean (a fresh store namespace) and works.
+    Deep copies of a module holding a communicator share it."""
+    name = unique_name("again")
+    seen = []
+    for round_ in range(3):
+        comm = torchcomms.new_comm("gloo", "cpu", name=name)
+        t = torch.full((4,), float(comm.get_rank() + round_))
+        comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+        holder = torch.nn.Module()
+        holder.comm = comm  # type: ignore[assignment]
+        copied = copy.deepcopy(holder)
+        seen.append([t[0].item(), copied.comm is comm])
+        if round_ == 1:
+            comm.abort()  # aborted, it gives the name back too
+        else:
+            comm.finalize()
+    return seen
+
+
+def test_a_finalized_name_can_be_used_again(pool2) -> None:
+    for seen in pool2.run(body_name_reused_after_finalize):
+        assert seen == [[1.0, True], [3.0, True], [5.0, True]]
+
+
+class _Loopback(torchcomms.TorchCommBackend):
+    """A one-rank Python backend, as the reference's tests write them: sends to itself
+    are queued and received in order; its works have wait() only."""
+
+    def init(self, device, name, options):  # type: ignore[no-untyped-def]
+        self._name, self._queue, self.waited = name, [], 0
+
+    def finalize(self) -> None:
+        pass
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_size(self) -> int:
+        return 1
+
+    def get_backend_name(self) -> str:
+        return "loopback"
+
+    def get_comm_name(self) -> str:
+        return self._name
+
+    def send(self, tensor, dst, async_op, **kw):  # type: ignore[no-untyped-def]
+        self._queue.append(tensor.clone())
+
+    def recv(self, tensor, src, async_op, **kw):  # type: ignore[no-untyped-def]
+        backend = self
+
+        class Work:
+            def wait(self) -> None:
+                backend.waited += 1
+                tensor.copy_(backend._queue.pop(0))
+
+        return Work()
+
+
+def test_python_backends_send_to_themselves_and_works_complete_when_waited(monkeypatch) -> None:
+    from torch.distributed import HashStore
+
+    monkeypatch.setenv("TORCHCOMM_RANK", "0")
+    monkeypatch.setenv("TORCHCOMM_SIZE", "1")
+    torchcomms.register_backend("loopback_test", _Loopback)
+    try:
+        comm = torchcomms.new_comm(
+            "loopback_test", "cpu", name=unique_name("loop"), store=HashStore()
+        )
+        comm.send(torch.arange(3.0), 0)
+        comm.send(torch.arange(3.0) + 10, 0)
+        got = torch.zeros(3)
+        work = comm.recv(got, 0, async_op=True)
+        # A work without is_completed() cannot say it finished: not until waited.
+        assert not work.is_completed() and comm.get_backend_impl().waited == 0
+        work.wait()
+        assert work.is_completed() and got.tolist() == [0.0, 1.0, 2.0]
+        comm.recv(got, 0)
+        assert got.tolist() == [10.0, 11.0, 12.0]
+        comm.finalize()
+        # Engines that cannot pair a rank with itself keep refusing, clearly.
+        from torchcomms_gloo import GlooBackend
+
+        assert GlooBackend.allows_self_p2p is False and _Loopback.allows_self_p2p is True
+    finally:
+        torchcomms.unregister_backend("loopback_test")

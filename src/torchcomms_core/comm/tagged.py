@@ -83,7 +83,7 @@ def send(
     require_tags(comm, tag, "send")
     call = comm._guard("send", timeout, hints)
     comm.checker.tensor("send", "tensor", tensor)
-    dst = comm.checker.peer("send", "dst", dst, allow_self=False)
+    dst = comm.checker.peer("send", "dst", dst, allow_self=comm._self_p2p)
     method = _with_tag(comm.get_backend_impl().send_tagged, tag)
     return comm._issue(call, (_in(tensor), dst), async_op, (tensor, dst), method)
 
@@ -110,7 +110,7 @@ def recv(
     require_tags(comm, tag, "recv")
     call = comm._guard("recv", timeout, hints)
     comm.checker.tensor("recv", "tensor", tensor)
-    src = comm.checker.peer("recv", "src", src, allow_self=False)
+    src = comm.checker.peer("recv", "src", src, allow_self=comm._self_p2p)
     method = _with_tag(comm.get_backend_impl().recv_tagged, tag)
     return comm._issue(call, (call.out(tensor), src), async_op, (tensor, src), method)
 
