@@ -414,10 +414,31 @@ SHEET: list[tuple[str, str, list[str] | None]] = [
     ],
 ]
 
-# The reference's hint keys, by backend ("<prefix>::*" = passed through to NCCL's config).
+# The reference's hint keys, by backend ("ncclx::*": NCCLX's own hints; the ncclConfig_t
+# field names: NCCL's config).
 HINT_KEYS: dict[str, list[str]] = {
     "gloo": ["lazy", "persistent_store"],
-    "ncclx": ["is_high_priority_stream", "max_event_pool_size", "ncclx::*"],
+    "ncclx": [
+        "is_high_priority_stream",
+        "max_event_pool_size",
+        "garbage_collect_interval_ms",
+        "enable_cuda_graph_support",
+        "graph_timeout_check_interval_ms",
+        "ncclx::*",
+        "blocking",
+        "cgaClusterSize",
+        "cga_cluster_size",
+        "minCTAs",
+        "maxCTAs",
+        "netName",
+        "splitShare",
+        "trafficClass",
+        "commName",
+        "collnetEnable",
+        "CTAPolicy",
+        "shrinkShare",
+        "nvlsCTAs",
+    ],
     "nccl": ["is_high_priority_stream", "max_event_pool_size"],
     "rccl": ["is_high_priority_stream", "max_event_pool_size"],
 }

@@ -48,6 +48,8 @@ class _RecvWork:
 class MemoryBackend(TorchCommBackend):
     """Required primitives only: send, recv, lifecycle, identity."""
 
+    allows_self_p2p = False  # its sends wait for the receive
+
     def __init__(self, fabric: _Fabric | None = None, rank: int = 0) -> None:
         self._fabric = fabric
         self._rank = rank

@@ -76,6 +76,17 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
         if store is not None:
             return store
         addr, port = addr_port
+        if port == 0:
+            # Port 0 asks for any free port, which only this process would know: a job of
+            # one rank needs no peer to find it (the reference's unit tests run so), a
+            # larger one cannot rendezvous there.
+            if size != 1:
+                raise BootstrapError(
+                    f"{_env.MASTER_PORT}=0 names no port the other {size - 1} rank(s) could "
+                    f"reach; set it to the port rank 0's store listens on (torchrun sets it)"
+                )
+            store = _stores[addr_port] = HashStore()
+            return store
         agent = _env.use_agent_store()
         try:
             tcp = _tcp_store(addr, port, size, rank == 0 and not agent, timeout)

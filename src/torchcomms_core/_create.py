@@ -145,10 +145,20 @@ def new_comm(
     root = (
         store if store is not None else default_store(rank, size, timeout, required=cls.needs_store)
     )
+    generation = 1
     if c10d_group is None:  # c10d keeps live group names unique, and reuses destroyed ones
-        claim_name(root, name, rank)
+        generation = claim_name(root, name, rank)
     instance, options = _instance(
-        cls, device, name, root, abort_process_on_timeout_or_error, timeout, hints, rank, size
+        cls,
+        device,
+        name,
+        root,
+        abort_process_on_timeout_or_error,
+        timeout,
+        hints,
+        rank,
+        size,
+        generation=generation,
     )
     claims = root if c10d_group is None else None  # the bridge's groups claim no name
     try:
@@ -183,6 +193,8 @@ def new_comm(
     if isinstance(bound, torch.device) and bound.type == device.type:
         device = bound
     comm = TorchComm(instance, device, name, options, options.store, backend)
+    if c10d_group is None:  # finalized, it gives the name back for a later communicator
+        comm._on_finalized(lambda: release_name(root, name, rank))
     call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
     return comm
 
@@ -288,14 +300,18 @@ def _instance(
     rank: int,
     size: int,
     enable_reconfigure: bool = False,
+    generation: int = 1,
 ) -> tuple[TorchCommBackend, CommOptions]:
-    """A backend instance bound to its options, working under ``comm/<name>`` of ``root``."""
+    """A backend instance bound to its options, working under ``comm/<name>`` of ``root``
+    (``comm#<generation>/<name>`` for a name claimed again after its communicator ended,
+    so no key of the earlier one is seen)."""
     from torch._C._distributed_c10d import PrefixStore
 
+    prefix = f"comm/{name}" if generation == 1 else f"comm#{generation}/{name}"
     options = CommOptions(
         abort_process_on_timeout_or_error=abort_process,
         timeout=timeout,
-        store=PrefixStore(f"comm/{name}", root),
+        store=PrefixStore(prefix, root),
         name=name,
         enable_reconfigure=enable_reconfigure,
         hints=hints,

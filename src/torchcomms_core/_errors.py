@@ -31,8 +31,11 @@ class CommOperationError(TorchCommError):
     """An operation failed inside the backend (peer died, connection lost, ...)."""
 
 
-class BackendNotFoundError(TorchCommError, LookupError):
-    """No backend is installed or registered under the requested name."""
+class BackendNotFoundError(TorchCommError, LookupError, ModuleNotFoundError):
+    """No backend is installed or registered under the requested name.
+
+    Also a ``ModuleNotFoundError``, as the reference raises (its backends are modules).
+    """
 
 
 class BackendLoadError(TorchCommError):

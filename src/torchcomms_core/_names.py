@@ -18,20 +18,29 @@ def check_name(name: Any, where: str) -> str:
     return name
 
 
-def claim_name(store: Any, key: str, rank: int, parent: str | None = None) -> None:
-    """Refuse a communicator name this rank already used with this store."""
+def claim_name(store: Any, key: str, rank: int, parent: str | None = None) -> int:
+    """Refuse a communicator name this rank's live communicator holds with this store.
+
+    Returns how many times this rank claimed the name (1 the first time): a name given
+    back by :func:`release_name` (its communicator was finalized, or could not be
+    created) may be claimed again, and the count tells the incarnations apart (every
+    rank creates and finalizes its communicators in the same order, so they agree).
+    """
     if store.add(f"names/{key}/{rank}", 1) > 1:
         store.add(f"names/{key}/{rank}", -1)
         where = f"split of {parent!r}" if parent else "this job"
         name = key.split("/", 1)[-1]
         raise CommInputError(
             f"a communicator named {name!r} already exists in {where} (rank {rank}); every "
-            f"communicator needs a unique name: pass a different name="
+            f"live communicator needs a unique name: pass a different name=, or finalize "
+            f"the other one first"
         )
+    return int(store.add(f"names/{key}/{rank}/uses", 1))
 
 
 def release_name(store: Any, key: str, rank: int) -> None:
-    """Give back a name whose communicator could not be created, so a retry may use it."""
+    """Give back a name whose communicator could not be created or was finalized, so a
+    later communicator may take it."""
     try:
         store.add(f"names/{key}/{rank}", -1)
     except Exception:  # the store itself may be what failed; the original error matters

@@ -12,10 +12,11 @@ import inspect
 import re
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any, cast
 
 from . import _env
-from ._errors import BackendLoadError, BackendNotFoundError, CommTypeError
+from ._errors import BackendLoadError, BackendNotFoundError, CommTypeError, TorchCommError
 from .spec import TorchCommBackend, backend_class_problems, check_spec_version
 
 BACKENDS_GROUP = "torchcomms.backends"
@@ -259,7 +260,10 @@ def _not_found_message(name: str) -> str:
             f"{BACKENDS_GROUP!r} entry-point group), or register a class in-process with "
             f"torchcomms.register_backend({name!r}, cls)"
         )
-    return f"no torchcomms backend named {name!r} is installed (installed: {listing}); {hint}"
+    return (
+        f"failed to find backend {name!r}: no torchcomms backend named {name!r} is "
+        f"installed (installed: {listing}); {hint}"
+    )
 
 
 # -- the reference's top-level helpers ----------------------------------------------------
@@ -334,3 +338,23 @@ def get_mem_allocator(backend: str) -> Any:
             f"as usual"
         )
     return allocator()
+
+
+def backend_module_getattr(module: str, classes: dict[str, str]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that gives the reference's per-backend class names
+    (``torchcomms._comms_gloo.TorchCommGloo``) the installed backend's class, loaded on
+    first use by its backend name (``classes``: class name -> backend name)."""
+
+    def __getattr__(item: str) -> Any:
+        backend = classes.get(item)
+        if backend is None:
+            raise AttributeError(f"module {module!r} has no attribute {item!r}")
+        try:
+            return get_backend_class(backend)
+        except TorchCommError as exc:
+            raise AttributeError(
+                f"{module}.{item} is the class of backend {backend!r}, which is not "
+                f"available here: {exc}"
+            ) from exc
+
+    return __getattr__

@@ -325,9 +325,12 @@ class TorchWork:
         if status is not WorkStatus.INPROGRESS:
             return True
         inner = self._inner
-        probe = getattr(inner, "is_completed", None)
-        if inner is not None and probe is not None and not probe():
-            return False
+        if inner is not None:
+            # A backend's work without is_completed() cannot say it is done: not until
+            # wait() (as the reference answers, and as MultiWork counts it).
+            probe = getattr(inner, "is_completed", None)
+            if probe is None or not probe():
+                return False
         # The engine is done: run the completion steps now, so the result is readable.
         try:
             self.wait()

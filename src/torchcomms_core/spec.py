@@ -42,7 +42,14 @@ REQUIRED_METHODS: tuple[str, ...] = (
 DERIVABLE_METHODS: tuple[str, ...] = names(support=DERIVED)
 
 #: Capabilities a backend may offer; absent ones are reported as unsupported.
-OPTIONAL_METHODS: tuple[str, ...] = ("abort", "new_window", "recv_anysource", "reconfigure_engine")
+OPTIONAL_METHODS: tuple[str, ...] = (
+    "abort",
+    "new_window",
+    "recv_anysource",
+    "reconfigure_engine",
+    "send_tagged",
+    "recv_tagged",
+)
 
 #: The element types a backend accepts unless it declares ``supported_dtypes`` itself.
 DEFAULT_DTYPES: tuple[torch.dtype, ...] = (
@@ -206,6 +213,10 @@ class TorchCommBackend(abc.ABC):
     #: ``False`` for backends whose operations do not really communicate (``fake``); the
     #: conformance suite then runs only its API-shape contracts, not the numerical ones.
     communicates: ClassVar[bool] = True
+    #: Whether ``send``/``recv`` may name this rank itself (the reference's core passes
+    #: such calls to the backend unchecked). ``False``: the core refuses them with a clear
+    #: error first, for engines that cannot (c10d's, MPI's blocking paths).
+    allows_self_p2p: ClassVar[bool] = True
 
     device: torch.device
     comm_name: str
@@ -979,6 +990,42 @@ class TorchCommBackend(abc.ABC):
         """
         raise NotImplementedError(
             f"{type(self).__name__} cannot receive from any source; pass the sender's rank"
+        )
+
+    def send_tagged(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Send ``tensor`` to ``dst`` under ``tag`` (optional; c10d's ``send(..., tag=)``).
+
+        Only a receive from ``dst`` with the same tag matches it; messages with different
+        tags between the same two ranks may be received in any order. A backend offering
+        it also offers :meth:`recv_tagged`, and its :meth:`recv_anysource`, if any, takes
+        a ``tag=`` keyword (passed only when nonzero). Tag 0 is the plain :meth:`send`'s.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot match messages by tag; send with tag=0"
+        )
+
+    def recv_tagged(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Receive into ``tensor`` the message ``src`` sent under ``tag`` (optional)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot match messages by tag; receive with tag=0"
         )
 
 

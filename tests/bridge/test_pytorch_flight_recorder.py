@@ -111,7 +111,7 @@ def test_dump_has_c10d_fields_and_the_analyzer_matches_every_collective(pool2, t
     assert entry["state"] == "completed"
     assert any(f["name"] == "body_record_and_dump" for f in entry["frames"])
     group = entry["process_group"][0]
-    assert first["pg_config"][group]["ranks"] == "[0, 1]"
+    assert first["pg_config"][group]["ranks"] == "[0,1]"
     assert first["pg_config"][group]["desc"] == "default_pg"
 
     details = {}

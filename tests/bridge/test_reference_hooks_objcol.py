@@ -315,7 +315,8 @@ def test_the_process_wide_recorder_is_sized_by_the_environment(monkeypatch) -> N
     monkeypatch.setattr(flight_recorder, "_global", None)
     monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "7")
     shared = FlightRecorderHook(max_entries=50)
-    assert shared.max_entries == 7 and shared.is_enabled() and not shared.isolated
+    assert shared.max_entries == 7 and not shared.isolated
+    assert not shared.is_enabled()  # not registered with a communicator yet
     assert FlightRecorderHook()._recorder is shared._recorder
     assert FlightRecorderHook(50, isolated=True).max_entries == 50
     monkeypatch.setattr(flight_recorder, "_global", None)
@@ -606,34 +607,52 @@ def body_clog(log_dir: str) -> dict:
     return {"full": full_lines, "brief": brief_lines, "name": comm.get_name(), "bad": bad}
 
 
-def test_clog_writes_a_pipe_delimited_line_per_event(pool2, tmp_path) -> None:
+def test_clog_writes_the_reference_v1_format(pool2, tmp_path) -> None:
     for r, out in enumerate(pool2.run(body_clog, str(tmp_path))):
-        rows = [line.split("|") for line in out["full"]]
-        assert all(
-            row[1].isdigit() and row[2] == out["name"] and row[3] == str(r) and row[4] == "2"
-            for row in rows
+        name, p2p = out["name"], ("send" if r == 0 else "recv")
+        full = out["full"]
+        assert full[0].startswith("V|1|base_timestamp=")
+        assert float(full[0].split("=")[1]) > 1.7e9  # epoch seconds
+        assert full[1] == f"new_comm|comm={name}|rank={r}|world_size=2"
+        peer_in, peer_out = (1, 0) if p2p == "send" else (0, 1)
+        sigs = {line.split("|")[2]: line for line in full if "|sig|" in line}
+        assert sigs["all_reduce"].startswith(
+            "C1|sig|all_reduce|in_count=3|out_count=3|dtype=f32|red_op=sum|async_op=f|buf=0x"
+        ) and sigs["all_reduce"].endswith(f"|comm={name}")
+        assert sigs["all_gather_single"].startswith(
+            "C2|sig|all_gather_single|in_count=2|out_count=4|dtype=f32|async_op=t|in=0x"
         )
-        events = [(row[7], row[6]) for row in rows]
-        p2p = "send" if r == 0 else "recv"
-        assert events == [
-            ("all_reduce", "Q"),
-            ("all_reduce", "S"),
-            ("all_reduce", "E"),
-            ("all_gather_single", "Q"),
-            ("all_gather_single", "S"),
-            ("all_gather_single", "W"),
-            ("all_gather_single", "E"),
-            (p2p, "Q"),
-            (p2p, "S"),
-            (p2p, "E"),
+        assert sigs[p2p].startswith(
+            f"C3|sig|{p2p}|in_count={peer_in}|out_count={peer_out}|dtype=f32|peer={1 - r}"
+            f"|async_op=f|"
+        )
+        events = [
+            (row[0], row[1]) for row in (line.split("|") for line in full[2:]) if row[1] != "sig"
         ]
-        queued = {row[7]: row[8:] for row in rows if row[6] == "Q"}
-        assert queued["all_reduce"][0] == "async=0" and "op=SUM" in queued["all_reduce"]
-        assert queued["all_gather_single"][0] == "async=1"
-        assert any(f.startswith("in=2:float32@0x") for f in queued["all_gather_single"])
-        assert any(f.startswith("out=4:float32@0x") for f in queued["all_gather_single"])
-        assert f"peer={1 - r}" in queued[p2p]
-        brief = [line.split("|")[6:8] for line in out["brief"]]
-        assert brief == [["Q", "all_reduce"], ["Q", "all_gather_single"], ["Q", p2p]]
+        assert events == [
+            ("C1", "Q"),
+            ("C1", "S"),
+            ("C1", "E"),
+            ("C2", "Q"),
+            ("C2", "S"),
+            ("C2", "E"),
+            ("C2", "W"),
+            ("C3", "Q"),
+            ("C3", "S"),
+            ("C3", "E"),
+        ]
+        queued = [line for line in full if "|Q|" in line]
+        assert [q.split("|")[2] for q in queued] == ["work_id=1", "work_id=2", "work_id=3"]
+        assert all(q.split("|")[3].startswith("+") for q in queued)
+        # Without lifecycle events: the signatures and the enqueues only.
+        brief = [line.split("|")[:2] for line in out["brief"][2:]]
+        assert brief == [
+            ["C1", "sig"],
+            ["C1", "Q"],
+            ["C2", "sig"],
+            ["C2", "Q"],
+            ["C3", "sig"],
+            ["C3", "Q"],
+        ]
         kind, message = out["bad"]
         assert kind == "CommInputError" and "'everything' is not understood" in message

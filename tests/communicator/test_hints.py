@@ -69,8 +69,9 @@ def _options(hints: dict[str, str]) -> torchcomms.CommOptions:
         ({"max_event_pool_size": "0"}, "at least 1"),
         ({"max_event_pool_size": "lots"}, "not an integer"),
         ({"persistent_store": "perhaps"}, "not a boolean"),
-        ({"ncclx::noSuchField": "1"}, "no field 'noSuchField'"),
-        ({"ncclx::cgaClusterSize": "four"}, "is an integer"),
+        ({"cgaClusterSize": "four"}, "is an integer"),
+        ({"ncclx::commDesc": "mine"}, "must not be set"),
+        ({"enable_cuda_graph_support": "often"}, "not a boolean"),
         ({"ncclx.typo": "true"}, "unknown hint"),
     ],
 )
@@ -86,7 +87,7 @@ def test_good_nccl_hints_reach_the_device_check() -> None:
         "is_high_priority_stream": "true",
         "max_event_pool_size": "64",
         "persistent_store": "true",
-        "ncclx::cgaClusterSize": "2",
+        "cgaClusterSize": "2",
     }
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a GPU (scripts/gpu_checks.sh covers GPUs)")
@@ -96,19 +97,20 @@ def test_good_nccl_hints_reach_the_device_check() -> None:
 
 
 def test_nccl_config_fields_map_to_torch_names() -> None:
+    """The prefixed scheme rccl keeps (``rccl::<field>``)."""
     settings = cuda_support.nccl_config_hints(
         {
-            "ncclx::cgaClusterSize": "4",
-            "ncclx::min_ctas": "2",
-            "ncclx::netName": "IB",
+            "rccl::cgaClusterSize": "4",
+            "rccl::min_ctas": "2",
+            "rccl::netName": "IB",
             "other": "x",
         },
-        "ncclx",
+        "rccl",
     )
     assert settings == [
-        ("ncclx::cgaClusterSize", "cga_cluster_size", 4),
-        ("ncclx::min_ctas", "min_ctas", 2),
-        ("ncclx::netName", "net_name", "IB"),
+        ("rccl::cgaClusterSize", "cga_cluster_size", 4),
+        ("rccl::min_ctas", "min_ctas", 2),
+        ("rccl::netName", "net_name", "IB"),
     ]
     config = types.SimpleNamespace(cga_cluster_size=0, min_ctas=0, net_name="")
     cuda_support.apply_nccl_config(config, settings)
@@ -166,3 +168,55 @@ def test_mem_allocator_call_path_without_a_gpu() -> None:
         NCCLXBackend._live.discard(backend)
     with pytest.raises(torchcomms.BackendLoadError, match="no memory allocator"):
         torchcomms.get_mem_allocator("gloo")
+
+
+def test_ncclx_hints_follow_the_reference_scheme() -> None:
+    """Unprefixed ncclConfig_t fields, ``ncclx::*`` NCCLX hints, the NCCLX keys, and the
+    old prefixed form with a deprecation (the parsing, without a GPU)."""
+    import warnings
+
+    from torchcomms_ncclx import hints as ncclx_hints
+
+    every_field = {
+        "blocking": "0",
+        "cgaClusterSize": "4",
+        "minCTAs": "1",
+        "maxCTAs": "8",
+        "netName": "IB",
+        "splitShare": "1",
+        "trafficClass": "3",
+        "commName": "trainer",
+        "collnetEnable": "0",
+        "CTAPolicy": "1",
+        "shrinkShare": "1",
+        "nvlsCTAs": "16",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ncclx_hints.parse({**every_field, "ncclx::lazySetupChannels": "1", "size": "2"})
+    assert [(key, value) for key, _, value in got.config] == [
+        (k, v if k in ("netName", "commName") else int(v)) for k, v in every_field.items()
+    ]
+    attrs = {attr for _, attr, _ in got.config}
+    assert {"cga_cluster_size", "comm_name", "shrink_share", "nvls_ctas"} <= attrs
+    assert got.ncclx == {"ncclx::lazySetupChannels": "1"}
+    aliases = ncclx_hints.parse({"cga_cluster_size": "2", "cta_policy": "1", "nvls_ctas": "4"})
+    assert [a for _, a, _ in aliases.config] == ["cga_cluster_size", "cta_policy", "nvls_ctas"]
+    with pytest.warns(DeprecationWarning, match="pass 'maxCTAs'"):
+        old = ncclx_hints.parse({"ncclx::maxCTAs": "8"})
+    assert old.config == [("ncclx::maxCTAs", "max_ctas", 8)] and old.ncclx == {}
+    with (
+        pytest.raises(torchcomms.CommInputError, match="is an integer"),
+        pytest.warns(DeprecationWarning),
+    ):
+        ncclx_hints.parse({"ncclx::maxCTAs": "many"})
+    with pytest.raises(torchcomms.CommInputError, match="names no NCCLX hint"):
+        ncclx_hints.parse({"ncclx::": "1"})
+    for key in (
+        "garbage_collect_interval_ms",
+        "enable_cuda_graph_support",
+        "graph_timeout_check_interval_ms",
+        "commName",
+        "ncclx::anything",
+    ):
+        assert hint_rules.key_known(key, NCCLXBackend.hint_keys or ())

@@ -9,6 +9,7 @@ import math
 import time
 import types
 import uuid
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -344,26 +345,61 @@ def test_init_binds_device_and_connects_eagerly(fake_gpu: list[Any]) -> None:
 
 
 def test_the_reference_hints_reach_the_engine(fake_gpu: list[Any]) -> None:
-    b = _backend(
-        fake_gpu,
-        **{
-            "is_high_priority_stream": "true",
-            "ncclx::cgaClusterSize": "4",
-            "ncclx::max_ctas": "16",
-            "max_event_pool_size": "32",
-            "persistent_store": "true",
-        },
-    )
+    """The reference's current scheme: config fields by their own names, NCCLX keys."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the current scheme warns about nothing
+        b = _backend(
+            fake_gpu,
+            **{
+                "is_high_priority_stream": "true",
+                "cgaClusterSize": "4",
+                "max_ctas": "16",
+                "max_event_pool_size": "32",
+                "persistent_store": "true",
+                "garbage_collect_interval_ms": "250",
+                "enable_cuda_graph_support": "false",
+                "graph_timeout_check_interval_ms": "5000",
+            },
+        )
     opts = b.engine.opts
     assert opts.is_high_priority_stream is True
     assert (opts.config.cga_cluster_size, opts.config.max_ctas) == (4, 16)
     assert opts.config.blocking == 1  # fields no hint names keep NCCL's defaults
     assert b.max_event_pool_size == 32
+    assert b.settings is not None
+    assert (
+        b.settings.garbage_collect_interval_ms,
+        b.settings.enable_cuda_graph_support,
+        b.settings.graph_timeout_check_interval_ms,
+    ) == (250, False, 5000)
     plain = _backend(fake_gpu)
     assert plain.engine.opts.is_high_priority_stream is False
     assert plain.max_event_pool_size == 1000
+    assert plain.settings is not None and plain.settings.enable_cuda_graph_support is True
     with pytest.raises(CommInputError, match="has no 'net_name'"):
-        _backend(fake_gpu, **{"ncclx::netName": "IB"})  # a field this build lacks
+        _backend(fake_gpu, netName="IB")  # a field this build lacks
+    with pytest.raises(CommInputError, match="graph_timeout_check_interval_ms"):
+        _backend(fake_gpu, graph_timeout_check_interval_ms="soon")
+    with pytest.raises(CommInputError, match="not a boolean"):
+        _backend(fake_gpu, enable_cuda_graph_support="maybe")
+
+
+def test_the_prefixed_config_form_still_works_with_a_deprecation(fake_gpu: list[Any]) -> None:
+    with pytest.warns(DeprecationWarning, match="'ncclx::cgaClusterSize'.*pass 'cgaClusterSize'"):
+        b = _backend(fake_gpu, **{"ncclx::cgaClusterSize": "2", "blocking": "0"})
+    assert (b.engine.opts.config.cga_cluster_size, b.engine.opts.config.blocking) == (2, 0)
+
+
+def test_ncclx_hints_are_kept_and_reported_not_applied(fake_gpu: list[Any]) -> None:
+    from torchcomms_ncclx.hints import NcclxHintWarning
+
+    with pytest.warns(NcclxHintWarning, match="'ncclx::fastInitMode'.*no effect"):
+        b = _backend(fake_gpu, **{"ncclx::fastInitMode": "ring_hybrid", "minCTAs": "2"})
+    assert b.ncclx_hints == {"ncclx::fastInitMode": "ring_hybrid"}
+    assert b.engine.opts.config.min_ctas == 2
+    for derived in ("ncclx::commDesc", "ncclx::splitGroupRanks"):
+        with pytest.raises(CommInputError, match=f"{derived}.*must not be set"):
+            _backend(fake_gpu, **{derived: "x"})
 
 
 def test_init_refuses_bad_hints(fake_gpu: list[Any]) -> None:

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .tagged import check_tag, require_tags
+
 if TYPE_CHECKING:
     from .._work import TorchWork
     from .base import CommBase as TorchComm
@@ -28,10 +30,12 @@ def recv_anysource(
     *,
     timeout: timedelta | None = None,
     hints: dict[str, str] | None = None,
+    tag: int = 0,
 ) -> tuple[TorchWork, Callable[[], int]]:
     """Receive into ``tensor`` from whichever rank sends first.
 
     Returns the work and a function that gives the sender's rank once the work is done.
+    A nonzero ``tag`` matches only a send under that tag (see ``comm.tagged``).
 
     Raises:
         NotImplementedError: the communicator's backend cannot receive from any source.
@@ -42,6 +46,9 @@ def recv_anysource(
             f"{comm.get_name()!r} cannot receive from any source; pass the sender's rank "
             f"(src=...)"
         )
+    tag = check_tag(tag, "recv")
+    require_tags(comm, tag, "recv")
+    extra = {"tag": tag} if tag else {}
     call = comm._guard("recv", timeout, hints)
     comm.checker.tensor("recv", "tensor", tensor)
     buf = call.out(tensor)
@@ -55,7 +62,8 @@ def recv_anysource(
         timeout: timedelta | None,
         hints: dict[str, str] | None,
     ) -> Any:
-        work = comm.get_backend_impl().recv_anysource(buf, async_op, timeout=timeout, hints=hints)
+        backend = comm.get_backend_impl()
+        work = backend.recv_anysource(buf, async_op, timeout=timeout, hints=hints, **extra)
         issued.append(work)
         return work
 

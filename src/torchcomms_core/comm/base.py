@@ -231,6 +231,8 @@ class CommBase:
             self._native_ops,
         )
         self._lean_pairs = lean_pairs(type(self._backend).supported_dtypes, self._native_ops)
+        #: Whether sends and receives may name this rank (``allows_self_p2p``).
+        self._self_p2p = bool(getattr(type(self._backend), "allows_self_p2p", True))
         self._failure = None
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is None or not finalizer.alive:  # abort() detaches it
@@ -419,7 +421,21 @@ class CommBase:
         finally:  # a failing hook must not leave the engine running
             self._backend.finalize()
         self._hooks_after(hook_args)
+        self._run_finalized_steps()
         call_lifecycle("torchcomms_comm_finalized", comm=self)
+
+    def _on_finalized(self, step: Callable[[], object]) -> None:
+        """Run ``step`` once the communicator is finalized or aborted (its name is given
+        back this way)."""
+        steps = self.__dict__.setdefault("_finalized_steps", [])
+        steps.append(step)
+
+    def _run_finalized_steps(self) -> None:
+        for step in self.__dict__.pop("_finalized_steps", ()):
+            try:
+                step()
+            except Exception:  # the communicator is gone either way
+                pass
 
     def abort(self) -> None:
         """Tear the communicator down now, abandoning operations in flight; runs abort hooks.
@@ -434,6 +450,7 @@ class CommBase:
             self._backend.abort()
         else:
             self._backend.finalize()
+        self._run_finalized_steps()
         call_lifecycle("torchcomms_comm_aborted", comm=self, reason="abort")
 
     def _end(self, state: str, only_from: tuple[str, ...] = ()) -> bool:

@@ -70,7 +70,11 @@ class BatchSendRecv:
         c = self._comm.checker
         c.tensor("batch send", "tensor", tensor)
         self.ops.append(
-            P2POp(P2POpType.SEND, tensor, c.peer("batch send", "dst", dst, allow_self=False))
+            P2POp(
+                P2POpType.SEND,
+                tensor,
+                c.peer("batch send", "dst", dst, allow_self=self._comm._self_p2p),
+            )
         )
         return self
 
@@ -79,7 +83,11 @@ class BatchSendRecv:
         c = self._comm.checker
         c.tensor("batch recv", "tensor", tensor)
         self.ops.append(
-            P2POp(P2POpType.RECV, tensor, c.peer("batch recv", "src", src, allow_self=False))
+            P2POp(
+                P2POpType.RECV,
+                tensor,
+                c.peer("batch recv", "src", src, allow_self=self._comm._self_p2p),
+            )
         )
         return self
 
@@ -127,7 +135,7 @@ def issue_batch(
                 f"batch_op_issue: ops[{i}] must be a torchcomms.P2POp, got {type(op).__name__}"
             )
         comm.checker.tensor("batch_op_issue", f"ops[{i}].tensor", op.tensor)
-        comm.checker.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=False)
+        comm.checker.peer("batch_op_issue", f"ops[{i}].peer", op.peer, allow_self=comm._self_p2p)
     for kind, tensor, peer in ops:
         prepared.append((kind, _in(tensor) if kind == "send" else call.out(tensor), peer))
     if not prepared:

@@ -74,7 +74,7 @@ class TorchComm(CommBase):
         """Send ``tensor`` to rank ``dst``; the peer posts a matching :meth:`recv`."""
         call = self._guard("send", timeout, hints)
         self._check.tensor("send", "tensor", tensor)
-        dst = self._check.peer("send", "dst", dst, allow_self=False)
+        dst = self._check.peer("send", "dst", dst, allow_self=self._self_p2p)
         return self._issue(call, (_in(tensor), dst), async_op, (tensor, dst))
 
     def recv(
@@ -88,7 +88,7 @@ class TorchComm(CommBase):
         """Receive into ``tensor`` from rank ``src`` (same element count and dtype as sent)."""
         call = self._guard("recv", timeout, hints)
         self._check.tensor("recv", "tensor", tensor)
-        src = self._check.peer("recv", "src", src, allow_self=False)
+        src = self._check.peer("recv", "src", src, allow_self=self._self_p2p)
         return self._issue(call, (call.out(tensor), src), async_op, (tensor, src))
 
     def batch_op_create(self) -> BatchSendRecv:

@@ -94,6 +94,8 @@ class C10dBackend(TorchCommBackend):
     engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
     #: Wrap batched point-to-point ops in c10d coalescing (NCCL groups them this way).
     coalesce_p2p: ClassVar[bool] = False
+    # c10d's engines pair a rank with its peers, not with itself.
+    allows_self_p2p: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

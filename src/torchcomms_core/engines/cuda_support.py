@@ -335,6 +335,16 @@ class NcclEngineBackend(C10dBackend):
         """
         return bool_hint(hints, f"{self.hint_prefix}.{name}", default)
 
+    def config_hints(self, hints: dict[str, str]) -> list[tuple[str, str, Any]]:
+        """The hints that set fields of NCCL's config, as ``(hint key, NCCLConfig
+        attribute, value)``: ``<hint_prefix>::<field>`` here; a backend with another
+        scheme (ncclx: the fields' own names) overrides this.
+
+        Raises:
+            CommInputError: a field NCCL's config does not have, or a bad value.
+        """
+        return nccl_config_hints(hints, self.hint_prefix)
+
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
         check_hint_keys(options.hints, self.hint_prefix, self.known_hints)
         hints = options.hints
@@ -346,7 +356,7 @@ class NcclEngineBackend(C10dBackend):
         # The store passed is always used directly and kept (split needs it): what the
         # reference does with persistent_store=true; the value is checked, not needed.
         bool_hint(hints, PERSISTENT_STORE, True)
-        self._config_hints = nccl_config_hints(hints, self.hint_prefix)
+        self._config_hints = self.config_hints(hints)
         device = resolve_device(device, options.rank)
         bind_device(device)
         self.device = device

@@ -298,7 +298,7 @@ class _Lane:
         marks = self.marks
         if len(marks) == marks.maxlen:
             self.first = max(self.first, marks[0][0])
-        marks.append((before, track.collective_seq, track.p2p_seq, track.op_seq))
+        marks.append((before, track.collective_seq, track.p2p_seq, track.recorder.op_seq))
         return before
 
     def numbers(self, index: int, track: _Track) -> tuple[int, int, int] | None:
@@ -311,7 +311,7 @@ class _Lane:
         if at < len(marks):
             _, coll, p2p, op = marks[at]
         else:
-            coll, p2p, op = track.collective_seq, track.p2p_seq, track.op_seq
+            coll, p2p, op = track.collective_seq, track.p2p_seq, track.recorder.op_seq
         return coll + index, p2p, op + index
 
 
@@ -464,7 +464,6 @@ class _Track:
         "backend",
         "collective_seq",
         "p2p_seq",
-        "op_seq",
         "open",
         "lane_open",
         "lane",
@@ -478,7 +477,6 @@ class _Track:
         self.backend = comm.get_backend()
         self.collective_seq = 0
         self.p2p_seq = 0
-        self.op_seq = 0
         self.open: dict[int, list[list[Any]]] = {}
         # Entries of the bridge's engine lane whose work was not seen finished yet.
         self.lane_open: list[list[Any]] = []
@@ -581,6 +579,10 @@ class _Recorder:
         self.dropped: collections.deque[_Track] = collections.deque(maxlen=_DROPPED_LANES)
         self.next_pg_id = 0
         self.record_ids = 0
+        # Operation ids (``op_id`` of the entries): one sequence over every communicator
+        # of this recorder, as the reference numbers operations (c10d numbers them per
+        # group; its analyzer reads the per-group collective and p2p ids, not this).
+        self.op_seq = 0
         self.lock = threading.Lock()
 
     @property
@@ -692,13 +694,13 @@ class _Recorder:
         the caller holds the lock and has advanced the track's sequence ids. ``lane``: the
         engine lane's calls before it (see ``_Lane``), which its collective and operation
         numbers count too."""
-        track.op_seq += 1
+        self.op_seq += 1
         entry = [
             self.record_ids,
             track,
             track.collective_seq + lane,
             track.p2p_seq,
-            track.op_seq + lane,
+            self.op_seq + lane,
             op,
             me,
             peer,
@@ -815,13 +817,13 @@ class _Recorder:
         try:
             lane = track.lane.mark(track) if track.lane is not None else 0
             track.collective_seq += 1
-            track.op_seq += 1
+            self.op_seq += 1
             entry = [
                 self.record_ids,
                 track,
                 track.collective_seq + lane,
                 track.p2p_seq,
-                track.op_seq + lane,
+                self.op_seq + lane,
                 op,
                 None,
                 None,
@@ -1091,6 +1093,7 @@ class FlightRecorderHook:
         if isolated:  # as the reference does: operation ids start from 0 again
             reset_op_ids()
         self._tracks: list[_Track] = []
+        self._registered = False
 
     @property
     def isolated(self) -> bool:
@@ -1104,12 +1107,14 @@ class FlightRecorderHook:
 
     @property
     def enabled(self) -> bool:
-        """Whether the recorder keeps any entries (the property spelling of :meth:`is_enabled`)."""
-        return self._recorder.enabled
+        """The property spelling of :meth:`is_enabled`."""
+        return self.is_enabled()
 
     def is_enabled(self) -> bool:
-        """Whether the recorder keeps any entries (its size is above 0)."""
-        return self._recorder.enabled
+        """Whether this hook records: it was registered with a communicator (as in the
+        reference, it stays enabled once registered) and its recorder keeps entries
+        (its size is above 0). ``False`` before the first :meth:`register_with_comm`."""
+        return self._registered and self._recorder.enabled
 
     def size(self) -> int:
         """Entries held now (at most the recorder's size)."""
@@ -1138,6 +1143,7 @@ class FlightRecorderHook:
             )
         if not self._recorder.enabled:
             return self
+        self._registered = True
         _follow_splits()
         attached = _attached.setdefault(comm, [])
         if self not in attached:
@@ -1279,8 +1285,10 @@ def _write_private(path: str, payload: bytes) -> None:
 
 
 def ranks_str(ranks: Any) -> str:
-    """A group's ranks as c10d's recorder writes them in ``pg_config``: ``"[0, 1, 2]"``."""
-    return "[" + ", ".join(str(int(r)) for r in ranks) + "]"
+    """A group's ranks as the reference's recorder writes them in ``pg_config``:
+    ``"[0,1,2]"`` (torch 2.13's c10d recorder puts a space after each comma; readers such
+    as ``fr_trace`` parse either)."""
+    return "[" + ",".join(str(int(r)) for r in ranks) + "]"
 
 
 def _fallback_ranks(comm: TorchComm) -> list[int]:

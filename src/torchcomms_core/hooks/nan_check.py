@@ -40,10 +40,12 @@ class NanCheckHook:
         self.check_inputs = check_inputs
         self.check_outputs = check_outputs
         self._handles: list[RemovableHandle] = []
+        self._registered = 0
 
     def is_enabled(self) -> bool:
-        """Whether the hook checks anything (either flag is set)."""
-        return self.check_inputs or self.check_outputs
+        """Whether the hook was registered with a communicator (the reference's meaning):
+        ``False`` until the first :meth:`register_with_comm`, then ``True``."""
+        return self._registered > 0
 
     def register_with_comm(self, comm: TorchComm) -> NanCheckHook:
         """Check every operation of ``comm`` from now on; returns the hook itself."""
@@ -51,7 +53,8 @@ class NanCheckHook:
             raise CommTypeError(
                 f"register_with_comm: expected a TorchComm, got {type(comm).__name__}"
             )
-        if self.is_enabled():
+        self._registered += 1
+        if self.check_inputs or self.check_outputs:  # else there is nothing to check
             self._handles.append(
                 comm.register_pre_hook(lambda name, op_id, args: self._check(comm, name, args))
             )

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import torch
 
 from .._errors import CommInputError
+from ..comm import tagged
 from ..comm.anysource import recv_anysource
 from ..comm.operations import TorchComm
 from ..spec import unflatten_into
@@ -115,38 +116,46 @@ def _rooted_not_premul(tensors: Any, opts: Any = None, op: Any = None) -> bool:
 # -- point to point --------------------------------------------------------------------
 
 
-def _p2p(g: Group, kind: str, tensors: Any, peer: int) -> CommWork:
+def _p2p(g: Group, kind: str, tensors: Any, peer: int, tag: int) -> CommWork:
     tensor = a.one_tensor(tensors, kind)
     src = peer if kind == "recv" else -1
     ops = enclosing_p2p_batch() if g.coalescing is None else None
     if ops is None and g.coalescing is None:
         g.flush()
         comm = g.comm
-        work = comm.send(tensor, peer, True) if kind == "send" else comm.recv(tensor, peer, True)
+        if tag:  # matched by tag, or refused where the backend cannot (never dropped)
+            issue = tagged.send if kind == "send" else tagged.recv
+            work = issue(comm, tensor, peer, tag, True)
+        elif kind == "send":
+            work = comm.send(tensor, peer, True)
+        else:
+            work = comm.recv(tensor, peer, True)
         return g.work([work], [tensor], source_rank=src)
+    tag = tagged.check_tag(tag, kind)
+    tagged.require_tags(g.comm, tag, kind)
     key = "coalescing" if ops is None else ops
     batch = g.pending
     if batch is None or batch.key is not key:
         g.flush()
         batch = g.pending = P2PBatch(g.comm, key, None if ops is None else len(ops))
-    batch.ops.append((kind, tensor, int(peer)))
+    batch.add(kind, tensor, int(peer), tag)
     if batch.full:
         g.flush()
     return g.work([batch], [tensor], source_rank=src)
 
 
 def _send(g: Group, tensors: Any, dstRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-    return _p2p(g, "send", tensors, dstRank)
+    return _p2p(g, "send", tensors, dstRank, tag)
 
 
 def _recv(g: Group, tensors: Any, srcRank: int, tag: int = 0) -> CommWork:  # noqa: N803
-    return _p2p(g, "recv", tensors, srcRank)
+    return _p2p(g, "recv", tensors, srcRank, tag)
 
 
 def _recv_anysource(g: Group, tensors: Any, tag: int = 0) -> CommWork:
     tensor = a.one_tensor(tensors, "recv_anysource")
     g.flush()
-    work, source = recv_anysource(g.comm, tensor, True)
+    work, source = recv_anysource(g.comm, tensor, True, tag=tag)
     return g.work([work], [tensor], source_rank=source)
 
 

@@ -61,36 +61,83 @@ def enclosing_p2p_batch() -> list[Any] | None:
 
 
 class P2PBatch:
-    """Sends and receives collected from one ``batch_isend_irecv`` (or coalescing block)."""
+    """Sends and receives collected from one ``batch_isend_irecv`` (or coalescing block).
 
-    __slots__ = ("_comm", "key", "expected", "ops", "_work")
+    A batch whose operations all have tag 0 is issued as one batch of the communicator.
+    One with tags (a backend that matches by tag: the bridge refused them elsewhere) is
+    issued as tagged sends and receives, all posted before any is waited for: matching
+    by tag, the order of posting does not matter.
+    """
+
+    __slots__ = ("_comm", "key", "expected", "ops", "_tags", "_work")
 
     def __init__(self, comm: TorchComm, key: Any, expected: int | None) -> None:
         self._comm = comm
         self.key = key
         self.expected = expected
         self.ops: list[tuple[str, torch.Tensor, int]] = []
-        self._work: TorchWork | None = None
+        self._tags: list[int] = []
+        self._work: Any = None
+
+    def add(self, kind: str, tensor: torch.Tensor, peer: int, tag: int = 0) -> None:
+        """Add a ``"send"`` or ``"recv"`` of ``tensor`` with ``peer`` under ``tag``."""
+        self.ops.append((kind, tensor, peer))
+        self._tags.append(tag)
 
     @property
     def full(self) -> bool:
         """Every operation of the batch has arrived."""
         return self.expected is not None and len(self.ops) >= self.expected
 
-    def issue(self) -> TorchWork:
+    def issue(self) -> Any:
         """Issue the batch once; the work of its one issue."""
         if self._work is None:
-            batch = self._comm.batch_op_create()
-            for kind, tensor, peer in self.ops:
-                if kind == "send":
-                    batch.send(tensor, peer)
-                else:
-                    batch.recv(tensor, peer)
-            self._work = batch.issue(async_op=True)
+            if any(self._tags):
+                self._work = self._issue_tagged()
+            else:
+                batch = self._comm.batch_op_create()
+                for kind, tensor, peer in self.ops:
+                    if kind == "send":
+                        batch.send(tensor, peer)
+                    else:
+                        batch.recv(tensor, peer)
+                self._work = batch.issue(async_op=True)
         return self._work
 
+    def _issue_tagged(self) -> _Works:
+        from ..comm import tagged
+
+        works = []
+        for (kind, tensor, peer), tag in zip(self.ops, self._tags, strict=True):
+            issue = tagged.send if kind == "send" else tagged.recv
+            works.append(issue(self._comm, tensor, peer, tag, True))
+        return _Works(works)
+
     def wait(self) -> bool:
-        return self.issue().wait()
+        return bool(self.issue().wait())
 
     def is_completed(self) -> bool:
-        return self.issue().is_completed()
+        return bool(self.issue().is_completed())
+
+
+class _Works:
+    """The works of a tagged batch, waited for together."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works: list[TorchWork]) -> None:
+        self._works = works
+
+    def wait(self) -> bool:
+        error: BaseException | None = None
+        for work in self._works:  # every one, so none is left in flight
+            try:
+                work.wait()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+        if error is not None:
+            raise error
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)

@@ -144,11 +144,40 @@ class GlooBackend(C10dBackend):
         *,
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
+        tag: int = 0,
     ) -> Any:
         """Gloo's own any-source receive; the work's ``source_rank()`` names the sender."""
         from .anysource import AnySourceWork
 
-        return AnySourceWork(self._engine.recv_anysource([tensor], 0), timeout)
+        return AnySourceWork(self._engine.recv_anysource([tensor], tag), timeout)
+
+    # Gloo matches a receive to a send by (peer, tag): both go to the engine unchanged.
+
+    def send_tagged(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Send under ``tag``: only gloo's receive with that tag matches it."""
+        return self._done(self._engine.send([tensor], dst, tag), async_op, timeout)
+
+    def recv_tagged(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Receive the message ``src`` sent under ``tag``."""
+        return self._done(self._engine.recv([tensor], src, tag), async_op, timeout)
 
     def new_window(self) -> Any:
         """A window engine: shared memory, or the transport between ranks that share none

@@ -73,6 +73,8 @@ class MpiBackend(TorchCommBackend):
     #: MPI rendezvouses through mpiexec: no MASTER_ADDR needed.
     needs_store: ClassVar[bool] = False
     launcher: ClassVar[str | None] = "mpiexec"
+    # A large blocking send to oneself would wait for a receive not yet posted.
+    allows_self_p2p: ClassVar[bool] = False
     #: MPI reads no hints: any hint passed is reported once.
     hint_keys: ClassVar[tuple[str, ...] | None] = ()
 

@@ -16,13 +16,16 @@ from torchcomms_core.plugin import (
     rocm_version,
 )
 
+from . import hints as ncclx_hints
 from . import ncclx_only
 
 
 class NCCLXBackend(NcclEngineBackend):
     """GPU communicator on NCCL; one communicator per CUDA device and process.
 
-    Hints (``new_comm(..., hints={...})``, values ``"true"``/``"false"``):
+    Hints (``new_comm(..., hints={...})``): NCCL's config fields by their own names
+    (``cgaClusterSize``, ...), NCCLX's ``ncclx::*`` hints and the reference's NCCLX keys
+    (see ``torchcomms_ncclx.hints``), and, values ``"true"``/``"false"``:
 
     - ``ncclx.high_priority_stream``: queue NCCL kernels on a high-priority stream.
     - ``ncclx.register_memory``: create ``mem_pool``, a ``torch.cuda.MemPool`` on NCCL's
@@ -31,6 +34,27 @@ class NCCLXBackend(NcclEngineBackend):
     """
 
     hint_prefix: ClassVar[str] = "ncclx"
+    hint_keys: ClassVar[tuple[str, ...] | None] = (
+        *ncclx_hints.LAYER_KEYS,
+        *ncclx_hints.NCCL_CONFIG_FIELDS,
+        f"{ncclx_hints.NCCLX_PREFIX}*",
+        "ncclx.high_priority_stream",
+        "ncclx.register_memory",
+    )
+    #: What the last ``init``'s hints said beside NCCL's config (see ``hints.NcclxHints``).
+    settings: ncclx_hints.NcclxHints | None = None
+
+    def config_hints(self, hints: dict[str, str]) -> list[tuple[str, str, Any]]:
+        """NCCL's config fields by their own names (the reference's scheme); the NCCLX
+        keys are checked and kept in ``settings``, ``ncclx::*`` in ``ncclx_hints``."""
+        self.settings = ncclx_hints.parse(hints)
+        ncclx_hints.warn_unapplied(self.settings.ncclx, getattr(self, "comm_name", ""))
+        return self.settings.config
+
+    @property
+    def ncclx_hints(self) -> dict[str, str]:
+        """The ``ncclx::*`` hints given (torch's NCCL engine has no NCCLX hints to set)."""
+        return dict(self.settings.ncclx) if self.settings is not None else {}
 
     @classmethod
     def is_available(cls) -> tuple[bool, str]:

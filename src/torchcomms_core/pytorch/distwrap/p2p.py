@@ -11,19 +11,13 @@ import torch
 import torch.distributed as dist
 
 from ..._errors import CommInputError, CommTypeError
+from ...comm import tagged
 from ...comm.anysource import recv_anysource
+from ..p2p_batch import P2PBatch
 from ..work import CommWork
 from .world import TorchCommsGroup, resolve
 
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
-
-
-def _check_tag(tag: int, what: str) -> None:
-    if tag != 0:
-        raise CommInputError(
-            f"{what}: tag={tag} is not supported on torchcomms communicators (messages "
-            f"between two ranks match in the order they are posted); pass tag=0"
-        )
 
 
 def _peer(
@@ -51,9 +45,8 @@ def isend(
     pg = resolve(group, "isend")
     if pg is None:
         return dist.isend(tensor, dst, group, tag, group_dst)
-    _check_tag(tag, "isend")
     peer = _peer(pg, dst, group_dst, "isend", "dst")
-    work = pg.comm_for(tensor.device, "isend").send(tensor, peer, True)
+    work = tagged.send(pg.comm_for(tensor.device, "isend"), tensor, peer, tag, True)
     return CommWork([work], [tensor])
 
 
@@ -71,9 +64,8 @@ def send(
     if pg is None:
         dist.send(tensor, dst, group, tag, group_dst)
         return None
-    _check_tag(tag, "send")
     peer = _peer(pg, dst, group_dst, "send", "dst")
-    pg.comm_for(tensor.device, "send").send(tensor, peer, False)
+    tagged.send(pg.comm_for(tensor.device, "send"), tensor, peer, tag, False)
     return None
 
 
@@ -90,13 +82,13 @@ def irecv(
     pg = resolve(group, "irecv")
     if pg is None:
         return dist.irecv(tensor, src, group, tag, group_src)
-    _check_tag(tag, "irecv")
     comm = pg.comm_for(tensor.device, "irecv")
     if src is None and group_src is None:
-        work, source = recv_anysource(comm, tensor, True)
+        work, source = recv_anysource(comm, tensor, True, tag=tag)
         return CommWork([work], [tensor], source_rank=lambda: pg.global_ranks[source()])
     peer = _peer(pg, src, group_src, "irecv", "src")
-    return CommWork([comm.recv(tensor, peer, True)], [tensor], source_rank=pg.global_ranks[peer])
+    work = tagged.recv(comm, tensor, peer, tag, True)
+    return CommWork([work], [tensor], source_rank=pg.global_ranks[peer])
 
 
 def recv(
@@ -112,14 +104,13 @@ def recv(
     pg = resolve(group, "recv")
     if pg is None:
         return int(dist.recv(tensor, src, group, tag, group_src))
-    _check_tag(tag, "recv")
     comm = pg.comm_for(tensor.device, "recv")
     if src is None and group_src is None:
-        work, source = recv_anysource(comm, tensor, False)
+        work, source = recv_anysource(comm, tensor, False, tag=tag)
         work.wait()
         return pg.global_ranks[source()]
     peer = _peer(pg, src, group_src, "recv", "src")
-    comm.recv(tensor, peer, False)
+    tagged.recv(comm, tensor, peer, tag, False)
     return pg.global_ranks[peer]
 
 
@@ -188,20 +179,17 @@ def batch_isend_irecv(p2p_op_list: list[Any]) -> list[Any]:
     if pg is None:
         return list(dist.batch_isend_irecv([_to_c10d(op) for op in p2p_op_list]))
     comm = pg.comm_for(p2p_op_list[0].tensor.device, "batch_isend_irecv")
-    batch = comm.batch_op_create()
+    batch = P2PBatch(comm, None, len(p2p_op_list))
     for i, op in enumerate(p2p_op_list):
         if not isinstance(op, (P2POp, dist.P2POp)):
             raise CommTypeError(
                 f"batch_isend_irecv: item {i} must be a P2POp, got {type(op).__name__}"
             )
-        _check_tag(op.tag, "batch_isend_irecv")
+        tag = tagged.check_tag(op.tag, "batch_isend_irecv")
+        tagged.require_tags(comm, tag, "batch_isend_irecv")
         peer = _peer(pg, op.peer, op.group_peer, "batch_isend_irecv", "peer")
-        if _kind(op.op) == "send":
-            batch.send(op.tensor, peer)
-        else:
-            batch.recv(op.tensor, peer)
-    work = batch.issue(True)
-    return [CommWork([work], [op.tensor for op in p2p_op_list])]
+        batch.add(_kind(op.op) or "recv", op.tensor, peer, tag)
+    return [CommWork([batch.issue()], [op.tensor for op in p2p_op_list])]
 
 
 def _to_c10d(op: Any) -> Any:

@@ -1,0 +1,131 @@
+"""Sends and receives matched by tag: the optional ``send_tagged``/``recv_tagged``
+capability, through the core.
+
+c10d's ``send``/``recv``/``isend``/``irecv`` take a ``tag``; on gloo only a receive with
+the sender's tag matches a send, so two messages between the same ranks can be received
+in another order than they were sent. The bridge and distwrap pass the tag here. Tag 0 is
+the plain operation on every backend; a nonzero tag needs a backend that offers the
+capability (``method_support`` reports it) and is refused elsewhere, never dropped: a
+dropped tag would match messages by order and silently swap their contents.
+
+The call runs as the plain send or receive does (checks, hooks under the name ``send`` or
+``recv``, timeout, work status).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from .._errors import CommInputError, CommTypeError
+from .base import _in
+
+if TYPE_CHECKING:
+    from .._work import TorchWork
+    from .base import CommBase as TorchComm
+
+#: The largest tag accepted: c10d passes tags as a C ``int``.
+MAX_TAG = 2**31 - 1
+
+
+def check_tag(tag: Any, what: str) -> int:
+    """``tag`` as an int in ``0..MAX_TAG``, else a clear error naming ``what``."""
+    try:
+        value = operator.index(tag)
+    except TypeError:
+        raise CommTypeError(f"{what}: tag must be an int, got {tag!r}") from None
+    if not 0 <= value <= MAX_TAG:
+        raise CommInputError(f"{what}: tag={value} is out of range; pass 0..{MAX_TAG}")
+    return value
+
+
+def supports_tags(comm: TorchComm) -> bool:
+    """Whether the communicator's backend matches point-to-point messages by tag."""
+    support = comm.method_support()
+    return support.get("send_tagged") == "native" and support.get("recv_tagged") == "native"
+
+
+def require_tags(comm: TorchComm, tag: int, what: str) -> None:
+    """Refuse a nonzero ``tag`` on a backend that cannot match by tag."""
+    if tag and not supports_tags(comm):
+        raise NotImplementedError(
+            f"{what}: tag={tag}: backend {comm.get_backend()!r} of communicator "
+            f"{comm.get_name()!r} cannot match messages by tag (its messages between two "
+            f"ranks match in the order they are posted), and dropping the tag could "
+            f"deliver a message to the wrong receive; pass tag=0 and post sends and "
+            f"receives in the same order, or use a backend that matches by tag (gloo)"
+        )
+
+
+def send(
+    comm: TorchComm,
+    tensor: torch.Tensor,
+    dst: int,
+    tag: int,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+) -> TorchWork:
+    """Send ``tensor`` to ``dst`` under ``tag`` (tag 0: the plain ``comm.send``).
+
+    Raises:
+        NotImplementedError: a nonzero tag on a backend that cannot match by tag.
+    """
+    tag = check_tag(tag, "send")
+    if not tag:  # the plain operation (``TorchComm.send``, a layer above this module)
+        plain: TorchWork = cast(Any, comm).send(tensor, dst, async_op, hints, timeout)
+        return plain
+    require_tags(comm, tag, "send")
+    call = comm._guard("send", timeout, hints)
+    comm.checker.tensor("send", "tensor", tensor)
+    dst = comm.checker.peer("send", "dst", dst, allow_self=comm._self_p2p)
+    method = _with_tag(comm.get_backend_impl().send_tagged, tag)
+    return comm._issue(call, (_in(tensor), dst), async_op, (tensor, dst), method)
+
+
+def recv(
+    comm: TorchComm,
+    tensor: torch.Tensor,
+    src: int,
+    tag: int,
+    async_op: bool = False,
+    *,
+    timeout: timedelta | None = None,
+    hints: dict[str, str] | None = None,
+) -> TorchWork:
+    """Receive into ``tensor`` what ``src`` sent under ``tag`` (tag 0: ``comm.recv``).
+
+    Raises:
+        NotImplementedError: a nonzero tag on a backend that cannot match by tag.
+    """
+    tag = check_tag(tag, "recv")
+    if not tag:
+        plain: TorchWork = cast(Any, comm).recv(tensor, src, async_op, hints, timeout)
+        return plain
+    require_tags(comm, tag, "recv")
+    call = comm._guard("recv", timeout, hints)
+    comm.checker.tensor("recv", "tensor", tensor)
+    src = comm.checker.peer("recv", "src", src, allow_self=comm._self_p2p)
+    method = _with_tag(comm.get_backend_impl().recv_tagged, tag)
+    return comm._issue(call, (call.out(tensor), src), async_op, (tensor, src), method)
+
+
+def _with_tag(method: Callable[..., Any], tag: int) -> Callable[..., Any]:
+    """``method`` (``send_tagged``/``recv_tagged``) called as the plain op is by ``_issue``."""
+
+    def issue(
+        buf: torch.Tensor,
+        peer: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None,
+        hints: dict[str, str] | None,
+    ) -> Any:
+        return method(buf, peer, tag, async_op, timeout=timeout, hints=hints)
+
+    return issue
