@@ -73,7 +73,7 @@ class C10dRegisteredBackend(C10dBackend):
             self._global_ranks = list(group.global_ranks)
         if not plugin.extended_api:
             return plugin.creator_fn(store, rank, size, timeout)
-        from torch.distributed.distributed_c10d import _DistributedBackendOptions
+        from torch._C._distributed_c10d import _DistributedBackendOptions
 
         opts = _DistributedBackendOptions()
         opts.store = store
