@@ -268,10 +268,17 @@ _THREADED = textwrap.dedent(
                 if rank in (0, 1):
                     dist.all_reduce(s, group=sub)
                 import torch.distributed._functional_collectives as funcol
-                f = funcol.all_reduce(torch.ones(2) * rank, "sum", dist.group.WORLD)
+                w = dist.group.WORLD
+                f = funcol.all_reduce(torch.ones(2) * rank, "sum", w)
+                ag = funcol.all_gather_tensor(torch.full((2,), float(rank)), 0, w)
+                rs = funcol.reduce_scatter_tensor(torch.arange(8.0) * (rank + 1), "sum", 0, w)
+                a2a = funcol.all_to_all_single(
+                    torch.arange(4.0) + 10 * rank, [1, 1, 1, 1], [1, 1, 1, 1], w
+                )
                 results[rank] = [
-                    type(dist.group.WORLD).__name__,
+                    type(w).__name__,
                     t.tolist(), [x.tolist() for x in g], b.tolist(), s.tolist(), f.tolist(),
+                    ag.tolist(), rs.tolist(), a2a.tolist(),
                 ]
             finally:
                 dist.destroy_process_group()
@@ -318,6 +325,9 @@ def test_pytorchs_threaded_backend_works_under_the_switch_as_without_it() -> Non
         assert seen_plain[2] == [2.0, 2.0]
         assert seen_plain[3] == ([3.0] if rank in (0, 1) else [float(rank + 1)])
         assert seen_plain[4] == [6.0, 6.0]
+        assert seen_plain[5] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]
+        assert seen_plain[6] == [10.0 * 2 * rank, 10.0 * (2 * rank + 1)]
+        assert seen_plain[7] == [float(rank + 10 * r) for r in range(4)]
 
 
 # -- the engine's own methods (gloo's create_device), reached through the group ------------

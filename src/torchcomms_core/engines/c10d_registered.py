@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from .._c10d_group import current_group
-from .c10d_adapter import C10dBackend
+from .._reduce_op import ReduceOp
+from .c10d_adapter import C10dBackend, _flat, c10d_module, to_c10d_reduce_op
 
 if TYPE_CHECKING:
     from .._options import CommOptions
@@ -86,6 +87,75 @@ class C10dRegisteredBackend(C10dBackend):
 
     def get_backend_name(self) -> str:
         return self.c10d_name
+
+    # A whole ProcessGroup written in Python (the ``threaded`` one) implements c10d's
+    # Python-level names, which c10d's own calls reach it by; its C++ base's
+    # ``_allgather_base`` family would not reach its code.
+
+    def _group_engine(self) -> bool:
+        return isinstance(self._engine, c10d_module().ProcessGroup)
+
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        if not self._group_engine():
+            return super().all_gather_single(
+                output, input, async_op, timeout=timeout, hints=hints
+            )
+        opts = self._opts("AllgatherOptions", timeout)
+        work = self._engine.all_gather_single(_flat(output), _flat(input), opts)
+        return self._done(work, async_op, timeout)
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        if not self._group_engine():
+            return super().reduce_scatter_single(
+                output, input, op, async_op, timeout=timeout, hints=hints
+            )
+        opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
+        work = self._engine.reduce_scatter_single(_flat(output), _flat(input), opts)
+        return self._done(work, async_op, timeout)
+
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        if not self._group_engine():
+            return super().all_to_all_v_single(
+                output,
+                input,
+                output_split_sizes,
+                input_split_sizes,
+                async_op,
+                timeout=timeout,
+                hints=hints,
+            )
+        opts = self._opts("AllToAllOptions", timeout)
+        work = self._engine.all_to_all_single(
+            output, input, list(output_split_sizes), list(input_split_sizes), opts
+        )
+        return self._done(work, async_op, timeout)
 
     def split(
         self, ranks: list[int], name: str, options: CommOptions
