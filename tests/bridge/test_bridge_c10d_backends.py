@@ -399,3 +399,52 @@ def body_engine_state_refused() -> str:
 def test_engine_state_the_communicator_owns_is_not_handed_out(pool2) -> None:
     for message in pool2.run(body_engine_state_refused, timeout=60):
         assert "shrink" in message and "communicator" in message
+
+
+# -- local synchronization: PyTorch's switch refuses new_group(use_local_synchronization=True)
+
+
+def _local_sync(switched: bool) -> dict[str, Any]:
+    """What the sub-group object collectives of PyTorch's tests do, through the route the
+    docs give while ``new_group`` refuses it under the switch."""
+    rank, size = _rank(), _size()
+    saved = dist.config.use_torchcomms
+    dist.config.use_torchcomms = switched
+    try:
+        dist.init_process_group("gloo", store=_store(), rank=rank, world_size=size)
+        try:
+            out: dict[str, Any] = {}
+            try:
+                dist.new_group([0, 1], use_local_synchronization=True)
+                out["new_group"] = "ok"
+            except NotImplementedError as exc:
+                out["new_group"] = "NotImplementedError" if "split_group" in str(exc) else str(exc)
+            base = rank - rank % 2
+            ranks = [base, base + 1]
+            # Only the members call: ranks 0-1 and 2-3 each make their own pair.
+            pg = dist.distributed_c10d._new_group_with_tag(ranks, use_local_synchronization=True)
+            gathered: list[Any] = [None, None]
+            dist.all_gather_object(gathered, {"rank": rank}, group=pg)
+            out["gathered"] = gathered
+            out["group_rank"] = dist.get_rank(pg)
+            return out
+        finally:
+            dist.destroy_process_group()
+    finally:
+        dist.config.use_torchcomms = saved
+
+
+def body_local_sync() -> dict[str, Any]:
+    return {"plain": _local_sync(False), "switched": _local_sync(True)}
+
+
+def test_local_synchronization_works_through_new_group_with_tag(pool4) -> None:
+    for rank, res in enumerate(pool4.run(body_local_sync, timeout=180)):
+        plain, switched = res["plain"], res["switched"]
+        # PyTorch's own refusal under the switch (docs/pytorch-integration.md).
+        assert plain.pop("new_group") == "ok"
+        assert switched.pop("new_group") == "NotImplementedError"
+        assert switched == plain
+        base = rank - rank % 2
+        assert plain["gathered"] == [{"rank": base}, {"rank": base + 1}]
+        assert plain["group_rank"] == rank % 2
