@@ -105,9 +105,7 @@ class C10dRegisteredBackend(C10dBackend):
         hints: dict[str, str] | None = None,
     ) -> Any:
         if not self._group_engine():
-            return super().all_gather_single(
-                output, input, async_op, timeout=timeout, hints=hints
-            )
+            return super().all_gather_single(output, input, async_op, timeout=timeout, hints=hints)
         opts = self._opts("AllgatherOptions", timeout)
         work = self._engine.all_gather_single(_flat(output), _flat(input), opts)
         return self._done(work, async_op, timeout)
