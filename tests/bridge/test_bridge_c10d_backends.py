@@ -100,6 +100,11 @@ class _PythonGroup(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         return self.inner.recv(tensors, src, tag)
 
+    def shutdown(self) -> None:
+        # PyTorch's tests check such flags on the group after destroy_process_group.
+        self.was_shut_down = True
+        self.inner.shutdown()
+
 
 def _python_creator(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     _CALLS.setdefault("pyvendor", []).append([rank, size, timeout.total_seconds()])
@@ -172,9 +177,12 @@ def _user_code(backend: str, switched: bool) -> dict[str, Any]:
                 dist.all_reduce(t, group=sub)
                 out["subgroup"] = [t.tolist(), dist.get_rank(sub), dist.get_world_size(sub)]
             out["creator_calls"] = [list(c) for c in _CALLS.get(backend, [])]
-            return out
+            out["backend_name"] = [world.name(), dist.get_backend(world)]
         finally:
             dist.destroy_process_group()
+        # The engine's own state, read through the group as c10d code reads it.
+        out["shut_down"] = getattr(world, "was_shut_down", None)
+        return out
     finally:
         dist.config.use_torchcomms = saved
 
@@ -204,6 +212,9 @@ def test_a_c10d_registered_backend_works_under_the_switch_as_without_it(pool, ba
         assert plain["broadcast"] == [float(size - 1 + 7)] * 5
         assert plain["recv"] == ([3.0, 4.0] if rank == 1 else [0.0, 0.0])
         assert plain["get_backend"] == backend
+        assert plain["shut_down"] == (True if backend == "pyvendor" else None)
+        if backend == "pyvendor":
+            assert plain["backend_name"] == ["pyvendor", "pyvendor"]  # its getBackendName
         if rank % 2 == 0:
             members = len(range(0, size, 2))
             total = sum(r + 1 for r in range(0, size, 2)) + offset

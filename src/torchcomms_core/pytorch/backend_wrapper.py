@@ -93,7 +93,9 @@ class _BackendWrapper(ProcessGroup):
         self._c10d_records = c10d_recorder_size() if _records_into_c10d(self._engine) else 0
         # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
         if self._engine is not None:
-            self._backend_name = str(self._engine.name())
+            # A backend registered with c10d is of c10d's CUSTOM type, and a plain group
+            # of it is named so ("custom"), whatever its engine calls itself.
+            self._backend_name = "custom" if _c10d_registered(comm) else str(self._engine.name())
         elif self._group_engine is not None:
             self._backend_name = str(self._group_engine.getBackendName())
         else:
@@ -604,6 +606,14 @@ def _c10d_engine(comm: TorchComm) -> Any:
 
     engine = getattr(comm.get_backend_impl(), "engine", None)
     return engine if isinstance(engine, Backend) else None
+
+
+def _c10d_registered(comm: TorchComm) -> bool:
+    """Whether the communicator serves a backend c10d has registered (see
+    ``engines.c10d_registered``)."""
+    from ..engines.c10d_registered import C10dRegisteredBackend
+
+    return isinstance(comm.get_backend_impl(), C10dRegisteredBackend)
 
 
 def _c10d_group_engine(comm: TorchComm) -> Any:
