@@ -78,7 +78,7 @@ FILES: tuple[TestFile, ...] = (
 )
 
 _OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-_SECTION = re.compile(r"^_{3,} (?:ERROR at \w+ of )?(\S+?) _{3,}$")
+_SECTION = re.compile(r"^_+ (?:ERROR at \w+ of )?(\S+?) _+$")
 
 # Failures raised inside PyTorch's own switch path, before any torchcomms code runs
 # (docs/pytorch-integration.md, "Raised inside PyTorch's switch path"): a test that
