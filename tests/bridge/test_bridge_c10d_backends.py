@@ -341,6 +341,115 @@ def test_pytorchs_threaded_backend_works_under_the_switch_as_without_it() -> Non
         assert seen_plain[7] == [float(rank + 10 * r) for r in range(4)]
 
 
+# -- a Python ProcessGroup that does not communicate (test_c10d_common's "dummy") ---------
+
+_DUMMY = textwrap.dedent(
+    """
+    import sys
+    import torch, torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    import torchcomms
+
+    class DummyWork(dist._Work):
+        def wait(self, timeout=None):
+            return True
+
+    class DummyProcessGroup(dist.ProcessGroup):
+        # Each operation marks its tensors, so results show that this group ran them.
+        def getBackendName(self):
+            return "Dummy"
+        def allgather(self, outs, ins, opts=None):
+            for out_list, t in zip(outs, ins):
+                for o in out_list:
+                    o.copy_(t)
+            return DummyWork()
+        def allreduce(self, ts, opts=None):
+            for t in ts:
+                t.add_(2)
+            return DummyWork()
+        def barrier(self, opts=None):
+            return DummyWork()
+        def broadcast(self, ts, opts=None):
+            for t in ts:
+                t.add_(1)
+            return DummyWork()
+        def reduce_scatter(self, outs, ins, opts=None):
+            for o, in_list in zip(outs, ins):
+                o.copy_(in_list[self.rank()])
+            return DummyWork()
+        def send(self, ts, dst, tag=0):
+            for t in ts:
+                t.add_(1)
+            return DummyWork()
+        def shutdown(self):
+            self._shutdown = True
+        def abort(self):
+            self._aborted = True
+
+    dist.Backend.register_backend("dummy", lambda s, r, w, t: DummyProcessGroup(r, w))
+    dist.config.use_torchcomms = sys.argv[1] == "1"
+    out = []
+    dist.init_process_group("dummy", rank=0, world_size=1, store=dist.HashStore())
+    pg = c10d._get_default_group()
+    out.append(type(pg).__name__)
+    outs = [torch.zeros(2, 2)]
+    dist.all_gather(outs, torch.ones(2, 2) * 7)
+    out.append(outs[0].tolist())
+    t = torch.ones(2, 2) * 7
+    dist.all_reduce(t)
+    out.append(t.tolist())
+    t = torch.zeros(2, 2)
+    dist.broadcast(t, 0, async_op=True).wait()
+    out.append(t.tolist())
+    o = torch.zeros(2, 2)
+    dist.reduce_scatter(o, [torch.full((2, 2), 5.0)])
+    out.append(o.tolist())
+    dist.barrier()
+    out.append([pg.name(), dist.get_backend(pg)])
+    dist.destroy_process_group()
+    out.append(getattr(pg, "_shutdown", None))
+    dist.init_process_group("dummy", rank=0, world_size=1, store=dist.HashStore())
+    pg = c10d._get_default_group()
+    c10d._abort_process_group()
+    out.append(getattr(pg, "_aborted", None))
+    print(repr(out))
+    """
+)
+
+
+def _dummy(switched: bool) -> list[Any]:
+    env = {**os.environ, "TORCHCOMM_ABORT_ON_ERROR": "false"}
+    done = subprocess.run(
+        [sys.executable, "-c", _DUMMY, "1" if switched else "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import ast
+
+    result: list[Any] = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_python_group_that_does_not_communicate_keeps_its_semantics() -> None:
+    """PyTorch's c10d tests register such a ``dummy`` group: what its operations do to
+    the tensors, and the flags its shutdown and abort set, read through the group."""
+    plain, switched = _dummy(False), _dummy(True)
+    assert plain[0] == "DummyProcessGroup" and switched[0] == "_BackendWrapper"
+    assert switched[1:] == plain[1:]
+    assert plain[1:] == [
+        [[7.0, 7.0], [7.0, 7.0]],
+        [[9.0, 9.0], [9.0, 9.0]],
+        [[1.0, 1.0], [1.0, 1.0]],
+        [[5.0, 5.0], [5.0, 5.0]],
+        ["Dummy", "dummy"],
+        True,
+        True,
+    ]
+
+
 # -- the engine's own methods (gloo's create_device), reached through the group ------------
 
 
