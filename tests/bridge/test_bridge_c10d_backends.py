@@ -493,7 +493,7 @@ def test_gloo_methods_of_the_groups_backend_are_reachable(pool2) -> None:
         plain, switched = res["plain"], res["switched"]
         assert not plain.pop("wrapper") and switched.pop("wrapper")
         assert switched == plain
-        assert plain["device"] == "Device" and plain["options_class"] == "_Options"
+        assert plain["device"] == "Device" and plain["options_class"] == "Options"
         assert plain["broadcast_coalesced"] == [[11.0, 1], [15.0, 5], [300_010.0, 300_000]]
         assert plain["missing"] == "AttributeError" and plain["missing_names_it"]
 
