@@ -135,24 +135,24 @@ def run_file(
         cmd += ["-k", chosen]
     start = time.monotonic()
     note = ""
+    # Its own session, so that a run past the timeout is ended with the ranks it spawned.
+    proc = subprocess.Popen(
+        cmd,
+        cwd=path.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            cmd,
-            cwd=path.parent,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            start_new_session=True,
-        )
-        out = done.stdout + done.stderr
-        if done.returncode not in (0, 1, 5):
-            note = f"pytest exited {done.returncode}"
-    except subprocess.TimeoutExpired as exc:
-        raw = (exc.stdout or b"") + (exc.stderr or b"")
-        out = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode not in (0, 1, 5):
+            note = f"pytest exited {proc.returncode}"
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        out, _ = proc.communicate()
         note = f"timed out after {timeout:.0f} s (outcomes so far kept)"
-        _kill_group(exc)
     elapsed = time.monotonic() - start
     if log is not None:
         log.write_text(out)
@@ -189,16 +189,14 @@ def torch_own(out: str) -> dict[str, str]:
     return found
 
 
-def _kill_group(exc: subprocess.TimeoutExpired) -> None:
-    """subprocess.run killed pytest; its spawned ranks are in its session: end them too."""
+def _kill_session(pid: int) -> None:
+    """End pytest and the ranks it spawned (they share its process group)."""
     import signal
 
-    proc_pid = getattr(exc, "pid", None)
-    if proc_pid:
-        try:
-            os.killpg(proc_pid, signal.SIGKILL)
-        except OSError:
-            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
 
 
 def counts(outcomes: dict[str, str]) -> tuple[int, int, int]:
