@@ -153,11 +153,13 @@ def new_comm(
     )
     claims = root if c10d_group is None else None  # the bridge's groups claim no name
     try:
-        if c10d_group is None:
-            instance.init(device, name, options)
-        else:  # c10d's facts, for a backend that builds its engine as c10d would
+        if c10d_group is not None and getattr(cls, "reads_c10d_group", False):
+            # c10d's facts (global ranks, pg_options), for a backend that builds its
+            # engine as c10d would; other backends' own new_comm calls stay unaffected.
             with given_group(c10d_group):
                 instance.init(device, name, options)
+        else:
+            instance.init(device, name, options)
         if not instance.init_waits_for_peers():
             join_or_finalize(
                 instance,

@@ -52,6 +52,9 @@ class C10dRegisteredBackend(C10dBackend):
     # engine applies the timeout its creator was given); Python engines' works refuse a
     # timed wait.
     timed_waits: ClassVar[bool] = False
+    #: ``new_comm`` states the c10d group being created while ``init`` runs (see
+    #: ``_c10d_group.current_group``): the extended API hands its facts to the creator.
+    reads_c10d_group: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
