@@ -37,6 +37,9 @@ class GroupContext:
     timeout: timedelta | None
     global_ranks: tuple[int, ...]
     group_desc: str | None
+    #: The ``pg_options`` given for the group (what c10d passes a registered backend's
+    #: extended-API creator), ``None`` when none were.
+    backend_options: Any = None
 
 
 # What a caller in the core (``torchcomms.distwrap``) states for the communicators it is
@@ -55,6 +58,12 @@ def given_group(context: GroupContext) -> Iterator[None]:
         yield
     finally:
         _given.reset(token)
+
+
+def current_group() -> GroupContext | None:
+    """The context stated with :func:`given_group` around the current call, if any
+    (``new_comm`` states c10d's while a backend builds its engine)."""
+    return _given.get()
 
 
 def _helper_code() -> Any:
@@ -99,5 +108,10 @@ def _read(local: dict[str, Any]) -> GroupContext | None:
     ranks = local.get("global_ranks_in_group") or ()
     desc = local.get("group_desc")
     return GroupContext(
-        rank, size, timeout, tuple(int(r) for r in ranks), desc if isinstance(desc, str) else None
+        rank,
+        size,
+        timeout,
+        tuple(int(r) for r in ranks),
+        desc if isinstance(desc, str) else None,
+        local.get("backend_options"),
     )

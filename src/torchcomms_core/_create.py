@@ -12,6 +12,7 @@ from ._bootstrap import default_store, resolve_rank_size
 from ._c10d_group import GroupContext, creating_group, given_group
 from ._errors import (
     BackendLoadError,
+    BackendNotFoundError,
     CommInputError,
     CommOperationError,
     CommTimeoutError,
@@ -111,7 +112,7 @@ def new_comm(
             )
         hints.setdefault("is_high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
-    cls = get_backend_class(backend)
+    cls = _backend_class(backend)
     warn_unknown_hints(backend, cls.hint_keys, hints)
     ok, reason = cls.is_available()
     if not ok:
@@ -162,7 +163,13 @@ def new_comm(
     )
     claims = root if c10d_group is None else None  # the bridge's groups claim no name
     try:
-        instance.init(device, name, options)
+        if c10d_group is not None and getattr(cls, "reads_c10d_group", False):
+            # c10d's facts (global ranks, pg_options), for a backend that builds its
+            # engine as c10d would; other backends' own new_comm calls stay unaffected.
+            with given_group(c10d_group):
+                instance.init(device, name, options)
+        else:
+            instance.init(device, name, options)
         if not instance.init_waits_for_peers():
             join_or_finalize(
                 instance,
@@ -232,6 +239,21 @@ def new_member_comm(
             hints=hints,
             abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
         )
+
+
+def _backend_class(backend: str) -> type[TorchCommBackend]:
+    """The class serving ``backend``: a torchcomms backend of that name, else, when c10d
+    has a backend registered under it (``torch.distributed.Backend.register_backend``:
+    ucc, hccl, a vendor's), that backend served through the c10d adapter."""
+    try:
+        return get_backend_class(backend)
+    except BackendNotFoundError:
+        from .engines.c10d_registered import c10d_registered_backend
+
+        cls = c10d_registered_backend(backend)
+        if cls is None:
+            raise
+        return cls
 
 
 def new_reconfigurable_comm(

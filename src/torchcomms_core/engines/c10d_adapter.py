@@ -96,6 +96,10 @@ class C10dBackend(TorchCommBackend):
     coalesce_p2p: ClassVar[bool] = False
     # c10d's engines pair a rank with its peers, not with itself.
     allows_self_p2p: ClassVar[bool] = False
+    #: Wait for the engine's works within the operation's timeout. ``False``: wait as
+    #: c10d does, with no limit of our own, leaving time limits to the engine (for
+    #: engines whose works refuse a timed wait, such as Python ones).
+    timed_waits: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -165,6 +169,8 @@ class C10dBackend(TorchCommBackend):
         return self.comm_name
 
     def _done(self, work: Any, async_op: bool, timeout: timedelta | None) -> Any:
+        if not self.timed_waits:
+            timeout = None
         if async_op:
             return C10dWork(work, timeout)
         if timeout is None:
@@ -235,7 +241,8 @@ class C10dBackend(TorchCommBackend):
                 works = [coalesced] if coalesced is not None else works
         if not works:
             return None
-        work = MultiWork([C10dWork(w, timeout) for w in works])
+        wait_limit = timeout if self.timed_waits else None
+        work = MultiWork([C10dWork(w, wait_limit) for w in works])
         if async_op:
             return work
         work.wait()

@@ -12,6 +12,7 @@ here touches ``torch.distributed`` at import time (only ``torch._C._distributed_
 
 from __future__ import annotations
 
+import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -84,13 +85,22 @@ class _BackendWrapper(ProcessGroup):
         self.comm = comm
         self._device = torch.device(comm.get_device().type)
         self._engine = _c10d_engine(comm)
+        # An engine that is a whole c10d ProcessGroup (a Python backend registered with
+        # c10d, such as PyTorch's ``threaded`` one): operations take the general path,
+        # its own attributes are reachable (see __getattr__).
+        self._group_engine = _c10d_group_engine(comm)
         # How many entries c10d's own flight recorder keeps of what the engine records,
         # stacks included (0: the engine records nothing there); see _update_lane.
         self._c10d_records = c10d_recorder_size() if _records_into_c10d(self._engine) else 0
         # The name c10d's own group would report: the engine's ("gloo"), else the backend's.
-        self._backend_name = (
-            str(self._engine.name()) if self._engine is not None else comm.get_backend()
-        )
+        if self._engine is not None:
+            # A backend registered with c10d is of c10d's CUSTOM type, and a plain group
+            # of it is named so ("custom"), whatever its engine calls itself.
+            self._backend_name = "custom" if _c10d_registered(comm) else str(self._engine.name())
+        elif self._group_engine is not None:
+            self._backend_name = str(self._group_engine.getBackendName())
+        else:
+            self._backend_name = comm.get_backend()
         self._options: Any = None
         # c10d keeps a group's name in its backends, and we register none of our own.
         self._group_name = ""
@@ -156,6 +166,8 @@ class _BackendWrapper(ProcessGroup):
         if self._engine is not None:
             self._name_engine(self._group_name)
             self._update_lane()
+        if self._group_engine is not None:
+            _name_group_engine(self._group_engine, self._group_name)
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = str(desc)
@@ -231,6 +243,38 @@ class _BackendWrapper(ProcessGroup):
     def supports_tensor_alloc(self, device: Any) -> bool:
         return False
 
+    # c10d asks a group's backend whether it can shrink; the communicator cannot, and
+    # neither can gloo.
+    supports_shrinking = False
+
+    def __getattr__(self, name: str) -> Any:
+        """What c10d code reaches for on a group's backend and the wrapper does not
+        define (gloo's ``create_device``, ``Device``, ``Options``, a vendor backend's
+        own methods): the engine's attribute, as ``_get_backend(device)`` of a plain
+        group would give it. Engine state the communicator must agree with (shrinking,
+        suspending, the engine's allocator) is not handed out."""
+        # Only reached when normal lookup failed; __dict__ keeps this free of recursion
+        # while __init__ has not yet set the engine.
+        engine = self.__dict__.get("_engine")
+        if engine is None:
+            engine = self.__dict__.get("_group_engine")
+        if name.startswith("__") or engine is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if name in _NOT_DELEGATED:
+            raise AttributeError(
+                f"{name!r} is not available on a torchcomms process group: it would change "
+                f"the {self._backend_name} engine behind communicator "
+                f"{self._comm.get_name()!r} without the communicator; use the "
+                f"communicator's own operations (torchcomms) instead"
+            )
+        try:
+            return getattr(engine, name)
+        except AttributeError:
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r} (nor has its "
+                f"engine, {type(engine).__name__})"
+            ) from None
+
     def eager_connect_single_device(self, device: Any) -> None:
         """Nothing to do: torchcomms communicators connect when created."""
 
@@ -250,6 +294,8 @@ class _BackendWrapper(ProcessGroup):
         self._comm.abort()
 
     def shutdown(self) -> None:
+        if self._group_engine is not None:
+            _name_group_engine(self._group_engine, None)
         comm = self._comm
         if comm.is_finalized() or comm.is_aborted():
             self.pending = None  # nothing can run on it any more
@@ -601,6 +647,48 @@ def _c10d_engine(comm: TorchComm) -> Any:
 
     engine = getattr(comm.get_backend_impl(), "engine", None)
     return engine if isinstance(engine, Backend) else None
+
+
+def _c10d_registered(comm: TorchComm) -> bool:
+    """Whether the communicator serves a backend c10d has registered (see
+    ``engines.c10d_registered``)."""
+    from ..engines.c10d_registered import C10dRegisteredBackend
+
+    return isinstance(comm.get_backend_impl(), C10dRegisteredBackend)
+
+
+def _c10d_group_engine(comm: TorchComm) -> Any:
+    """The c10d ``ProcessGroup`` a communicator runs on, if its engine is one."""
+    engine = getattr(comm.get_backend_impl(), "engine", None)
+    return engine if isinstance(engine, ProcessGroup) else None
+
+
+def _name_group_engine(engine: Any, name: str | None) -> None:
+    """Enter (or, with ``None``, remove) a ProcessGroup engine in c10d's table of group
+    names under its group's name. Without the switch the engine is the group, and a
+    Python backend may look its own name up there (PyTorch's ``threaded`` backend keys
+    its collectives by it)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
+    if not isinstance(names, dict):
+        return
+    if name is None:
+        names.pop(engine, None)
+    elif engine not in names:
+        names[engine] = name
+
+
+# Engine methods the wrapper does not hand out (see _BackendWrapper.__getattr__).
+_NOT_DELEGATED = frozenset(
+    {
+        "shrink",
+        "suspend",
+        "resume",
+        "allocate_tensor",
+        "mem_allocator",
+        "setUsePgForSymmMemRendezvous",
+    }
+)
 
 
 def _backend_type(name: str) -> Any:
