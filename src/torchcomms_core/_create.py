@@ -26,7 +26,7 @@ from ._plugins import call_lifecycle, load_plugins
 from ._registry import get_backend_class
 from ._validation import check_hints, check_timeout
 from ._work import is_timeout_error
-from .comm.base import Membership
+from .comm.base import Membership, run_when_finalized
 from .comm.operations import TorchComm
 from .comm.reconfigure import make_handle, refusal, supports_reconfigure
 from .hints import warn_unknown_hints
@@ -201,7 +201,7 @@ def new_comm(
         device = bound
     comm = TorchComm(instance, device, name, options, options.store, backend)
     if c10d_group is None:  # finalized, it gives the name back for a later communicator
-        comm._on_finalized(lambda: release_name(root, name, rank))
+        run_when_finalized(comm, lambda: release_name(root, name, rank))
     call_lifecycle("torchcomms_comm_created", comm=comm, parent=None)
     return comm
 

@@ -169,6 +169,7 @@ class CommBase:
             "_rebind",  # join a new group (reconfigure)
             "_membership",  # fault-tolerance state kept between reconfigures
             "_default_hints",
+            "_self_p2p",  # whether sends and receives may name this rank
             "_raise_issue_error",
             "_reduced",
         }
@@ -782,3 +783,15 @@ def _on_work_failure(comm: Any, work: TorchWork, error: BaseException) -> None:
 
 
 set_failure_listener(_on_work_failure)
+
+
+def run_when_finalized(comm: CommBase, step: Callable[[], object]) -> None:
+    """Run ``step`` once ``comm`` is finalized or aborted (``new_comm`` gives a
+    communicator's name back this way)."""
+    comm._on_finalized(step)
+
+
+def is_bound_and_usable(comm: CommBase) -> bool:
+    """Whether ``comm`` is bound to a group and usable: not finalized, aborted or failed,
+    and not between the unbind and the rebind of a reconfigure."""
+    return comm._state is OK

@@ -23,7 +23,7 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
 from .._errors import CommStateError, CommTypeError
-from .._states import OK
+from ..comm.base import is_bound_and_usable
 from ..comm.operations import TorchComm
 from ..hooks.flight_recorder import (
     _Lane,
@@ -399,7 +399,7 @@ class _BackendWrapper(ProcessGroup):
         stale, so its operations refuse to run (c10d's rank and size of a group are fixed:
         ``torchcomms.elastic.rebuild_process_group`` makes the group for the new membership).
         """
-        if self._stale or comm._state is not OK:  # between unbind and rebind: wait
+        if self._stale or not is_bound_and_usable(comm):  # between unbind and rebind: wait
             return
         engine = _c10d_engine(comm)
         if engine is self._engine:

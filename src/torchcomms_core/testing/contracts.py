@@ -322,8 +322,9 @@ def body_timeout(
 ) -> dict[str, Any]:
     """A receive nobody answers must time out within its timeout and mark the work.
 
-    Rank 0 receives from rank 1 with a timeout of ``seconds``; rank 1 stays alive and
-    silent until rank 0 is done, at most ``patience_s`` (then it reports rank 0 stuck).
+    Rank 0 receives from rank 1 with a timeout of ``seconds``; every other rank stays alive
+    and silent until rank 0 is done, at most ``patience_s`` (then rank 1 reports rank 0
+    stuck), so no peer's departure can end the receive before its timeout does.
     """
     comm = new_comm(backend, device, name=unique_name("contract-timeout"))
     r = comm.get_rank()
@@ -352,10 +353,12 @@ def body_timeout(
             comm.barrier()
         except CommStateError:
             result["after"] = "refused"
-    elif r == 1:
+    else:  # every other rank stays alive and silent until rank 0 is done
         try:
             store.wait([key], timedelta(seconds=patience_s))
         except Exception:
+            if r != 1:
+                raise
             raise PeerStuck(
                 f"{RULES['recv_timeout']}: rank 0's recv with a {seconds:g} s timeout has not "
                 f"returned after {patience_s:.0f} s while rank 1 stayed alive and silent: the "

@@ -186,7 +186,7 @@ class ShmBackend(TorchCommBackend):
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
-        self._store = store
+        self._kv = store
         self._lock = threading.RLock()
         # Asynchronous collectives, run in issue order by one worker thread.
         self._jobs: deque[_Job] = deque()

@@ -60,7 +60,7 @@ class ShmWindowEngine:
 
     def __init__(self, backend: ShmBackend, index: int) -> None:
         self._b = backend
-        self._rank = backend.get_rank()
+        self._me = backend.get_rank()
         self._size = backend.get_size()
         self._key = f"shm/window/{index}"
         self._epoch = 0
@@ -76,10 +76,10 @@ class ShmWindowEngine:
     def register(self, tensor: torch.Tensor) -> list[int]:
         self._epoch += 1
         prefix = f"{self._key}/{self._epoch}"
-        store = self._b._store
+        store = self._b._kv
         path = os.path.join(seg.SHM_DIR, seg.segment_name() + "-win")
         nbytes = tensor.numel() * tensor.element_size()
-        store.set(f"{prefix}/{self._rank}", json.dumps({"path": path, "numel": tensor.numel()}))
+        store.set(f"{prefix}/{self._me}", json.dumps({"path": path, "numel": tensor.numel()}))
         infos = [json.loads(store.get(f"{prefix}/{r}")) for r in range(self._size)]
         mine = _File(path, nbytes, self._size, create=True)
         try:
@@ -92,7 +92,7 @@ class ShmWindowEngine:
             es = tensor.element_size()
             self._files = [
                 mine
-                if r == self._rank
+                if r == self._me
                 else _File(info["path"], info["numel"] * es, self._size, create=False)
                 for r, info in enumerate(infos)
             ]
@@ -131,7 +131,7 @@ class ShmWindowEngine:
         return None
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
-        self._files[peer_rank].words[self._rank] += 1  # this rank is the only writer
+        self._files[peer_rank].words[self._me] += 1  # this rank is the only writer
         return None
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
@@ -158,20 +158,20 @@ class _SignalWait:
 
     def is_completed(self) -> bool:
         files = self._e._files
-        return bool(files) and files[self._e._rank].words[self._peer] >= self._target
+        return bool(files) and files[self._e._me].words[self._peer] >= self._target
 
     def wait(self) -> bool:
         e, b = self._e, self._e._b
         if not e._files:
             raise CommOperationError("wait_signal: the window was freed while waiting")
-        words, peer, target = e._files[e._rank].words, self._peer, self._target
+        words, peer, target = e._files[e._me].words, self._peer, self._target
 
         def alarm(final: bool) -> None:
             with b._lock:
                 b._op, b._seconds = "wait_signal", self._seconds
                 if final:
                     raise seg.timeout_error(
-                        f"wait_signal (rank {e._rank} waiting for a signal from rank {peer})",
+                        f"wait_signal (rank {e._me} waiting for a signal from rank {peer})",
                         self._seconds,
                         [peer],
                     )
