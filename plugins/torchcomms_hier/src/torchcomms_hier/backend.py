@@ -43,6 +43,11 @@ from .topology import Topology, exchange, resolve_settings
 #: Hint ``hier::rs_min_bytes`` changes it.
 RS_MIN_BYTES_DEFAULT = 64 << 10
 
+#: all_reduce messages of at most this many bytes run in one step on the global level,
+#: which already connects every rank: at a few bytes a call's cost is its round trips, and
+#: three levels in turn cost three. Hint ``hier::flat_max_bytes`` changes it (0: never).
+FLAT_MAX_BYTES_DEFAULT = 4 << 10
+
 #: The pipelined all_reduce cuts messages into pieces of about this many bytes (at most
 #: ``PIPELINE_MAX_PIECES``), so that local steps overlap the transfers between hosts.
 PIECE_BYTES = 4 << 20
@@ -80,6 +85,7 @@ class HierBackend(TorchCommBackend):
         "global_backend",
         "host_id",
         "hier::rs_min_bytes",
+        "hier::flat_max_bytes",
     )
 
     def __init__(self) -> None:
@@ -96,6 +102,7 @@ class HierBackend(TorchCommBackend):
         self._size = -1
         self._cross_device = torch.device("cpu")
         self._rs_min_bytes = RS_MIN_BYTES_DEFAULT
+        self._flat_max_bytes = FLAT_MAX_BYTES_DEFAULT
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -104,6 +111,7 @@ class HierBackend(TorchCommBackend):
         self._rank, self._size = options.rank, options.size
         hints = dict(options.hints)
         self._rs_min_bytes = int_hint(hints, "hier::rs_min_bytes", RS_MIN_BYTES_DEFAULT)
+        self._flat_max_bytes = int_hint(hints, "hier::flat_max_bytes", FLAT_MAX_BYTES_DEFAULT)
         settings = resolve_settings(hints, device)
         topo = exchange(
             options.store, self._rank, self._size, options.timeout, settings, device, name
@@ -211,6 +219,7 @@ class HierBackend(TorchCommBackend):
         child.topology = child_topo
         child._cross_device = self._cross_device
         child._rs_min_bytes = self._rs_min_bytes
+        child._flat_max_bytes = self._flat_max_bytes
         child.local, child.rail, child.leaders, child.global_comm = (
             local,
             rail,
@@ -361,8 +370,9 @@ class HierBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        """Even hosts, large messages: local reduce_scatter, rail all_reduce, local all_gather.
-        Otherwise: local reduce, leader all_reduce, local broadcast."""
+        """Small messages: one all_reduce on the global level. Even hosts, large messages:
+        local reduce_scatter, rail all_reduce, local all_gather. Otherwise: local reduce,
+        leader all_reduce, local broadcast."""
         topo, local = self._topo, self._local
         if topo.nhosts == 1:
             return _done(local.all_reduce(tensor, op, async_op, timeout=timeout), async_op)
@@ -370,6 +380,16 @@ class HierBackend(TorchCommBackend):
         count = flat.numel()
         if count == 0:
             return None
+        if (
+            count * flat.element_size() <= self._flat_max_bytes
+            and self.global_comm is not None
+            and tensor.device == self._cross_device
+        ):
+            glob = self.global_comm
+            if timeout is None or timeout == glob.get_timeout():
+                # The level's default timeout keeps the call on its lean lane.
+                return _done(glob.all_reduce(tensor, op, async_op), async_op)
+            return _done(glob.all_reduce(tensor, op, async_op, timeout=timeout), async_op)
         lsize = topo.local_size
         cross = self._cross()
         if (
