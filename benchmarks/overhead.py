@@ -39,7 +39,7 @@ def _rank_collectives(iters_small: int, iters_large: int, out: str) -> int:
     from torch.distributed import ProcessGroupGloo
 
     import torchcomms
-    from torchcomms_core._bootstrap import default_store
+    from torchcomms_core.creation.bootstrap import default_store
 
     rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
     store = default_store(rank, size, timedelta(seconds=300))
@@ -94,7 +94,7 @@ def _rank_init(reps: int, out: str) -> int:
     import torch.distributed as dist
 
     import torchcomms
-    from torchcomms_core._bootstrap import default_store
+    from torchcomms_core.creation.bootstrap import default_store
 
     rank, size = int(os.environ["TORCHCOMM_RANK"]), int(os.environ["TORCHCOMM_SIZE"])
     store = default_store(rank, size, timedelta(seconds=300))

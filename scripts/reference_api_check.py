@@ -446,8 +446,8 @@ HINT_KEYS: dict[str, list[str]] = {
 
 def check_hints() -> list[tuple[str, str, str]]:
     """Each reference hint key: read by the installed backend ("same") or not ("missing")."""
-    from torchcomms_core._registry import get_backend_class
-    from torchcomms_core.hints import key_known
+    from torchcomms_core.operations.hints import key_known
+    from torchcomms_core.plugin_host.backends import get_backend_class
 
     rows = []
     for backend, keys in HINT_KEYS.items():

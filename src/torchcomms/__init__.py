@@ -14,13 +14,13 @@ from torchcomms_core import (  # noqa: F401
     __getattr__,  # noqa: F401  (WorkWrapper, loaded on first use)
     __version__,
 )
+from torchcomms_core.c10d.context import complete_torch_registration as _complete
 from torchcomms_core.functional import (
     is_torch_compile_supported as is_torch_compile_supported,
 )
 from torchcomms_core.functional import (
     is_torch_compile_supported_and_enabled as is_torch_compile_supported_and_enabled,
 )
-from torchcomms_core.pytorch.c10d_context import complete_torch_registration as _complete
 
 from . import hooks, objcol  # noqa: E402,F401
 

@@ -1,8 +1,8 @@
 """The ``ProcessGroup`` wrapper ``torch.distributed`` uses under TORCH_DISTRIBUTED_USE_TORCHCOMMS=1.
 
-Re-exports only; the code lives in ``torchcomms_core.pytorch.backend_wrapper``.
+Re-exports only; the code lives in ``torchcomms_core.c10d.backend_wrapper``.
 """
 
-from torchcomms_core.pytorch.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
 
 __all__ = ["_BackendWrapper"]

@@ -1,4 +1,4 @@
-"""The reference's RDMA transport module (re-exports only; see torchcomms_core._transport)."""
+"""The reference's RDMA transport module (re-exports only; see torchcomms_core.comm.transport)."""
 
-from torchcomms_core._transport import *  # noqa: F403
-from torchcomms_core._transport import __all__  # noqa: F401
+from torchcomms_core.comm.transport import *  # noqa: F403
+from torchcomms_core.comm.transport import __all__  # noqa: F401

@@ -6,9 +6,23 @@ Importing this package touches no ``torch.distributed`` attribute and loads no p
 
 from __future__ import annotations
 
-from ._collectives import Collective
-from ._create import new_comm
-from ._errors import (
+from torchcomms_core.comm.batch import BatchSendRecv, P2POp, P2POpType
+from torchcomms_core.comm.create import new_comm
+from torchcomms_core.comm.handles import RemovableHandle
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.comm.transport import (
+    RdmaMemory,
+    RdmaMemoryMutableView,
+    RdmaMemoryView,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    available_transports,
+    register_transport,
+    unregister_transport,
+)
+from torchcomms_core.comm.window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
+from torchcomms_core.engines import C10dBackend
+from torchcomms_core.foundation.errors import (
     BackendLoadError,
     BackendNotFoundError,
     BootstrapError,
@@ -19,7 +33,9 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._op_args import (
+from torchcomms_core.foundation.version import __version__
+from torchcomms_core.foundation.work import TorchWork, WorkStatus
+from torchcomms_core.operations.args import (
     POST_HOOK_CLASSES,
     PRE_HOOK_CLASSES,
     BatchOpIssuePostHookArgs,
@@ -30,7 +46,7 @@ from ._op_args import (
     OpName,
     SplitPostHookArgs,
 )
-from ._options import (
+from torchcomms_core.operations.options import (
     AllGatherOptions,
     AllGatherPExecOptions,
     AllGatherPInitOptions,
@@ -54,16 +70,8 @@ from ._options import (
     SendOptions,
     Timeout,
 )
-from ._plugins import (
-    PluginError,
-    get_plugin_manager,
-    list_collectives,
-    load_plugins,
-    register_plugin,
-    unregister_plugin,
-)
-from ._reduce_op import RedOpType, ReduceOp
-from ._registry import (
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
+from torchcomms_core.plugin_host.backends import (
     _is_backend_registered,
     _load_backend,
     available_backends,
@@ -74,31 +82,23 @@ from ._registry import (
     register_backend,
     unregister_backend,
 )
-from ._transport import (
-    RdmaMemory,
-    RdmaMemoryMutableView,
-    RdmaMemoryView,
-    RdmaRemoteBuffer,
-    RdmaTransport,
-    available_transports,
-    register_transport,
-    unregister_transport,
+from torchcomms_core.plugin_host.collective import Collective
+from torchcomms_core.plugin_host.hookspecs import hookimpl
+from torchcomms_core.plugin_host.manager import (
+    PluginError,
+    get_plugin_manager,
+    list_collectives,
+    load_plugins,
+    register_plugin,
+    unregister_plugin,
 )
-from ._version import __version__
-from ._work import TorchWork, WorkStatus
-from .comm.batch import BatchSendRecv, P2POp, P2POpType
-from .comm.handles import RemovableHandle
-from .comm.operations import TorchComm
-from .comm.window import TorchCommWinAccessType, TorchCommWindow, TorchCommWindowAttr
-from .engines import C10dBackend
-from .hookspecs import hookimpl
-from .spec import SPEC_VERSION, TorchCommBackend, method_support
+from torchcomms_core.spec import SPEC_VERSION, TorchCommBackend, method_support
 
 
 def __getattr__(name: str) -> object:
     # The bridge's work class loads torch.distributed, so it is only imported when asked for.
     if name == "WorkWrapper":
-        from .pytorch.work import CommWork
+        from torchcomms_core.c10d.work import CommWork
 
         return CommWork
     raise AttributeError(f"module 'torchcomms' has no attribute {name!r}")
@@ -207,7 +207,7 @@ def _complete_torch_registration() -> None:
         return
     if not getattr(getattr(c10d, "dist_config", None), "use_torchcomms", False):
         return
-    from .pytorch.c10d_context import complete_torch_registration
+    from torchcomms_core.c10d.context import complete_torch_registration
 
     complete_torch_registration()
 

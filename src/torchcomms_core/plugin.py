@@ -4,7 +4,7 @@ A backend plugin subclasses :class:`TorchCommBackend` (or :class:`C10dBackend` t
 ``torch.distributed`` engine, :class:`NcclEngineBackend` for the NCCL family), returns
 works the core can wait on (its engine's own, :class:`C10dWork`, :class:`MultiWork`,
 :class:`ThenWork`), and may return a :class:`WindowEngine` from ``new_window()``. A
-collective plugin implements the hooks of :mod:`torchcomms_core.hookspecs` with
+collective plugin implements the hooks of :mod:`torchcomms_core.plugin_host.hookspecs` with
 :data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
 implements :class:`TransportProvider`. A backend built of other backends' communicators
 (``torchcomms-hier``) creates them with :func:`new_member_comm` and looks backends up with
@@ -22,9 +22,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._collectives import Collective
-from ._create import new_comm, new_member_comm
-from ._errors import (
+from torchcomms_core.comm.create import new_comm, new_member_comm
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.comm.transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from torchcomms_core.engines.c10d_engine import C10dBackend, C10dWork
+from torchcomms_core.engines.nccl_engine import (
+    NcclEngineBackend,
+    cuda_unavailable_reason,
+    nccl_available,
+    rocm_version,
+)
+from torchcomms_core.foundation.errors import (
     BackendLoadError,
     BackendNotFoundError,
     BootstrapError,
@@ -35,22 +43,14 @@ from ._errors import (
     CommTypeError,
     TorchCommError,
 )
-from ._options import CommOptions
-from ._reduce_op import RedOpType, ReduceOp
-from ._registry import available_backends, get_backend_class
-from ._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
-from ._work import TorchWork, WorkStatus
-from .comm.operations import TorchComm
-from .engines.c10d_adapter import C10dBackend, C10dWork
-from .engines.cuda_support import (
-    NcclEngineBackend,
-    cuda_unavailable_reason,
-    nccl_available,
-    rocm_version,
-)
-from .hints import UnknownHintWarning, bool_hint, int_hint
-from .hookspecs import hookimpl, hookspec
-from .spec import (
+from torchcomms_core.foundation.work import TorchWork, WorkStatus
+from torchcomms_core.operations.hints import UnknownHintWarning, bool_hint, int_hint
+from torchcomms_core.operations.options import CommOptions
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
+from torchcomms_core.plugin_host.backends import available_backends, get_backend_class
+from torchcomms_core.plugin_host.collective import Collective
+from torchcomms_core.plugin_host.hookspecs import hookimpl, hookspec
+from torchcomms_core.spec import (
     BASIC_REDUCE_OPS,
     DEFAULT_DTYPES,
     DERIVABLE_METHODS,
@@ -71,24 +71,30 @@ from .spec import (
     then,
     unflatten_into,
 )
-from .testing import CountingStore, RankPool, StoreCounts, current_rank, simulated_rank
-from .transport_spec import (
+from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
     TRANSPORT_SPEC_VERSION,
     MemoryRegistration,
     TransportEndpoint,
     TransportProvider,
 )
+from torchcomms_core.testing import (
+    CountingStore,
+    RankPool,
+    StoreCounts,
+    current_rank,
+    simulated_rank,
+)
 
 if TYPE_CHECKING:
-    from .bench import kit as bench
+    from torchcomms_core.bench import kit as bench
 
 
 def __getattr__(name: str) -> Any:
     # ``bench`` (the toolkit of ``Collective(bench=...)``) is imported on first use only:
     # loading a plugin must not load the benchmark code.
     if name == "bench":
-        from .bench import kit
+        from torchcomms_core.bench import kit
 
         return kit
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchcomms_core import _env
 from torchcomms_core.bench import launch as launch_module
 from torchcomms_core.bench.compare import c10d_backend
 from torchcomms_core.bench.data import IN_PLACE, pair_sizes, triangle, uneven_sizes
@@ -26,6 +25,7 @@ from torchcomms_core.bench.launch import launch
 from torchcomms_core.bench.ops import DEFAULT_OPS, OPS, Buffers, Case, available_ops
 from torchcomms_core.bench.sizes import parse_size, size_sweep
 from torchcomms_core.cli import main
+from torchcomms_core.foundation import env as _env
 
 # -- sizes -----------------------------------------------------------------------------
 

@@ -17,15 +17,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
 
-from torchcomms_core.pytorch import bridge_ops
-from torchcomms_core.pytorch.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d import ops as bridge_ops
+from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
 from torchcomms_core.testing import unique_name
 
 
 def test_batch_isend_irecv_still_names_its_list_and_skips_coalescing_for_subclasses() -> None:
     fn = inspect.unwrap(distributed_c10d.batch_isend_irecv)
     assert "p2p_op_list" in fn.__code__.co_varnames, (
-        "torch renamed batch_isend_irecv's argument: update torchcomms_core.pytorch.p2p_batch"
+        "torch renamed batch_isend_irecv's argument: update torchcomms_core.c10d.p2p_batch"
     )
     # If torch lets Python process groups coalesce, the frame read is no longer needed.
     assert "type(group) is ProcessGroup" in inspect.getsource(fn)
@@ -35,7 +35,7 @@ def test_c10d_still_creates_groups_with_the_locals_new_comm_reads() -> None:
     fn = inspect.unwrap(distributed_c10d._new_process_group_helper)
     names = set(fn.__code__.co_varnames)
     missing = {"group_rank", "group_size", "timeout", "global_ranks_in_group"} - names
-    assert not missing, f"torch renamed {missing}: update torchcomms_core._c10d_group"
+    assert not missing, f"torch renamed {missing}: update torchcomms_core.creation.group_record"
 
 
 def test_every_operation_of_the_table_is_a_c10d_method_and_a_wrapper_method() -> None:

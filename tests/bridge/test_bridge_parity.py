@@ -261,7 +261,7 @@ def test_the_switch_is_available_whichever_package_is_imported_first(first: str)
     code = (
         f"import {first}\n"
         "import torch.distributed.distributed_c10d as c10d\n"
-        "import torchcomms_core.pytorch.backend_wrapper as bw\n"
+        "import torchcomms_core.c10d.backend_wrapper as bw\n"
         "print(c10d._TORCHCOMM_AVAILABLE, c10d._BackendWrapper is bw._BackendWrapper)"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM")}

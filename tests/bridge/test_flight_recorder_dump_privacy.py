@@ -94,7 +94,7 @@ def test_dumps_are_private_and_never_follow_a_planted_symlink(pool2, tmp_path: P
 
 
 def test_default_dump_folder_belongs_to_the_user(monkeypatch, tmp_path: Path) -> None:
-    from torchcomms_core import _env
+    from torchcomms_core.foundation import env as _env
 
     monkeypatch.delenv("TORCHCOMM_FR_DUMP_TEMP_FILE", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)

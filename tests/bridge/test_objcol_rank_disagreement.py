@@ -12,7 +12,7 @@ import torch
 
 import torchcomms
 from torchcomms import objcol
-from torchcomms_core.pytorch import objcol as core_objcol
+from torchcomms_core.comm import objcol as core_objcol
 from torchcomms_core.testing import unique_name
 
 LONG = timedelta(seconds=300)

@@ -146,7 +146,7 @@ def test_wrong_list_length_says_what_to_pass(pool2) -> None:
 
 
 def test_bad_serialization_setting_is_explained(monkeypatch) -> None:
-    from torchcomms_core import _env
+    from torchcomms_core.foundation import env as _env
 
     monkeypatch.setenv("TORCHCOMMS_SERIALIZATION", "yaml")
     with pytest.raises(ValueError, match="set it to 'pickle'"):

@@ -205,7 +205,7 @@ def test_the_reference_backend_modules_name_the_backend_classes() -> None:
     from torchcomms._comms_gloo import TorchCommGloo
     from torchcomms._comms_nccl import TorchCommNCCL
     from torchcomms._comms_ncclx import TorchCommNCCLX
-    from torchcomms_core._registry import get_backend_class
+    from torchcomms_core.plugin_host.backends import get_backend_class
 
     assert TorchCommGloo is get_backend_class("gloo")
     assert TorchCommNCCLX is get_backend_class("ncclx") and TorchCommNCCL is TorchCommNCCLX

@@ -10,7 +10,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
-from torchcomms_core._work import is_engine_failure, is_timeout_error
+from torchcomms_core.foundation.work import is_engine_failure, is_timeout_error
 from torchcomms_core.testing import unique_name
 
 

@@ -30,9 +30,9 @@ from torchcomms import (
     TorchCommBackend,
     WorkStatus,
 )
-from torchcomms_core import _env
-from torchcomms_core import _registry as registry
-from torchcomms_core._bootstrap import resolve_rank_size
+from torchcomms_core.creation.bootstrap import resolve_rank_size
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.plugin_host import backends as registry
 
 # -- ReduceOp -----------------------------------------------------------------------------
 
@@ -70,7 +70,7 @@ def test_copy_and_deepcopy_keep_the_type() -> None:
 def test_c10d_reduce_ops_are_accepted() -> None:
     import torch.distributed as dist
 
-    from torchcomms_core._reduce_op import coerce_reduce_op
+    from torchcomms_core.operations.reduce_op import coerce_reduce_op
 
     assert coerce_reduce_op(dist.ReduceOp.MAX) == ReduceOp.MAX
     with pytest.raises(CommTypeError, match="must be a torchcomms.ReduceOp"):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import torchcomms
-from torchcomms_core import hints as hint_rules
-from torchcomms_core.engines import cuda_support
+from torchcomms_core.engines import nccl_engine as cuda_support
+from torchcomms_core.operations import hints as hint_rules
 from torchcomms_core.testing import unique_name
 from torchcomms_ncclx import NCCLXBackend
 from torchcomms_rccl import RCCLBackend

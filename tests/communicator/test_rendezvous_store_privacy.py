@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import torchcomms
-from torchcomms_core import _bootstrap as bootstrap
-from torchcomms_core._errors import BootstrapError
 from torchcomms_core.bench.launch import free_port, launch
+from torchcomms_core.creation import bootstrap
+from torchcomms_core.foundation.errors import BootstrapError
 from torchcomms_core.testing import unique_name
 
 
@@ -133,7 +133,7 @@ def test_a_hosted_store_starts_with_time_to_spare_then_waits_for_the_callers_tim
     import time
     from datetime import timedelta
 
-    from torchcomms_core import _rendezvous
+    from torchcomms_core.creation import rendezvous as _rendezvous
 
     assert timedelta(seconds=1) < _rendezvous.HOST_START_FLOOR
     for address in (None, "127.0.0.1"):

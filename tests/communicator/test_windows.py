@@ -71,7 +71,7 @@ def _comm(backend: str):
 def _register_transport_without_signals() -> None:
     """``nixl-counters``: NIXL whose endpoints say they carry no signals, as a spec-1.0
     transport would, so windows write their counters into the peers' memory."""
-    from torchcomms_core._transport import register_transport
+    from torchcomms_core.comm.transport import register_transport
     from torchcomms_nixl import NixlTransport
 
     class WithoutSignals(NixlTransport):

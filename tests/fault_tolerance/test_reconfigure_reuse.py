@@ -22,7 +22,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
-from torchcomms_core._rendezvous import default_address, parse_handle
+from torchcomms_core.creation.rendezvous import default_address, parse_handle
 from torchcomms_core.testing import RankPool, current_rank, unique_name
 
 SETUP = timedelta(seconds=30)

@@ -187,7 +187,7 @@ def test_lazy_hint_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_split_keys_have_a_fixed_length() -> None:
-    from torchcomms_core._join import members_key
+    from torchcomms_core.creation.join import members_key
 
     keys = {members_key(list(range(k, k + n))) for n in (2, 1000, 100_000) for k in (0, 7)}
     assert len(keys) == 6  # distinct lists, distinct keys

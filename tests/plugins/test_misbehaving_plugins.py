@@ -87,7 +87,7 @@ def body_raising_hook(root: str) -> dict:
     second = torchcomms.new_comm("gloo", "cpu", name=unique_name("hook"))
     t = torch.ones(1)
     second.doubled_sum(t)  # the healthy plugin still works
-    from torchcomms_core._plugins import plugin_records
+    from torchcomms_core.plugin_host.manager import plugin_records
 
     records = {r.name: [r.distribution, r.version, r.status, r.error] for r in plugin_records()}
     out = {
@@ -157,7 +157,7 @@ class {cls}(GlooBackend):
 @contextlib.contextmanager
 def _installed(root: str, env: dict[str, str], names: tuple[str, ...]):
     """Put fake distributions on the path and forget cached backend classes, then undo it."""
-    from torchcomms_core import _registry as registry
+    from torchcomms_core.plugin_host import backends as registry
 
     saved = {n: registry._loaded.pop(n) for n in names if n in registry._loaded}
     sys.path.insert(0, root)

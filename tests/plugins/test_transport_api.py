@@ -19,8 +19,8 @@ from torchcomms._transport import (
     RdmaTransport,
     attach_rdma_memory_hook,
 )
-from torchcomms_core import _transport
-from torchcomms_core.transport_spec import (
+from torchcomms_core.comm import transport as _transport
+from torchcomms_core.spec.transport import (
     MemoryRegistration,
     TransportEndpoint,
     TransportProvider,

@@ -26,8 +26,8 @@ from torchcomms import (
     RedOpType,
     ReduceOp,
 )
-from torchcomms_core.engines import cuda_support
-from torchcomms_core.engines.cuda_support import (
+from torchcomms_core.engines import nccl_engine as cuda_support
+from torchcomms_core.engines.nccl_engine import (
     CudaWork,
     NcclEngineBackend,
     bool_hint,
@@ -62,7 +62,7 @@ def world1(monkeypatch: pytest.MonkeyPatch) -> None:
     "name,cls", [("ncclx", NCCLXBackend), ("nccl", NCCLXBackend), ("rccl", RCCLBackend)]
 )
 def test_backends_resolve_by_entry_point(name: str, cls: type) -> None:
-    from torchcomms_core import _registry as registry
+    from torchcomms_core.plugin_host import backends as registry
 
     entry = registry.entry_points()[name]
     assert entry.distribution == ("torchcomms-rccl" if name == "rccl" else "torchcomms-ncclx")
@@ -152,7 +152,7 @@ def test_capabilities() -> None:
 
 
 def _clear_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchcomms_core import _env
+    from torchcomms_core.foundation import env as _env
 
     for var in _env.LOCAL_RANK_VARS:
         monkeypatch.delenv(var, raising=False)

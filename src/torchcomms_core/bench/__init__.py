@@ -6,10 +6,10 @@ present it, ``compare`` sets torch.distributed beside it, ``probe`` measures the
 
 from __future__ import annotations
 
-from .base import BenchOp
-from .ops import DEFAULT_OPS, OPS, available_ops, plugin_ops
-from .runner import BenchConfig, run_rank
-from .sizes import parse_size, size_sweep
+from torchcomms_core.bench.base import BenchOp
+from torchcomms_core.bench.ops import DEFAULT_OPS, OPS, available_ops, plugin_ops
+from torchcomms_core.bench.runner import BenchConfig, run_rank
+from torchcomms_core.bench.sizes import parse_size, size_sweep
 
 __all__ = [
     "DEFAULT_OPS",

@@ -11,7 +11,15 @@ from typing import Any, ClassVar
 
 import torch
 
-from .data import IN_PLACE, OUT_OF_PLACE, Buffers, Case, count_wrong, fill, values
+from torchcomms_core.bench.data import (
+    IN_PLACE,
+    OUT_OF_PLACE,
+    Buffers,
+    Case,
+    count_wrong,
+    fill,
+    values,
+)
 
 
 class BenchOp(abc.ABC):

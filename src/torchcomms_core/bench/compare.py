@@ -47,7 +47,7 @@ def init_c10d(
     import torch.distributed as dist
     from torch._C._distributed_c10d import PrefixStore
 
-    from .._bootstrap import default_store
+    from torchcomms_core.creation.bootstrap import default_store
 
     if dist.is_initialized():
         raise RuntimeError(

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .base import BenchOp
-from .data import Case
+from torchcomms_core.bench.base import BenchOp
+from torchcomms_core.bench.data import Case
 
 #: The mpi4py method each comparable bench operation (by name) becomes.
 MPI_FUNCTIONS: dict[str, str] = {

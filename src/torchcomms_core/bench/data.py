@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .._reduce_op import ReduceOp
+from torchcomms_core.operations.reduce_op import ReduceOp
 
 #: Element types by the names ``--datatype`` accepts (nccl-tests' names are aliases).
 DTYPES: dict[str, torch.dtype] = {

@@ -19,8 +19,8 @@ operation, so subclassing :class:`PluginOp` and that operation is enough::
 
 from __future__ import annotations
 
-from .base import BenchOp, PairOp
-from .data import (
+from torchcomms_core.bench.base import BenchOp, PairOp
+from torchcomms_core.bench.data import (
     BLOCK,
     IN_PLACE,
     NO_BUFFERS,
@@ -34,7 +34,7 @@ from .data import (
     uneven_sizes,
     values,
 )
-from .ops import (
+from torchcomms_core.bench.ops import (
     AllGatherSingle,
     AllReduce,
     AllToAllSingle,

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import _env
-from .._errors import TorchCommError
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import TorchCommError
 
 #: Seconds the other ranks get to finish (and print their own errors) after one fails.
 FAILURE_GRACE_S = 5.0

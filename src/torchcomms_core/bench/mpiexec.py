@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 
-from .. import _env
+from torchcomms_core.foundation import env as _env
 
 
 def find_mpiexec() -> str | None:

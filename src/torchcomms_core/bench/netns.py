@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _env
+from torchcomms_core.foundation import env as _env
 
 #: Name prefix of everything the harness creates; the owner's process id follows it, so a
 #: later run can remove what a killed run left behind.
@@ -317,6 +317,6 @@ def launch_in_namespaces(
 ) -> int:
     """Run ``target(*args)`` on ``net.ranks_per_host`` ranks per namespace of ``net``; the
     job's exit status."""
-    from .launch import launch
+    from torchcomms_core.bench.launch import launch
 
     return launch(net.nranks, run_rank_in, (net, target, args), label=label)

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from .base import BenchOp, PairOp
-from .data import (
+from torchcomms_core.bench.base import BenchOp, PairOp
+from torchcomms_core.bench.data import (
     DTYPES,
     IN_PLACE,
     NO_BUFFERS,
@@ -34,8 +34,8 @@ from .data import (
     uneven_sizes,
     values,
 )
-from .transport_ops import TransportRead, TransportWrite
-from .window_ops import WindowPutSignal
+from torchcomms_core.bench.transport_ops import TransportRead, TransportWrite
+from torchcomms_core.bench.window_ops import WindowPutSignal
 
 __all__ = [
     "DEFAULT_OPS",
@@ -616,7 +616,7 @@ def plugin_ops() -> dict[str, BenchOp]:
     A benchmark that cannot be built (its factory raises, or its ``name`` is not the
     collective's) is left out with a warning naming its provider.
     """
-    from .._plugins import plugin_collectives
+    from torchcomms_core.plugin_host.manager import plugin_collectives
 
     found: dict[str, BenchOp] = {}
     for name, coll in plugin_collectives().items():
@@ -659,7 +659,7 @@ def available_ops() -> dict[str, BenchOp]:
 
 def unknown_ops_message(names: list[str] | tuple[str, ...]) -> str | None:
     """Why some of ``names`` cannot be benchmarked here, or ``None`` when all can."""
-    from .._plugins import plugin_collectives
+    from torchcomms_core.plugin_host.manager import plugin_collectives
 
     ops = available_ops()
     missing = [name for name in names if name not in ops]

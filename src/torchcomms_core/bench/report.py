@@ -8,10 +8,10 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from .base import BenchOp
-from .compare import COMPARE_WITH
-from .data import IN_PLACE
-from .results import Pass, Row, Timing
+from torchcomms_core.bench.base import BenchOp
+from torchcomms_core.bench.compare import COMPARE_WITH
+from torchcomms_core.bench.data import IN_PLACE
+from torchcomms_core.bench.results import Pass, Row, Timing
 
 _KEY = (
     ("size", "(B)", 12),

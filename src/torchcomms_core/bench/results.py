@@ -153,7 +153,7 @@ def header_dict(
     """What the run was: engine, machine, software and options; ``started`` is when (UTC)."""
     now = datetime.datetime.now(datetime.timezone.utc)
     started = started or now
-    from .. import __version__
+    from torchcomms_core import __version__
 
     return {
         "format": JSON_FORMAT,

@@ -16,17 +16,23 @@ from typing import Any
 
 import torch
 
-from .. import _env
-from .._bootstrap import resolve_rank_size
-from .._create import new_comm
-from .._registry import get_backend_class
-from .base import BenchOp
-from .compare import COMPARE_WITH, c10d_backend, close_c10d, init_c10d, quartiles
-from .data import DTYPES, REDOPS, Buffers, Case, dtype_name
-from .ops import DEFAULT_OPS, available_ops, unknown_ops_message
-from .report import TextReport
-from .results import Pass, Row, Timing, header_dict, row_dict, write_json
-from .sizes import size_sweep
+from torchcomms_core.bench.base import BenchOp
+from torchcomms_core.bench.compare import (
+    COMPARE_WITH,
+    c10d_backend,
+    close_c10d,
+    init_c10d,
+    quartiles,
+)
+from torchcomms_core.bench.data import DTYPES, REDOPS, Buffers, Case, dtype_name
+from torchcomms_core.bench.ops import DEFAULT_OPS, available_ops, unknown_ops_message
+from torchcomms_core.bench.report import TextReport
+from torchcomms_core.bench.results import Pass, Row, Timing, header_dict, row_dict, write_json
+from torchcomms_core.bench.sizes import size_sweep
+from torchcomms_core.comm.create import new_comm
+from torchcomms_core.creation.bootstrap import resolve_rank_size
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.plugin_host.backends import get_backend_class
 
 #: Exit status of a run whose results were wrong on some rank.
 EXIT_WRONG_RESULTS = 1
@@ -106,7 +112,7 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         if config.compare not in COMPARE_WITH:
             check_compare_backend(config)
         elif config.compare == "mpi4py":
-            from .compare_mpi import check_backend
+            from torchcomms_core.bench.compare_mpi import check_backend
 
             check_backend(config.backend)
         else:
@@ -152,7 +158,7 @@ def compares_backends(config: BenchConfig) -> bool:
 
 def check_compare_backend(config: BenchConfig) -> None:
     """Raise ``ValueError`` unless ``--compare`` names a backend that can run this config."""
-    from .._errors import TorchCommError
+    from torchcomms_core.foundation.errors import TorchCommError
 
     assert config.compare is not None
     try:
@@ -411,7 +417,7 @@ def _document(
 ) -> dict[str, Any]:
     functions: dict[str, str | None] = {}
     if config.compare == "mpi4py":
-        from .compare_mpi import MPI_FUNCTIONS
+        from torchcomms_core.bench.compare_mpi import MPI_FUNCTIONS
 
         functions = {name: MPI_FUNCTIONS.get(name) for name in config.ops}
     elif config.compare and not compares_backends(config):
@@ -458,7 +464,7 @@ def run_rank(config: BenchConfig) -> int:
         if compares_backends(config):
             pass  # a second pass on the other backend, below
         elif config.compare == "mpi4py":
-            from .compare_mpi import Mpi4pyCalls
+            from torchcomms_core.bench.compare_mpi import Mpi4pyCalls
 
             dist = Mpi4pyCalls(case)
         elif config.compare:
@@ -484,7 +490,7 @@ def run_rank(config: BenchConfig) -> int:
         if config.json_path is not None:
             write_json(document, config.json_path)
         if config.plot_path is not None:
-            from .plot import plot_results
+            from torchcomms_core.bench.plot import plot_results
 
             plot_results(document, config.plot_path)
             print(f"# plot written to {config.plot_path}", file=sys.stderr, flush=True)

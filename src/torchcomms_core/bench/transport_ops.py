@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from .._errors import CommTimeoutError
-from .._transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
-from .base import PairOp
-from .data import Buffers, Case
+from torchcomms_core.bench.base import PairOp
+from torchcomms_core.bench.data import Buffers, Case
+from torchcomms_core.comm.transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from torchcomms_core.foundation.errors import CommTimeoutError
 
 #: Seconds a leg may wait for the peer's flag.
 FLAG_TIMEOUT_S = 120.0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import PairOp
-from .data import Buffers, Case
+from torchcomms_core.bench.base import PairOp
+from torchcomms_core.bench.data import Buffers, Case
 
 
 class WindowPutSignal(PairOp):

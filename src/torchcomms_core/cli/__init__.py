@@ -20,7 +20,7 @@ SUBCOMMANDS: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``torchcomms`` parser with every registered subcommand."""
-    from .. import __version__
+    from torchcomms_core import __version__
 
     parser = argparse.ArgumentParser(
         prog="torchcomms", description="PyTorch communicators over pluggable backends."

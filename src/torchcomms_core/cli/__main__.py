@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from . import main
+from torchcomms_core.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

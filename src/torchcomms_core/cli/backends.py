@@ -20,8 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def describe_backends() -> list[dict[str, Any]]:
     """One record per backend name (entry points and in-process registrations)."""
-    from .. import _registry as registry
-    from ..spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS, method_support
+    from torchcomms_core.plugin_host import backends as registry
+    from torchcomms_core.spec import (
+        DERIVABLE_METHODS,
+        OPTIONAL_METHODS,
+        REQUIRED_METHODS,
+        method_support,
+    )
 
     spec_ops = {*REQUIRED_METHODS, *DERIVABLE_METHODS, *OPTIONAL_METHODS}
 
@@ -81,7 +86,7 @@ def describe_backends() -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._errors import TorchCommError
+    from torchcomms_core.foundation.errors import TorchCommError
 
     try:
         rows = describe_backends()

@@ -14,13 +14,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import _env
-from .._errors import TorchCommError
-from ..bench.compare import COMPARE_WITH
-from ..bench.launch import launch
-from ..bench.ops import DEFAULT_OPS, DTYPES, REDOPS, unknown_ops_message
-from ..bench.runner import INPLACE_CHOICES, BenchConfig, run_rank, runnable_ops, validate_config
-from ..bench.sizes import parse_size
+from torchcomms_core.bench.compare import COMPARE_WITH
+from torchcomms_core.bench.launch import launch
+from torchcomms_core.bench.ops import DEFAULT_OPS, DTYPES, REDOPS, unknown_ops_message
+from torchcomms_core.bench.runner import (
+    INPLACE_CHOICES,
+    BenchConfig,
+    run_rank,
+    runnable_ops,
+    validate_config,
+)
+from torchcomms_core.bench.sizes import parse_size
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import TorchCommError
 
 HELP = "benchmark collectives (bandwidth and correctness, nccl-tests style)"
 
@@ -70,7 +76,7 @@ class _PluginOpsHelp(str):
     __slots__ = ()
 
     def __mod__(self, params: Any) -> str:
-        from ..bench.ops import plugin_ops
+        from torchcomms_core.bench.ops import plugin_ops
 
         names = ", ".join(plugin_ops()) or "none installed"
         return str.__mod__(str(self).replace("%s", names.replace("%", "%%")), params)
@@ -272,8 +278,8 @@ def _check_writable(parser: argparse.ArgumentParser, option: str, path: str | No
 
 
 def _probe(args: argparse.Namespace) -> int:
-    from ..bench.probe import print_probe, run_probe
-    from ..bench.results import write_json
+    from torchcomms_core.bench.probe import print_probe, run_probe
+    from torchcomms_core.bench.results import write_json
 
     result = run_probe()
     print_probe(result, sys.stderr if args.json_path == "-" else sys.stdout)
@@ -283,7 +289,7 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 def _replot(args: argparse.Namespace) -> int:
-    from ..bench.plot import plot_results
+    from torchcomms_core.bench.plot import plot_results
 
     parser: argparse.ArgumentParser = args.parser
     documents = []
@@ -316,7 +322,7 @@ def _netns_network(
                 "--ranks-per-host places ranks in the namespaces of --netns; give --netns N too"
             )
         return None
-    from ..bench import netns
+    from torchcomms_core.bench import netns
 
     if launched is not None:
         parser.error(
@@ -340,7 +346,7 @@ def _netns_network(
 
 
 def _run_in_namespaces(parser: argparse.ArgumentParser, network: Any, config: BenchConfig) -> int:
-    from ..bench import netns
+    from torchcomms_core.bench import netns
 
     try:
         with netns.shaped_network(network.size, network.rate_bits, network.ranks_per_host) as net:
@@ -356,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     _check_writable(parser, "--json", args.json_path)
     _check_writable(parser, "--plot", args.plot_path)
     if args.plot_path is not None:
-        from ..bench.plot import require_matplotlib
+        from torchcomms_core.bench.plot import require_matplotlib
 
         try:
             require_matplotlib()
@@ -414,10 +420,10 @@ def run(args: argparse.Namespace) -> int:
     if network is not None:
         return _run_in_namespaces(parser, network, config)
     if launched is None:
-        from .._registry import get_backend_class
+        from torchcomms_core.plugin_host.backends import get_backend_class
 
         if get_backend_class(config.backend).launcher == "mpiexec":
-            from ..bench.mpiexec import relaunch_under_mpiexec
+            from torchcomms_core.bench.mpiexec import relaunch_under_mpiexec
 
             return relaunch_under_mpiexec(nranks, label=parser.prog)
         return launch(nranks, run_rank, (config,), label=parser.prog)

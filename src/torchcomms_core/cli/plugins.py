@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 
-from .backends import print_table
+from torchcomms_core.cli.backends import print_table
 
 HELP = "list extension plugins and the collectives they add"
 
@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._plugins import PluginError, list_collectives, plugin_records
+    from torchcomms_core.plugin_host.manager import PluginError, list_collectives, plugin_records
 
     try:
         records = plugin_records()

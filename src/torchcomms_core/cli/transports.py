@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from .backends import print_table
+from torchcomms_core.cli.backends import print_table
 
 HELP = "list installed transports (one-sided read/write) and whether they run here"
 
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._transport import describe_transports
+    from torchcomms_core.comm.transport import describe_transports
 
     rows = describe_transports()
     if args.json:

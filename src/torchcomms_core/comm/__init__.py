@@ -13,10 +13,10 @@ reads a ``_`` member of a communicator (``tests/plugins/test_import_contract.py`
 
 from __future__ import annotations
 
-from .batch import BatchSendRecv, P2POp, P2POpType
-from .handles import PersistentAllGather, RemovableHandle
-from .operations import TorchComm
-from .window import TorchCommWindow, TorchCommWindowAttr
+from torchcomms_core.comm.batch import BatchSendRecv, P2POp, P2POpType
+from torchcomms_core.comm.handles import PersistentAllGather, RemovableHandle
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.comm.window import TorchCommWindow, TorchCommWindowAttr
 
 __all__ = [
     "BatchSendRecv",

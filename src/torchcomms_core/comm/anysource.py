@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .tagged import check_tag, require_tags
+from torchcomms_core.comm.tagged import check_tag, require_tags
 
 if TYPE_CHECKING:
-    from .._work import TorchWork
-    from .base import CommBase as TorchComm
+    from torchcomms_core.comm.base import CommBase as TorchComm
+    from torchcomms_core.foundation.work import TorchWork
 
 #: The ``src`` hooks and flight records see for a receive from any source (c10d's value).
 ANY_SOURCE = -1

@@ -19,28 +19,42 @@ from typing import Any, NoReturn, cast
 
 import torch
 
-from .. import _env
-from .._calling import adapt_backend
-from .._consistency import verify_call
-from .._errors import CommStateError
-from .._op_args import FINALIZE_OP_ID, OpArgs, OpName, args_class, next_op_id, op_name, post_args
-from .._options import CommOptions
-from .._plugins import call_lifecycle, failed_plugins, load_plugins
-from .._reduce_op import RedOpType, ReduceOp
-from .._registry import backend_version, get_mem_allocator
-from .._states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
-from .._validation import Checker, check_hints, check_timeout, lean_pairs, writable
-from .._work import (
+from torchcomms_core.comm import lean
+from torchcomms_core.comm.consistency import verify_call
+from torchcomms_core.comm.handles import RemovableHandle
+from torchcomms_core.comm.keywords import adapt_backend
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import CommStateError
+from torchcomms_core.foundation.states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
+from torchcomms_core.foundation.work import (
     TorchWork,
     WorkStatus,
     is_engine_failure,
     raised_by_plugin_code,
     set_failure_listener,
 )
-from ..hints import warn_unknown_hints
-from ..spec import TorchCommBackend, method_support
-from . import lean
-from .handles import RemovableHandle
+from torchcomms_core.operations.args import (
+    FINALIZE_OP_ID,
+    OpArgs,
+    OpName,
+    args_class,
+    next_op_id,
+    op_name,
+    post_args,
+)
+from torchcomms_core.operations.hints import warn_unknown_hints
+from torchcomms_core.operations.options import CommOptions
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
+from torchcomms_core.operations.validation import (
+    Checker,
+    check_hints,
+    check_timeout,
+    lean_pairs,
+    writable,
+)
+from torchcomms_core.plugin_host.backends import backend_version, get_mem_allocator
+from torchcomms_core.plugin_host.manager import call_lifecycle, failed_plugins, load_plugins
+from torchcomms_core.spec import TorchCommBackend, method_support
 
 # Live communicators, released in order at interpreter exit: engines torn down during
 # module teardown can abort the process (joinable C++ threads), so they go first.

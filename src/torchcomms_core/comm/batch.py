@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .._errors import CommTypeError
-from .._options import BatchP2POptions, CallOptions
-from .._work import TorchWork
-from .base import CommBase, _in
+from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.foundation.errors import CommTypeError
+from torchcomms_core.foundation.work import TorchWork
+from torchcomms_core.operations.options import BatchP2POptions, CallOptions
 
 
 class P2POpType(enum.IntEnum):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._collectives import Collective
-from .._errors import CommTypeError
-from .._op_args import args_class
+from torchcomms_core.foundation.errors import CommTypeError
+from torchcomms_core.operations.args import args_class
+from torchcomms_core.plugin_host.collective import Collective
 
 if TYPE_CHECKING:
-    from .base import CommBase
+    from torchcomms_core.comm.base import CommBase
 
 
 def make_method(coll: Collective) -> Callable[..., Any]:

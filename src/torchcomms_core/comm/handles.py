@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CommTypeError
+from torchcomms_core.foundation.errors import CommTypeError
 
 if TYPE_CHECKING:
     import torch

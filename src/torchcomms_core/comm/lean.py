@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from .._reduce_op import RedOpType, ReduceOp
-from .._work import TorchWork
+from torchcomms_core.foundation.work import TorchWork
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,20 +12,20 @@ from datetime import timedelta
 
 import torch
 
-from .._collectives import Collective
-from .._errors import CommInputError, CommStateError, TorchCommError
-from .._join import join_or_finalize, members_key
-from .._names import check_name, claim_name, release_name
-from .._plugins import PluginError, attach_collective_host, call_lifecycle
-from .._reduce_op import ReduceOp
-from .._states import OK
-from .._validation import check_hints, check_timeout, split_sizes
-from .._work import TorchWork
-from .base import CommBase, _in
-from .batch import BatchSendRecv
-from .collectives import make_method
-from .handles import PersistentAllGather, owned
-from .window import TorchCommWindow, create_window
+from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.comm.batch import BatchSendRecv
+from torchcomms_core.comm.collectives import make_method
+from torchcomms_core.comm.handles import PersistentAllGather, owned
+from torchcomms_core.comm.window import TorchCommWindow, create_window
+from torchcomms_core.creation.join import join_or_finalize, members_key
+from torchcomms_core.creation.names import check_name, claim_name, release_name
+from torchcomms_core.foundation.errors import CommInputError, CommStateError, TorchCommError
+from torchcomms_core.foundation.states import OK
+from torchcomms_core.foundation.work import TorchWork
+from torchcomms_core.operations.reduce_op import ReduceOp
+from torchcomms_core.operations.validation import check_hints, check_timeout, split_sizes
+from torchcomms_core.plugin_host.collective import Collective
+from torchcomms_core.plugin_host.manager import PluginError, attach_collective_host, call_lifecycle
 
 # all_reduce, broadcast and all_to_all_single open with the lean lane (``comm.lean``): a
 # plain synchronous call that qualifies is checked and issued there.
@@ -553,7 +553,9 @@ class TorchComm(CommBase):
         :class:`CommInputError` when members disagree and :class:`CommTimeoutError` when one
         never arrives. See docs/fault-tolerance.md.
         """
-        from .reconfigure import reconfigure  # fault tolerance loads only when used
+        from torchcomms_core.comm.reconfigure import (
+            reconfigure,  # fault tolerance loads only when used
+        )
 
         return reconfigure(self, uuid, init_handles, timeout, hints)
 

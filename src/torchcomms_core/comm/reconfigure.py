@@ -44,8 +44,17 @@ from collections import Counter
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from .._bootstrap import check_open_files
-from .._errors import (
+from torchcomms_core.creation.bootstrap import check_open_files
+from torchcomms_core.creation.join import missing_keys
+from torchcomms_core.creation.rendezvous import (
+    Handle,
+    connect,
+    has_exited,
+    launcher_rank,
+    new_token,
+    parse_handle,
+)
+from torchcomms_core.foundation.errors import (
     CommInputError,
     CommOperationError,
     CommStateError,
@@ -53,15 +62,13 @@ from .._errors import (
     CommTypeError,
     TorchCommError,
 )
-from .._join import missing_keys
-from .._rendezvous import Handle, connect, has_exited, launcher_rank, new_token, parse_handle
-from .._states import ABORTED, OK, UNBOUND
-from .._validation import check_hints, check_timeout
-from .._work import TorchWork, is_timeout_error
-from ..spec import TorchCommBackend, method_support
+from torchcomms_core.foundation.states import ABORTED, OK, UNBOUND
+from torchcomms_core.foundation.work import TorchWork, is_timeout_error
+from torchcomms_core.operations.validation import check_hints, check_timeout
+from torchcomms_core.spec import TorchCommBackend, method_support
 
 if TYPE_CHECKING:
-    from .base import CommBase as TorchComm  # any communicator
+    from torchcomms_core.comm.base import CommBase as TorchComm  # any communicator
 
 _PREFIX = "reconfigure"
 
@@ -73,7 +80,7 @@ def supports_reconfigure(cls: type[TorchCommBackend]) -> bool:
 
 def reconfigure_backends() -> list[str]:
     """Names of the installed backends that can reconfigure here (for error messages)."""
-    from .._registry import available_backends, get_backend_class
+    from torchcomms_core.plugin_host.backends import available_backends, get_backend_class
 
     found = []
     for name in available_backends():

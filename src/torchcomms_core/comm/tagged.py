@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from .._errors import CommInputError, CommTypeError
-from .base import _in
+from torchcomms_core.comm.base import _in
+from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 
 if TYPE_CHECKING:
-    from .._work import TorchWork
-    from .base import CommBase as TorchComm
+    from torchcomms_core.comm.base import CommBase as TorchComm
+    from torchcomms_core.foundation.work import TorchWork
 
 #: The largest tag accepted: c10d passes tags as a C ``int``.
 MAX_TAG = 2**31 - 1

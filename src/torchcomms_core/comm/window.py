@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._errors import CommInputError, CommStateError, CommTypeError
-from .._work import TorchWork, WorkStatus
-from ..spec import TorchCommWinAccessType, WindowEngine
+from torchcomms_core.foundation.errors import CommInputError, CommStateError, CommTypeError
+from torchcomms_core.foundation.work import TorchWork, WorkStatus
+from torchcomms_core.spec import TorchCommWinAccessType, WindowEngine
 
 if TYPE_CHECKING:
-    from .base import CommBase as TorchComm
+    from torchcomms_core.comm.base import CommBase as TorchComm
 
 __all__ = [
     "TorchCommWinAccessType",

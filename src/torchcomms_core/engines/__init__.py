@@ -6,6 +6,6 @@
 
 from __future__ import annotations
 
-from .c10d_adapter import C10dBackend
+from torchcomms_core.engines.c10d_engine import C10dBackend
 
 __all__ = ["C10dBackend"]

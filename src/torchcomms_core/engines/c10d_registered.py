@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .._c10d_group import current_group
-from .._reduce_op import ReduceOp
-from .c10d_adapter import C10dBackend, _flat, c10d_module, to_c10d_reduce_op
+from torchcomms_core.creation.group_record import current_group
+from torchcomms_core.engines.c10d_engine import C10dBackend, _flat, c10d_module, to_c10d_reduce_op
+from torchcomms_core.operations.reduce_op import ReduceOp
 
 if TYPE_CHECKING:
-    from .._options import CommOptions
+    from torchcomms_core.operations.options import CommOptions
 
 _lock = threading.Lock()
 # One class per registered name, remade when c10d's registration changes.

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .. import _env
-from .._errors import BootstrapError, CommInputError
-from .._reduce_op import RedOpType
-from ..spec import DEFAULT_DTYPES, TorchCommBackend
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import BootstrapError, CommInputError
+from torchcomms_core.operations.reduce_op import RedOpType
+from torchcomms_core.spec import DEFAULT_DTYPES, TorchCommBackend
 
 if TYPE_CHECKING:
-    from .._options import CommOptions
+    from torchcomms_core.operations.options import CommOptions
 
 #: The hints the fake backend reads (``new_comm("fake", ..., hints={"size": "8"})``).
 RANK_HINT = "rank"

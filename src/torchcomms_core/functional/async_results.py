@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .ops import op
+from torchcomms_core.functional.ops import op
 
 
 class TorchCommsAsyncTensor(torch.Tensor):

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .ops import op
-from .table import NAMESPACE
+from torchcomms_core.functional.ops import op
+from torchcomms_core.functional.table import NAMESPACE
 
 _NO_X = (False, None, None)  # async_op, hints, timeout of a backward collective
 

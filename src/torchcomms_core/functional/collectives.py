@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
-from . import pending
-from .async_results import FakeWork, TorchCommsAsyncTensor
-from .autograd import DIFFERENTIABLE, register_formulas
-from .ops import CommRef, define_ops
-from .patch import mark_plugin_collectives, patch_torchcomm, ref_of
-from .table import NAMESPACE, OPS, OpSpec
+from torchcomms_core.functional import pending
+from torchcomms_core.functional.async_results import FakeWork, TorchCommsAsyncTensor
+from torchcomms_core.functional.autograd import DIFFERENTIABLE, register_formulas
+from torchcomms_core.functional.ops import CommRef, define_ops
+from torchcomms_core.functional.patch import mark_plugin_collectives, patch_torchcomm, ref_of
+from torchcomms_core.functional.table import NAMESPACE, OPS, OpSpec
 
 __all__ = [
     "DIFFERENTIABLE",

@@ -17,13 +17,21 @@ from torch._library.effects import EffectType
 from torch._library.opaque_object import MemberType, register_opaque_type
 from torch._opaque_base import OpaqueBase
 
-from .._errors import CommStateError
-from .._reduce_op import RedOpType, ReduceOp
-from . import pending
-from .table import INOUT, NAMESPACE, OPS, REDUCE_OP, TENSORS, OpSpec, schema
+from torchcomms_core.foundation.errors import CommStateError
+from torchcomms_core.functional import pending
+from torchcomms_core.functional.table import (
+    INOUT,
+    NAMESPACE,
+    OPS,
+    REDUCE_OP,
+    TENSORS,
+    OpSpec,
+    schema,
+)
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 
 if TYPE_CHECKING:
-    from ..comm.operations import TorchComm
+    from torchcomms_core.comm.operations import TorchComm
 
 
 class CommRef(OpaqueBase):

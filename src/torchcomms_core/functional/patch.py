@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 
-from .._errors import CommTypeError
-from .._reduce_op import ReduceOp
-from . import pending
-from .async_results import FakeWork, TorchCommsAsyncTensor
-from .autograd import DIFFERENTIABLE
-from .ops import ORIGINALS, CommRef, op
-from .table import IN, INTS, OPS, REDUCE_OP, TENSOR, TENSORS, OpSpec
+from torchcomms_core.foundation.errors import CommTypeError
+from torchcomms_core.functional import pending
+from torchcomms_core.functional.async_results import FakeWork, TorchCommsAsyncTensor
+from torchcomms_core.functional.autograd import DIFFERENTIABLE
+from torchcomms_core.functional.ops import ORIGINALS, CommRef, op
+from torchcomms_core.functional.table import IN, INTS, OPS, REDUCE_OP, TENSOR, TENSORS, OpSpec
+from torchcomms_core.operations.reduce_op import ReduceOp
 
 _TRAILING = ("async_op", "hints", "timeout")
 _MISSING = object()
@@ -249,8 +249,8 @@ def _wrap_init(original: Any) -> Any:
 
 def mark_plugin_collectives() -> None:
     """Make every installed plugin collective a clean graph break when traced."""
-    from .._plugins import _collectives
-    from ..comm.operations import TorchComm
+    from torchcomms_core.comm.operations import TorchComm
+    from torchcomms_core.plugin_host.manager import _collectives
 
     for name, coll in list(_collectives.items()):
         method = TorchComm.__dict__.get(name)
@@ -270,7 +270,7 @@ def mark_plugin_collectives() -> None:
 
 def patch_torchcomm() -> None:
     """Wrap ``TorchComm``'s collectives and constructor (idempotent)."""
-    from ..comm.operations import TorchComm
+    from torchcomms_core.comm.operations import TorchComm
 
     for spec in OPS:
         current = TorchComm.__dict__[spec.method]
@@ -282,7 +282,7 @@ def patch_torchcomm() -> None:
     if getattr(init, _WRAPPED, None) is None:
         TorchComm.__init__ = _wrap_init(init)  # type: ignore[method-assign]
     # Communicators created before the compile path was switched on get their ref now.
-    from ..comm.base import live_communicators
+    from torchcomms_core.comm.base import live_communicators
 
     for live in live_communicators():
         ref_of(live)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _env
+from torchcomms_core.foundation import env as _env
 
 #: The oldest PyTorch whose ``torch.library`` and opaque objects the compile path relies on.
 MIN_PYTORCH_VERSION_FOR_COMPILE = "2.12.0.dev0"

@@ -1,6 +1,6 @@
 """The compilable operations and their ``torch.library`` schemas.
 
-Derived from the core's operation table (``torchcomms_core._optable``): every operation
+Derived from the core's operation table (``torchcomms_core.operations.table``): every operation
 marked ``compilable`` gets op definitions, kernels, fake kernels and a method wrapper.
 """
 
@@ -8,8 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._optable import IN, INOUT, INT, INTS, OUT, REDUCE_OP, TENSOR, TENSORS, Param
-from .._optable import OPS as _OPS
+from torchcomms_core.operations.table import (
+    IN,
+    INOUT,
+    INT,
+    INTS,
+    OUT,
+    REDUCE_OP,
+    TENSOR,
+    TENSORS,
+    Param,
+)
+from torchcomms_core.operations.table import OPS as _OPS
 
 __all__ = [
     "IN",

@@ -29,10 +29,10 @@ from typing import Any, TextIO
 
 import torch
 
-from .._errors import CommInputError, CommTypeError
-from ..comm.handles import RemovableHandle
-from ..comm.operations import TorchComm
-from . import _args
+from torchcomms_core.comm.handles import RemovableHandle
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation.errors import CommInputError, CommTypeError
+from torchcomms_core.hooks import _args
 
 _EVENTS = ("ALL", "LIFECYCLE")
 _VERBOSE = ("buffers",)

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from .._env import parse_bool
+from torchcomms_core.foundation.env import parse_bool
 
 HANDLER_NAMES = ("torchcomms_fr_trace_json", "torchcomms_fr_dump_file", "torchcomms_health_check")
 
@@ -37,7 +37,7 @@ def _reply(resp: Any, status: int, body: Any, kind: str = "application/json") ->
 
 def torchcomms_health_check(req: Any, resp: Any) -> None:
     """``{"healthy": bool}``: false once an operation failed under a flight recorder."""
-    from .flight_recorder import is_healthy
+    from torchcomms_core.hooks.flight_recorder import is_healthy
 
     _reply(resp, 200, {"healthy": is_healthy()})
 
@@ -48,7 +48,7 @@ def torchcomms_fr_trace_json(req: Any, resp: Any) -> None:
     Parameters: ``includecollectives`` (default true; false leaves ``entries`` empty) and
     ``onlyactive`` (default false; true leaves out completed operations).
     """
-    from .flight_recorder import global_recorder
+    from torchcomms_core.hooks.flight_recorder import global_recorder
 
     try:
         collectives = _param(req, "includecollectives", True)
@@ -65,7 +65,7 @@ def torchcomms_fr_trace_json(req: Any, resp: Any) -> None:
 def torchcomms_fr_dump_file(req: Any, resp: Any) -> None:
     """Write the process-wide recorder's dump file in the background (503 if it has no
     communicator yet)."""
-    from .flight_recorder import (
+    from torchcomms_core.hooks.flight_recorder import (
         FlightRecorderHook,
         dump_path,
         global_rank,

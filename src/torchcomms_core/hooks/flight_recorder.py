@@ -31,15 +31,15 @@ from typing import Any
 
 import torch
 
-from .. import _env
-from .._errors import CommInputError, CommTypeError
-from .._op_args import reset_op_ids
-from .._plugins import get_plugin_manager
-from .._work import TorchWork, WorkStatus
-from ..comm.handles import RemovableHandle
-from ..comm.operations import TorchComm
-from ..hookspecs import hookimpl
-from . import _args
+from torchcomms_core.comm.handles import RemovableHandle
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import CommInputError, CommTypeError
+from torchcomms_core.foundation.work import TorchWork, WorkStatus
+from torchcomms_core.hooks import _args
+from torchcomms_core.operations.args import reset_op_ids
+from torchcomms_core.plugin_host.hookspecs import hookimpl
+from torchcomms_core.plugin_host.manager import get_plugin_manager
 
 
 def _undescribed(comm: TorchComm) -> tuple[str, str, list[int] | None]:

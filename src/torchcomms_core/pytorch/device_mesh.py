@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .._errors import CommInputError, CommTypeError
-from ..comm.operations import TorchComm
-from .backend_wrapper import _BackendWrapper
-from .groups import as_process_group
+from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d.groups import as_process_group
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 
 
 def init_device_mesh(

@@ -8,10 +8,10 @@ so a group made before a reconfigure no longer describes the communicator. After
 
 from __future__ import annotations
 
-from .._errors import CommStateError, CommTypeError
-from ..comm.operations import TorchComm
-from .backend_wrapper import _BackendWrapper
-from .groups import _global_ranks, _new_wrapper, find_group, register
+from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d.groups import _global_ranks, _new_wrapper, find_group, register
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation.errors import CommStateError, CommTypeError
 
 
 def _keep_comm() -> None:

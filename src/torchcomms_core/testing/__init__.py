@@ -7,8 +7,8 @@ thread play one rank.
 
 from __future__ import annotations
 
-from .pool import Outcome, RankFailure, RankPool, current_rank, unique_name
-from .store import CountingStore, StoreCounts, simulated_rank
+from torchcomms_core.testing.pool import Outcome, RankFailure, RankPool, current_rank, unique_name
+from torchcomms_core.testing.store import CountingStore, StoreCounts, simulated_rank
 
 __all__ = [
     "CountingStore",

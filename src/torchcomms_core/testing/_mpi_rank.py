@@ -10,8 +10,8 @@ import multiprocessing.connection
 import os
 import sys
 
-from .. import _env
-from .pool import serve
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.testing.pool import serve
 
 
 def _main(address: str, tmpdir: str) -> None:

@@ -13,12 +13,24 @@ from typing import Any
 
 import torch
 
-from .._create import new_comm
-from .._errors import CommInputError, CommStateError, CommTimeoutError, CommTypeError
-from .._reduce_op import ReduceOp
-from .._work import WorkStatus
-from .pool import unique_name
-from .reference import DTYPES, check, ops_for, product_values, reference, values
+from torchcomms_core.comm.create import new_comm
+from torchcomms_core.foundation.errors import (
+    CommInputError,
+    CommStateError,
+    CommTimeoutError,
+    CommTypeError,
+)
+from torchcomms_core.foundation.work import WorkStatus
+from torchcomms_core.operations.reduce_op import ReduceOp
+from torchcomms_core.testing.pool import unique_name
+from torchcomms_core.testing.reference import (
+    DTYPES,
+    check,
+    ops_for,
+    product_values,
+    reference,
+    values,
+)
 
 #: Bytes of one message in the large contracts. Linux caps a TCP socket's buffers at 4 MiB
 #: (send) and 6 MiB (receive) by default and tuned hosts rarely exceed 16 MiB, so a backend

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from ..bench.mpiexec import find_mpiexec
+from torchcomms_core.bench.mpiexec import find_mpiexec
 
 #: What each MPI process runs (``_mpi_rank`` serves test bodies like a spawned rank).
 _RANK_MODULE = "torchcomms_core.testing._mpi_rank"

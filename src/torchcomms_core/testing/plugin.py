@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .pool import RankPool
+from torchcomms_core.testing.pool import RankPool
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -127,7 +127,7 @@ def shared_pool(
 
 def mpi_ranks(size: int) -> RankPool:
     """The session's pool of ``size`` ranks started by mpiexec; skips the test without it."""
-    from .mpi_launch import mpiexec_unavailable
+    from torchcomms_core.testing.mpi_launch import mpiexec_unavailable
 
     missing = mpiexec_unavailable()
     if missing:
@@ -186,11 +186,11 @@ def conformance_pool(request: pytest.FixtureRequest, torchcomms_backend: str) ->
         raise pytest.UsageError("--torchcomms-world-size must be at least 2")
     launcher = str(request.config.getoption("--torchcomms-launcher"))
     if launcher == "auto":
-        from .._registry import get_backend_class
+        from torchcomms_core.plugin_host.backends import get_backend_class
 
         launcher = get_backend_class(torchcomms_backend).launcher or "spawn"
     if launcher == "mpiexec":
-        from .mpi_launch import mpiexec_unavailable
+        from torchcomms_core.testing.mpi_launch import mpiexec_unavailable
 
         missing = mpiexec_unavailable()
         if missing:
@@ -232,8 +232,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     name = config.getoption("--torchcomms-backend", default=None)
     if not name:
         return
-    from .._registry import get_backend_class
-    from ..spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS, method_support
+    from torchcomms_core.plugin_host.backends import get_backend_class
+    from torchcomms_core.spec import (
+        DERIVABLE_METHODS,
+        OPTIONAL_METHODS,
+        REQUIRED_METHODS,
+        method_support,
+    )
 
     try:
         cls = get_backend_class(name)

@@ -198,7 +198,7 @@ class RankPool:
         ctx = multiprocessing.get_context("spawn")
         tmpdir = tempfile.mkdtemp(prefix="torchcomms-pool-")
         if self.launcher == "mpiexec":
-            from . import mpi_launch
+            from torchcomms_core.testing import mpi_launch
 
             self._procs, self._conns, self._stack_files = mpi_launch.start(
                 self.world_size, env, tmpdir

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .._reduce_op import RedOpType, ReduceOp
+from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 
 DTYPES = {
     "float32": torch.float32,

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import Store
 
-from .. import _env
+from torchcomms_core.foundation import env as _env
 
 __all__ = ["CountingStore", "StoreCounts", "simulated_rank"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from torchcomms_core._errors import TorchCommError
-from torchcomms_core._registry import get_backend_class
+from torchcomms_core.foundation.errors import TorchCommError
+from torchcomms_core.plugin_host.backends import get_backend_class
 from torchcomms_core.testing import contracts
 from torchcomms_core.testing.pool import RankFailure, RankPool
 from torchcomms_core.testing.reference import DTYPES

@@ -27,9 +27,9 @@ from torch.distributed import (
     is_initialized,
 )
 
-from ..._errors import CommInputError, CommStateError
-from . import world as _world
-from .collectives import (
+from torchcomms_core.foundation.errors import CommInputError, CommStateError
+from torchcomms_core.pytorch.distwrap import world as _world
+from torchcomms_core.pytorch.distwrap.collectives import (
     all_gather,
     all_gather_into_tensor,
     all_reduce,
@@ -44,8 +44,13 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
-from .memory import _make_nccl_premul_sum, get_mem_allocator, new_window, register_mem_pool
-from .objects import (
+from torchcomms_core.pytorch.distwrap.memory import (
+    _make_nccl_premul_sum,
+    get_mem_allocator,
+    new_window,
+    register_mem_pool,
+)
+from torchcomms_core.pytorch.distwrap.objects import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
@@ -53,8 +58,8 @@ from .objects import (
     scatter_object_list,
     send_object_list,
 )
-from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .world import TorchCommsGroup
+from torchcomms_core.pytorch.distwrap.p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from torchcomms_core.pytorch.distwrap.world import TorchCommsGroup
 
 __all__ = [
     "GroupMember",

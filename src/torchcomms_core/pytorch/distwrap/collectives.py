@@ -12,12 +12,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..._errors import CommInputError
-from ..._reduce_op import ReduceOp as CommsReduceOp
-from ..._reduce_op import coerce_reduce_op
-from ..._work import TorchWork
-from ..work import CommWork
-from .world import TorchCommsGroup, resolve
+from torchcomms_core.c10d.work import CommWork
+from torchcomms_core.foundation.errors import CommInputError
+from torchcomms_core.foundation.work import TorchWork
+from torchcomms_core.operations.reduce_op import ReduceOp as CommsReduceOp
+from torchcomms_core.operations.reduce_op import coerce_reduce_op
+from torchcomms_core.pytorch.distwrap.world import TorchCommsGroup, resolve
 
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..._errors import CommInputError
-from ..._reduce_op import ReduceOp as CommsReduceOp
-from .world import resolve, torchcomms_mode
+from torchcomms_core.foundation.errors import CommInputError
+from torchcomms_core.operations.reduce_op import ReduceOp as CommsReduceOp
+from torchcomms_core.pytorch.distwrap.world import resolve, torchcomms_mode
 
 
 def _device(device: Any) -> torch.device:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .. import objcol
-from .collectives import root_rank
-from .world import resolve
+from torchcomms_core.comm import objcol
+from torchcomms_core.pytorch.distwrap.collectives import root_rank
+from torchcomms_core.pytorch.distwrap.world import resolve
 
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 

@@ -10,12 +10,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..._errors import CommInputError, CommTypeError
-from ...comm import tagged
-from ...comm.anysource import recv_anysource
-from ..p2p_batch import P2PBatch
-from ..work import CommWork
-from .world import TorchCommsGroup, resolve
+from torchcomms_core.c10d.p2p_batch import P2PBatch
+from torchcomms_core.c10d.work import CommWork
+from torchcomms_core.comm import tagged
+from torchcomms_core.comm.anysource import recv_anysource
+from torchcomms_core.foundation.errors import CommInputError, CommTypeError
+from torchcomms_core.pytorch.distwrap.world import TorchCommsGroup, resolve
 
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 

@@ -22,11 +22,16 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 from torch.distributed import distributed_c10d as c10d
 
-from ... import _env
-from ..._c10d_group import GroupContext, given_group
-from ..._create import new_comm
-from ..._errors import BootstrapError, CommInputError, CommStateError, CommTypeError
-from ...comm.operations import TorchComm
+from torchcomms_core.comm.create import new_comm
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.creation.group_record import GroupContext, given_group
+from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation.errors import (
+    BootstrapError,
+    CommInputError,
+    CommStateError,
+    CommTypeError,
+)
 
 #: Device type of each backend name (``"cpu:gloo,cuda:nccl"`` names them explicitly).
 DEVICE_OF_BACKEND = {
@@ -112,7 +117,7 @@ def parse_backend(backend: Any) -> dict[str, str]:
 
 def _declared_device(name: str) -> str:
     """The first device type a registered backend declares (``mpi``, a vendor's, ...)."""
-    from ..._registry import get_backend_class
+    from torchcomms_core.plugin_host.backends import get_backend_class
 
     return get_backend_class(name).devices[0]
 
