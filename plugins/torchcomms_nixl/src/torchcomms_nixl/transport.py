@@ -21,8 +21,10 @@ from torchcomms_core.plugin import (
 )
 
 from . import engine
-from .agent import MAX_POST_BYTES, Agent, Region, agent
+from .agent import Agent, agent
 from .keys import Address, decode_address, encode_address
+from .records import Region
+from .wire import MAX_POST_BYTES
 
 
 class NixlRegistration(MemoryRegistration):
