@@ -137,13 +137,12 @@ class Agent(Transfers, Service):
                 self._changed.notify_all()
                 return
             else:
-                try:
-                    self._nixl.loadRemoteMD(peer.metadata)
-                except Exception as exc:
-                    raise CommOperationError(
-                        f"connect: NIXL could not load the peer's address "
-                        f"({type(exc).__name__}: {exc}); pass the peer's bind() unchanged"
-                    ) from None
+                self._load_remote(
+                    "connect",
+                    peer.metadata,
+                    "the peer's address",
+                    "; pass the peer's bind() unchanged",
+                )
                 self._connected.add(peer.agent)
                 state = self._peers.setdefault(peer.agent, Peer())
                 state.dead = False

@@ -142,6 +142,16 @@ class AgentBase:
         ctypes.memmove(addr, source + start, nbytes)  # from the message's own buffer
         self.posts_applied += 1
 
+    def _load_remote(self, where: str, metadata: bytes, what: str, fix: str = "") -> None:
+        """Load another agent's NIXL metadata (the lock is held); a failure raises
+        ``CommOperationError`` naming ``what`` could not be loaded, then ``fix``."""
+        try:
+            self._nixl.loadRemoteMD(metadata)
+        except Exception as exc:
+            raise CommOperationError(
+                f"{where}: NIXL could not load {what} ({type(exc).__name__}: {exc}){fix}"
+            ) from None
+
     def _send(self, agent: str, body: dict[str, Any]) -> bool:
         """Notify ``agent``; False (and the agent counts as dead) when it cannot be reached."""
         data = encode(body)

@@ -147,13 +147,7 @@ class Transfers(AgentBase):
                 self._handles.move_to_end(cache_key)
                 return found[0]
             if key.exposure not in state.loaded and key.agent != self.name:
-                try:
-                    self._nixl.loadRemoteMD(key.metadata)
-                except Exception as exc:
-                    raise CommOperationError(
-                        f"{where}: NIXL could not load the remote buffer's registration "
-                        f"({type(exc).__name__}: {exc})"
-                    ) from None
+                self._load_remote(where, key.metadata, "the remote buffer's registration")
                 state.loaded.add(key.exposure)
             local = self._b.nixlXferDList(
                 self._mem[region.mem_type], [(addr, nbytes, region.device_id)]

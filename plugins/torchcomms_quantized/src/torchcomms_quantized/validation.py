@@ -43,16 +43,21 @@ def validate_reduce_scatter(
     check.tensor(name, "input", input)
     _floating(name, "input", input)
     check.same_dtype(name, "output", output, "input", input)
+    _scatter_sizes(comm, name, output, input)
+    red = _reduce_op(comm, name, op, input.dtype)
+    return (output, input, red), _options(comm, name, kwargs)
+
+
+def _scatter_sizes(comm: TorchComm, name: str, output: torch.Tensor, input: torch.Tensor) -> None:
+    """A reduce-scatter's sizes: ``input.numel() == output.numel() * size``."""
     size = comm.get_size()
-    check.numel(
+    comm.checker.numel(
         name,
         "input",
         input,
         output.numel() * size,
         f"output.numel() * size = {output.numel()} * {size}",
     )
-    red = _reduce_op(comm, name, op, input.dtype)
-    return (output, input, red), _options(comm, name, kwargs)
 
 
 def _floating(name: str, arg: str, t: torch.Tensor) -> None:
@@ -142,14 +147,7 @@ def validate_reduce_scatter_quantized(
                 f"{name}: {arg} must be contiguous (shape {tuple(t.shape)}, strides "
                 f"{t.stride()}); pass {arg}.contiguous()"
             )
-    size = comm.get_size()
-    check.numel(
-        name,
-        "input",
-        input,
-        output.numel() * size,
-        f"output.numel() * size = {output.numel()} * {size}",
-    )
+    _scatter_sizes(comm, name, output, input)
     if not isinstance(seed, torch.Tensor):
         raise CommTypeError(
             f"{name}: seed must be a one-element int64 tensor on the communicator's device "
