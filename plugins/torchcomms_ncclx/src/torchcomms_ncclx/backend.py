@@ -77,12 +77,7 @@ class NCCLXBackend(NcclEngineBackend):
     @staticmethod
     def nccl_version() -> tuple[int, ...] | None:
         """The NCCL version torch was built with, ``None`` on a build without NCCL."""
-        try:
-            # torch.cuda.nccl.version carries no annotations in torch.
-            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
-        except (AttributeError, RuntimeError):
-            return None
-        return tuple(int(v) for v in version[:3])
+        return ncclx_only.nccl_version()
 
     # -- the reference's NCCLX-only methods (see ncclx_only for what this engine allows) --
 

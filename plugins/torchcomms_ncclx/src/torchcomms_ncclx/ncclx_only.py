@@ -1,5 +1,8 @@
 """The reference's NCCLX-only methods, on torch's ``ProcessGroupNCCL`` as far as it allows.
 
+Each takes the backend (any ``NcclEngineBackend``); ``backend`` binds them as methods of
+``NCCLXBackend``. Imports only the core's plugin namespace, never ``backend``.
+
 The reference's ``TorchCommNCCLX`` calls NCCLX, Meta's NCCL fork, for these. Our engine is
 torch's ``ProcessGroupNCCL`` over the NCCL torch ships, so each method does what that
 engine can, and says clearly what it cannot:
@@ -22,14 +25,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import CommInputError, CommStateError, CommTypeError
-
-if TYPE_CHECKING:
-    from .backend import NCCLXBackend
+from torchcomms_core.plugin import (
+    CommInputError,
+    CommStateError,
+    CommTypeError,
+    NcclEngineBackend,
+)
 
 #: The hint of ``comm_dump_all`` that keeps only some fields: ``"rank;nRanks"``.
 REQUEST_FIELDS = "comm_dump::requestFields"
@@ -48,7 +53,7 @@ def _string_dict(value: Any, where: str, what: str) -> dict[str, str]:
     return dict(value)
 
 
-def _engine(backend: NCCLXBackend, where: str) -> Any:
+def _engine(backend: NcclEngineBackend, where: str) -> Any:
     engine = getattr(backend, "_engine", None)
     if engine is None:
         raise CommStateError(
@@ -56,6 +61,16 @@ def _engine(backend: NCCLXBackend, where: str) -> Any:
             f"aborted); create one with torchcomms.new_comm('ncclx', ...)"
         )
     return engine
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL version torch was built with, ``None`` on a build without NCCL."""
+    try:
+        # torch.cuda.nccl.version carries no annotations in torch.
+        version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    except (AttributeError, RuntimeError):
+        return None
+    return tuple(int(v) for v in version[:3])
 
 
 def comm_hash(name: str, global_ranks: list[int]) -> str:
@@ -92,7 +107,7 @@ def dump_fields(
     return {k: json.dumps(v) for k, v in fields.items()}
 
 
-def comm_dump(backend: NCCLXBackend) -> dict[str, str]:
+def comm_dump(backend: NcclEngineBackend) -> dict[str, str]:
     """``TorchCommNCCLX.comm_dump()``: see the module docstring."""
     engine = _engine(backend, "comm_dump")
     rank, size = backend.get_rank(), backend.get_size()
@@ -103,7 +118,7 @@ def comm_dump(backend: NCCLXBackend) -> dict[str, str]:
         size=size,
         global_ranks=ranks,
         device=backend.device,
-        nccl_version=type(backend).nccl_version(),
+        nccl_version=nccl_version(),
         comm_ptr=_comm_ptr_or_none(engine),
     )
 
@@ -140,7 +155,7 @@ def _comm_ptr_or_none(engine: Any) -> int | None:
         return None
 
 
-def get_nccl_comm_ptr(backend: NCCLXBackend) -> int:
+def get_nccl_comm_ptr(backend: NcclEngineBackend) -> int:
     """``get_nccl_comm_ptr()``: the engine's ``ncclComm_t`` as an int."""
     engine = _engine(backend, "get_nccl_comm_ptr")
     probe = getattr(engine, "_comm_ptr", None)
@@ -158,14 +173,14 @@ def get_nccl_comm_ptr(backend: NCCLXBackend) -> int:
     return ptr
 
 
-def set_config(backend: NCCLXBackend, hints: Any) -> None:
+def set_config(backend: NcclEngineBackend, hints: Any) -> None:
     """``set_config(hints)``: refused for any setting (see the module docstring)."""
     where = "set_config"
     hints = _string_dict(hints, where, "hints")
     _engine(backend, where)
     if not hints:
         return
-    version = type(backend).nccl_version()
+    version = nccl_version()
     shown = ".".join(map(str, version)) if version else "unknown"
     raise CommStateError(
         f"set_config: changing a live communicator's configuration ({sorted(hints)}) needs "
@@ -248,7 +263,7 @@ def check_split_sums(out_splits: list[int], in_splits: list[int], output: Any, i
 
 
 def device_alltoallv_single(
-    backend: NCCLXBackend,
+    backend: NcclEngineBackend,
     output: torch.Tensor,
     input: torch.Tensor,
     output_split_sizes: torch.Tensor,
