@@ -4,7 +4,7 @@
 the lean lane, the fault-tolerance membership) and offers the rest of the package a small
 internal interface (``CommBase.INTERFACE``): start an operation (``_guard``), issue it
 (``_issue``), run the hooks of an operation without a work (``_hooks_before``,
-``_hooks_after``), mark it failed (``_fail``), leave and rejoin a group (``_unbind``,
+``_hooks_after``), mark it failed (``_work_failed``, which its works call), leave and rejoin a group (``_unbind``,
 ``_rebind``), the fault-tolerance membership (``_membership``). ``operations`` holds the
 public operations (``TorchComm``); ``reconfigure``, ``window``, ``batch``, ``anysource``
 and ``handles`` sit beside it and use only that interface. No module outside this package

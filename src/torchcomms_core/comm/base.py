@@ -31,7 +31,6 @@ from torchcomms_core.foundation.work import (
     WorkStatus,
     is_engine_failure,
     raised_by_plugin_code,
-    set_failure_listener,
 )
 from torchcomms_core.operations.args import (
     FINALIZE_OP_ID,
@@ -178,7 +177,7 @@ class CommBase:
             "_check_usable",  # refuse an operation on an unusable communicator
             "_hooks_before",  # hooks of an operation that returns no work
             "_hooks_after",
-            "_fail",  # an engine failure ended a work: mark the communicator failed
+            "_work_failed",  # an engine failure ended a work: mark the communicator failed
             "_unbind",  # leave the group (reconfigure): returns the previous state
             "_rebind",  # join a new group (reconfigure)
             "_membership",  # fault-tolerance state kept between reconfigures
@@ -566,8 +565,12 @@ class CommBase:
             f"more operations; finalize it and create a new communicator"
         ) from self._failure
 
-    def _fail(self, work: TorchWork, error: BaseException) -> None:
-        """An engine failure ended ``work``: mark the communicator failed, run the abort hooks."""
+    def _work_failed(self, work: TorchWork, error: BaseException) -> None:
+        """An engine failure ended ``work``: mark the communicator failed, run the abort hooks.
+
+        The work calls it itself (``TorchWork`` holds its communicator; the ``Communicator``
+        protocol of ``foundation.protocols`` declares it).
+        """
         with self._lock:
             if self._state is not OK:
                 return
@@ -788,15 +791,6 @@ class CommBase:
         """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
         bop, factor = call.lower(red, self._native_ops, out, self._size)
         return bop, inputs if factor is None else [t * factor for t in inputs]
-
-
-def _on_work_failure(comm: Any, work: TorchWork, error: BaseException) -> None:
-    fail = getattr(comm, "_fail", None)  # a work of something else than a communicator
-    if fail is not None:
-        fail(work, error)
-
-
-set_failure_listener(_on_work_failure)
 
 
 def run_when_finalized(comm: CommBase, step: Callable[[], object]) -> None:
