@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.comm.base import CommBase
+from torchcomms_core.comm.call import _in
 from torchcomms_core.foundation.errors import CommTypeError
 from torchcomms_core.foundation.work import TorchWork
 from torchcomms_core.operations.options import BatchP2POptions, CallOptions

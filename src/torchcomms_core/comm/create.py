@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.comm.base import Membership, run_when_finalized
+from torchcomms_core.comm.base import run_when_finalized
+from torchcomms_core.comm.lifetime import Membership
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.comm.reconfigure import make_handle, refusal, supports_reconfigure
 from torchcomms_core.creation.bootstrap import default_store, resolve_rank_size

@@ -12,8 +12,9 @@ from datetime import timedelta
 
 import torch
 
-from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.comm.base import CommBase
 from torchcomms_core.comm.batch import BatchSendRecv
+from torchcomms_core.comm.call import _in
 from torchcomms_core.comm.collectives import make_method
 from torchcomms_core.comm.handles import PersistentAllGather, owned
 from torchcomms_core.comm.window import TorchCommWindow, create_window

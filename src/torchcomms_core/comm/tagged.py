@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchcomms_core.comm.base import _in
+from torchcomms_core.comm.call import _in
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 
 if TYPE_CHECKING:

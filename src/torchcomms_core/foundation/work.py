@@ -25,6 +25,7 @@ from torchcomms_core.foundation.errors import (
 if TYPE_CHECKING:
     from torchcomms_core.foundation.protocols import Communicator as TorchComm  # any communicator
 
+
 class WorkStatus(enum.Enum):
     """The state of a ``TorchWork``, as its ``status`` and ``get_status()`` report it.
 
