@@ -8,6 +8,7 @@ call, ``TorchWork``).
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ from torchcomms_core.comm.call import Call, run_post_hooks, run_pre_hooks
 from torchcomms_core.comm.consistency import verify_call
 from torchcomms_core.comm.handles import RemovableHandle
 from torchcomms_core.comm.keywords import adapt_backend
-from torchcomms_core.comm.lifetime import LIVE, Membership, release_dropped
+from torchcomms_core.comm.lifetime import LIVE, Membership, release_dropped, release_live_at_exit
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommStateError
 from torchcomms_core.foundation.states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
@@ -51,6 +52,10 @@ from torchcomms_core.operations.validation import (
 from torchcomms_core.plugin_host.backends import backend_version, get_mem_allocator
 from torchcomms_core.plugin_host.manager import call_lifecycle, failed_plugins, load_plugins
 from torchcomms_core.spec import TorchCommBackend, method_support
+
+# Registered after every import above: exit handlers run last-registered first, so the
+# communicators are released before the engines they run on are torn down.
+atexit.register(release_live_at_exit)
 
 
 def live_communicators() -> list[CommBase]:

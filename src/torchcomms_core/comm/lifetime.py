@@ -9,7 +9,6 @@ spec's types, never the communicator.
 
 from __future__ import annotations
 
-import atexit
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,12 @@ if TYPE_CHECKING:
 LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-@atexit.register
-def _release_live_at_exit() -> None:
+def release_live_at_exit() -> None:
+    """Release every live communicator (``comm.base`` registers it with ``atexit``).
+
+    Registered once the modules the communicator needs are imported, so it runs before
+    their own exit handlers tear the engines down.
+    """
     for comm in list(LIVE):
         try:
             comm._release_quietly()

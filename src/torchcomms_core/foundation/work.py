@@ -67,6 +67,20 @@ def is_timeout_error(exc: BaseException) -> bool:
     return any(marker in text for marker in _TIMEOUT_MARKERS)
 
 
+def engine_start_error(what: str, timeout: Any, exc: BaseException, advice: str) -> TorchCommError:
+    """The error for an engine that could not start (``what`` says which, for whom).
+
+    A :class:`CommTimeoutError` ``"{what} within {timeout}: {exc}{advice}"`` when ``exc``
+    reports an expired timeout, else a :class:`CommOperationError`; ``exc`` is its cause.
+    """
+    if is_timeout_error(exc):
+        error: TorchCommError = CommTimeoutError(f"{what} within {timeout}: {exc}{advice}")
+    else:
+        error = CommOperationError(f"{what}: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 def is_engine_failure(exc: BaseException) -> bool:
     """Tell whether ``exc`` means the engine failed while running an operation.
 
