@@ -78,6 +78,20 @@ class Call:
             return ReduceOp.SUM, None
         return ReduceOp.SUM, red.factor
 
+    def reduce_in_place(
+        self, tensor: torch.Tensor, red: ReduceOp, native: frozenset[RedOpType], size: int
+    ) -> tuple[torch.Tensor, ReduceOp]:
+        """``(buffer, op for the backend)`` to reduce into ``tensor`` itself, its values read.
+
+        The buffer is ``tensor`` or a contiguous stand-in copied back on completion, with
+        the PREMUL factor already applied; AVG divides it on completion (:meth:`lower`).
+        """
+        buf = self.out(tensor, keep=True)
+        bop, factor = self.lower(red, native, buf, size)
+        if factor is not None:
+            buf.mul_(factor)
+        return buf, bop
+
 
 def run_pre_hooks(
     comm: Communicator,
