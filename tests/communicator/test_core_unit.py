@@ -357,6 +357,48 @@ def test_timeout_marks_work_and_communicator_and_runs_abort_hooks() -> None:
         comms[0].all_reduce(torch.ones(1), ReduceOp.SUM)
 
 
+def test_a_failed_work_tells_its_own_communicator_and_no_other() -> None:
+    import torchcomms_core.foundation.work as work_module
+
+    # No process-wide listener: each work reaches the communicator it holds.
+    assert not hasattr(work_module, "set_failure_listener")
+    comms = make_group(2, name="own-a", timeout_s=0.3)
+    others = make_group(2, name="own-b")
+    work = comms[0].recv(torch.empty(1), 1, async_op=True)
+    with pytest.raises(CommTimeoutError):
+        work.wait()
+    with pytest.raises(CommStateError, match="failed earlier"):
+        comms[0].all_reduce(torch.ones(1), ReduceOp.SUM)
+    run_threads(others, lambda c: c.all_reduce(torch.ones(1), ReduceOp.SUM))  # still fine
+
+    class Holder:  # a work built by hand for something that is not a communicator
+        def get_name(self) -> str:
+            return "holder"
+
+        def is_aborted(self) -> bool:
+            return False
+
+    class Broken:
+        def wait(self) -> None:
+            raise RuntimeError("connection reset by peer")
+
+    manual = torchcomms.TorchWork(Broken(), None, Holder(), "all_reduce")  # type: ignore[arg-type]
+    with pytest.raises(torchcomms.CommOperationError, match="on communicator 'holder' failed"):
+        manual.wait()
+    assert manual.status is WorkStatus.ERROR
+
+
+def test_an_engine_that_cannot_start_names_the_timeout_or_the_failure() -> None:
+    from torchcomms_core.foundation.work import engine_start_error
+
+    cause = RuntimeError("Socket Timeout")
+    err = engine_start_error("new_comm: x", timedelta(seconds=5), cause, "; retry")
+    assert isinstance(err, CommTimeoutError) and err.__cause__ is cause
+    assert str(err) == "new_comm: x within 0:00:05: Socket Timeout; retry"
+    err = engine_start_error("new_comm: x", timedelta(seconds=5), ValueError("bad"), "; retry")
+    assert isinstance(err, torchcomms.CommOperationError) and str(err) == "new_comm: x: bad"
+
+
 def test_async_work_reports_status() -> None:
     comms = make_group(2, name="status")
 

@@ -1,8 +1,9 @@
 """The base of ``TorchComm``: state, lifecycle, hooks, and the path every operation takes.
 
 An operation starts with ``_guard`` (state guard, per-call timeout and hints), stages its
-tensors on the returned ``_Call`` (contiguous stand-ins copied back on completion, AVG and
-PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend call, ``TorchWork``).
+tensors on the returned ``comm.call.Call`` (contiguous stand-ins copied back on
+completion, AVG and PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend
+call, ``TorchWork``).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from typing import Any, NoReturn, cast
 import torch
 
 from torchcomms_core.comm import lean
+from torchcomms_core.comm.call import Call, run_post_hooks, run_pre_hooks
 from torchcomms_core.comm.consistency import verify_call
 from torchcomms_core.comm.handles import RemovableHandle
 from torchcomms_core.comm.keywords import adapt_backend
+from torchcomms_core.comm.lifetime import LIVE, Membership, release_dropped, release_live_at_exit
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommStateError
 from torchcomms_core.foundation.states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
@@ -31,16 +34,11 @@ from torchcomms_core.foundation.work import (
     WorkStatus,
     is_engine_failure,
     raised_by_plugin_code,
-    set_failure_listener,
 )
 from torchcomms_core.operations.args import (
     FINALIZE_OP_ID,
     OpArgs,
     OpName,
-    args_class,
-    next_op_id,
-    op_name,
-    post_args,
 )
 from torchcomms_core.operations.hints import warn_unknown_hints
 from torchcomms_core.operations.options import CommOptions
@@ -50,113 +48,19 @@ from torchcomms_core.operations.validation import (
     check_hints,
     check_timeout,
     lean_pairs,
-    writable,
 )
 from torchcomms_core.plugin_host.backends import backend_version, get_mem_allocator
 from torchcomms_core.plugin_host.manager import call_lifecycle, failed_plugins, load_plugins
 from torchcomms_core.spec import TorchCommBackend, method_support
 
-# Live communicators, released in order at interpreter exit: engines torn down during
-# module teardown can abort the process (joinable C++ threads), so they go first.
-_live: weakref.WeakSet[CommBase] = weakref.WeakSet()
+# Registered after every import above: exit handlers run last-registered first, so the
+# communicators are released before the engines they run on are torn down.
+atexit.register(release_live_at_exit)
 
 
 def live_communicators() -> list[CommBase]:
     """The communicators of this process not yet garbage-collected."""
-    return list(_live)
-
-
-@atexit.register
-def _release_live_at_exit() -> None:
-    for comm in list(_live):
-        try:
-            comm._release_quietly()
-        except Exception:  # exiting anyway; never turn a clean exit into a failure
-            pass
-
-
-def _in(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
-
-
-def _release_dropped(backend: TorchCommBackend, name: str) -> None:
-    warnings.warn(
-        f"torchcomms communicator {name!r} was garbage-collected without finalize(); its "
-        f"resources were released. Call comm.finalize() when you are done with it",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    try:
-        backend.finalize()
-    except Exception:  # the engine may already be broken; never fail in a finalizer
-        pass
-
-
-class _Call:
-    """One operation being prepared: checked timeout and hints, and its completion steps."""
-
-    __slots__ = ("op", "timeout", "hints", "finishers")
-
-    def __init__(self, op: str, timeout: timedelta | None, hints: dict[str, str] | None) -> None:
-        self.op = op
-        self.timeout = timeout
-        self.hints = hints
-        self.finishers: list[Callable[[], object]] | None = None
-
-    def then(self, step: Callable[[], object], first: bool = False) -> None:
-        if self.finishers is None:
-            self.finishers = [step]
-        elif first:
-            self.finishers.insert(0, step)
-        else:
-            self.finishers.append(step)
-
-    def out(self, t: torch.Tensor, keep: bool = False) -> torch.Tensor:
-        """A contiguous stand-in for a result tensor (``keep``: its values are read too)."""
-        if t.is_contiguous():
-            return t
-        writable(self.op, t)
-        tmp = t.contiguous() if keep else torch.empty_like(t, memory_format=torch.contiguous_format)
-        self.then(lambda: t.copy_(tmp))
-        return tmp
-
-    def lower(
-        self, red: ReduceOp, native: frozenset[RedOpType], result: torch.Tensor | None, size: int
-    ) -> tuple[ReduceOp, Any]:
-        """``(op for the backend, PREMUL factor or None)`` for AVG/PREMUL_SUM it lacks.
-
-        AVG becomes SUM and ``result`` (when this rank gets one) is divided by ``size`` on
-        completion; PREMUL_SUM becomes SUM on inputs the caller multiplies by the factor.
-        """
-        if red._type in native:
-            return red, None
-        if red._type is RedOpType.AVG:
-            if result is not None:
-                self.then(lambda: result.div_(size), first=True)
-            return ReduceOp.SUM, None
-        return ReduceOp.SUM, red.factor
-
-
-class Membership:
-    """Fault tolerance (``enable_reconfigure``): what ``reconfigure`` keeps between calls.
-
-    ``handle``: this endpoint's init handle; ``uuids``: the uuids used; ``root_store``: the
-    store members meet in when this rank's handle comes first (the one given at creation,
-    or the one it hosts, ``rendezvous``); ``clients``: its connection to the store of the
-    member whose handle came first last time. Owned by ``comm.reconfigure``; the
-    communicator only drops ``clients`` when it ends.
-    """
-
-    __slots__ = ("handle", "uuids", "root_store", "rendezvous", "clients")
-
-    def __init__(
-        self, handle: str | None = None, root_store: Any = None, rendezvous: Any = None
-    ) -> None:
-        self.handle = handle
-        self.uuids: set[str] = set()
-        self.root_store = root_store
-        self.rendezvous = rendezvous
-        self.clients: dict[str, Any] = {}
+    return list(LIVE)
 
 
 class CommBase:
@@ -178,7 +82,7 @@ class CommBase:
             "_check_usable",  # refuse an operation on an unusable communicator
             "_hooks_before",  # hooks of an operation that returns no work
             "_hooks_after",
-            "_fail",  # an engine failure ended a work: mark the communicator failed
+            "_work_failed",  # an engine failure ended a work: mark the communicator failed
             "_unbind",  # leave the group (reconfigure): returns the previous state
             "_rebind",  # join a new group (reconfigure)
             "_membership",  # fault-tolerance state kept between reconfigures
@@ -186,6 +90,7 @@ class CommBase:
             "_self_p2p",  # whether sends and receives may name this rank
             "_raise_issue_error",
             "_reduced",
+            "_release_quietly",  # release at interpreter exit (comm.lifetime)
         }
     )
 
@@ -232,7 +137,7 @@ class CommBase:
             self._state = UNBOUND
         self._bind(backend.get_rank(), backend.get_size())
         self._relean()
-        _live.add(self)
+        LIVE.add(self)
 
     def _bind(self, rank: int, size: int) -> None:
         """Take ``rank`` and ``size`` (creation and reconfigure) and arm the GC release."""
@@ -251,7 +156,7 @@ class CommBase:
         self._failure = None
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is None or not finalizer.alive:  # abort() detaches it
-            self._finalizer = weakref.finalize(self, _release_dropped, self._backend, self._name)
+            self._finalizer = weakref.finalize(self, release_dropped, self._backend, self._name)
             self._finalizer.atexit = False
 
     # -- identity and what plugin authors may use -------------------------------------
@@ -566,8 +471,12 @@ class CommBase:
             f"more operations; finalize it and create a new communicator"
         ) from self._failure
 
-    def _fail(self, work: TorchWork, error: BaseException) -> None:
-        """An engine failure ended ``work``: mark the communicator failed, run the abort hooks."""
+    def _work_failed(self, work: TorchWork, error: BaseException) -> None:
+        """An engine failure ended ``work``: mark the communicator failed, run the abort hooks.
+
+        The work calls it itself (``TorchWork`` holds its communicator; the ``Communicator``
+        protocol of ``foundation.protocols`` declares it).
+        """
         with self._lock:
             if self._state is not OK:
                 return
@@ -625,48 +534,24 @@ class CommBase:
         """
         return RemovableHandle(self._lane_listeners, callback, "register_lane_listener")
 
-    def _run_pre_hooks(
-        self,
-        name: str,
-        values: tuple[Any, ...],
-        async_op: bool = False,
-        timeout: Any = None,
-        hints: Any = None,
-        op_id: int | None = None,
-    ) -> OpArgs:
-        args = args_class(name)(
-            name, next_op_id() if op_id is None else op_id, values, async_op, timeout, hints
-        )
-        # Pre-hooks see the operation's work before it starts (status NOT_STARTED).
-        args.work = TorchWork.not_started(self, name)
-        label = op_name(name)
-        for hook in tuple(self._pre_hooks.values()):
-            hook(label, args.op_id, args)
-        return args
-
-    def _run_post_hooks(self, args: OpArgs, work: TorchWork) -> None:
-        post = post_args(args, work)
-        for hook in tuple(self._post_hooks.values()):
-            hook(args.op_id, post)
-
     def _hooks_before(
         self, name: str, values: tuple[Any, ...], op_id: int | None = None
     ) -> OpArgs | None:
         """Pre hooks of an operation that returns no work (split, new_window, finalize)."""
         if not (self._pre_hooks or self._post_hooks):
             return None
-        return self._run_pre_hooks(name, values, op_id=op_id)
+        return run_pre_hooks(self, self._pre_hooks, name, values, op_id=op_id)
 
     def _hooks_after(self, args: OpArgs | None) -> None:
         if args is not None:
             work = args.work
-            assert work is not None  # set by _run_pre_hooks
+            assert work is not None  # set by run_pre_hooks
             work._start(None, None)
-            self._run_post_hooks(args, work)
+            run_post_hooks(self._post_hooks, args, work)
 
     # -- issuing ---------------------------------------------------------------------
 
-    def _guard(self, op: str, timeout: Any, hints: Any) -> _Call:
+    def _guard(self, op: str, timeout: Any, hints: Any) -> Call:
         """Start an operation: refuse it on an unusable communicator, check timeout and hints.
 
         Runs first in every operation, so a bad value never reaches the engine and never
@@ -678,11 +563,11 @@ class CommBase:
             timeout = check_timeout(timeout, op)
         if hints is not None:
             hints = check_hints(hints, op)
-        return _Call(op, timeout, hints)
+        return Call(op, timeout, hints)
 
     def _issue(
         self,
-        call: _Call,
+        call: Call,
         bargs: tuple[Any, ...],
         async_op: bool,
         values: tuple[Any, ...],
@@ -696,7 +581,7 @@ class CommBase:
             method = getattr(self._backend, name)
         args = None
         if self._pre_hooks or self._post_hooks:
-            args = self._run_pre_hooks(name, values, async_op, timeout, hints)
+            args = run_pre_hooks(self, self._pre_hooks, name, values, async_op, timeout, hints)
         if timeout is None:
             timeout = self._timeout
         if hints is None:
@@ -721,7 +606,7 @@ class CommBase:
         elif async_op and work._status is WorkStatus.INPROGRESS:
             self._inflight.add(work)
         if args is not None:
-            self._run_post_hooks(args, work)
+            run_post_hooks(self._post_hooks, args, work)
         return work
 
     def _raise_issue_error(self, exc: Exception, name: str) -> NoReturn:
@@ -783,20 +668,11 @@ class CommBase:
         )
 
     def _reduced(
-        self, call: _Call, red: ReduceOp, out: torch.Tensor | None, inputs: list[torch.Tensor]
+        self, call: Call, red: ReduceOp, out: torch.Tensor | None, inputs: list[torch.Tensor]
     ) -> tuple[ReduceOp, list[torch.Tensor]]:
         """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
         bop, factor = call.lower(red, self._native_ops, out, self._size)
         return bop, inputs if factor is None else [t * factor for t in inputs]
-
-
-def _on_work_failure(comm: Any, work: TorchWork, error: BaseException) -> None:
-    fail = getattr(comm, "_fail", None)  # a work of something else than a communicator
-    if fail is not None:
-        fail(work, error)
-
-
-set_failure_listener(_on_work_failure)
 
 
 def run_when_finalized(comm: CommBase, step: Callable[[], object]) -> None:

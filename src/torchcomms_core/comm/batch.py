@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.comm.base import CommBase
+from torchcomms_core.comm.call import _in
 from torchcomms_core.foundation.errors import CommTypeError
 from torchcomms_core.foundation.work import TorchWork
 from torchcomms_core.operations.options import BatchP2POptions, CallOptions
@@ -67,27 +68,19 @@ class BatchSendRecv:
 
     def send(self, tensor: torch.Tensor, dst: int) -> BatchSendRecv:
         """Queue sending ``tensor`` to ``dst`` (checked now, sent by ``issue``); chainable."""
-        c = self._comm.checker
-        c.tensor("batch send", "tensor", tensor)
-        self.ops.append(
-            P2POp(
-                P2POpType.SEND,
-                tensor,
-                c.peer("batch send", "dst", dst, allow_self=self._comm._self_p2p),
-            )
-        )
-        return self
+        return self._queue(P2POpType.SEND, "batch send", "dst", tensor, dst)
 
     def recv(self, tensor: torch.Tensor, src: int) -> BatchSendRecv:
         """Queue receiving into ``tensor`` from ``src`` (checked now, run by ``issue``)."""
+        return self._queue(P2POpType.RECV, "batch recv", "src", tensor, src)
+
+    def _queue(
+        self, kind: P2POpType, what: str, peer_arg: str, tensor: torch.Tensor, peer: int
+    ) -> BatchSendRecv:
         c = self._comm.checker
-        c.tensor("batch recv", "tensor", tensor)
+        c.tensor(what, "tensor", tensor)
         self.ops.append(
-            P2POp(
-                P2POpType.RECV,
-                tensor,
-                c.peer("batch recv", "src", src, allow_self=self._comm._self_p2p),
-            )
+            P2POp(kind, tensor, c.peer(what, peer_arg, peer, allow_self=self._comm._self_p2p))
         )
         return self
 

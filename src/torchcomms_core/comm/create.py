@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.comm.base import Membership, run_when_finalized
+from torchcomms_core.comm.base import run_when_finalized
+from torchcomms_core.comm.lifetime import Membership
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.comm.reconfigure import make_handle, refusal, supports_reconfigure
 from torchcomms_core.creation.bootstrap import default_store, resolve_rank_size
@@ -20,11 +21,10 @@ from torchcomms_core.foundation.errors import (
     BackendNotFoundError,
     CommInputError,
     CommOperationError,
-    CommTimeoutError,
     CommTypeError,
     TorchCommError,
 )
-from torchcomms_core.foundation.work import is_timeout_error
+from torchcomms_core.foundation.work import engine_start_error
 from torchcomms_core.operations.hints import warn_unknown_hints
 from torchcomms_core.operations.options import CommOptions
 from torchcomms_core.operations.validation import check_hints, check_timeout
@@ -189,12 +189,11 @@ def new_comm(
             f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
             f"{rank} of {size}"
         )
-        if is_timeout_error(exc):
-            raise CommTimeoutError(
-                f"{what} within {timeout}: {exc}. Every rank must call new_comm with the same "
-                f"name; check that all {size} ranks are running and can reach each other"
-            ) from exc
-        raise CommOperationError(f"{what}: {exc}") from exc
+        advice = (
+            f". Every rank must call new_comm with the same name; check that all {size} "
+            f"ranks are running and can reach each other"
+        )
+        raise engine_start_error(what, timeout, exc, advice) from exc
     # A backend may pin the device further (cuda -> cuda:<local rank>).
     bound = getattr(instance, "device", None)
     if isinstance(bound, torch.device) and bound.type == device.type:

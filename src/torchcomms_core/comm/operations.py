@@ -12,8 +12,9 @@ from datetime import timedelta
 
 import torch
 
-from torchcomms_core.comm.base import CommBase, _in
+from torchcomms_core.comm.base import CommBase
 from torchcomms_core.comm.batch import BatchSendRecv
+from torchcomms_core.comm.call import _in
 from torchcomms_core.comm.collectives import make_method
 from torchcomms_core.comm.handles import PersistentAllGather, owned
 from torchcomms_core.comm.window import TorchCommWindow, create_window
@@ -140,10 +141,7 @@ class TorchComm(CommBase):
         red = self._check.reduce_op("all_reduce", op, tensor.dtype)
         if red._type in self._native_ops and tensor.is_contiguous():  # the common case, lean
             return self._issue(call, (tensor, red), async_op, (tensor, red))
-        buf = call.out(tensor, keep=True)
-        bop, factor = call.lower(red, self._native_ops, buf, self._size)
-        if factor is not None:
-            buf.mul_(factor)
+        buf, bop = call.reduce_in_place(tensor, red, self._native_ops, self._size)
         return self._issue(call, (buf, bop), async_op, (tensor, red))
 
     def reduce(
@@ -164,10 +162,7 @@ class TorchComm(CommBase):
         root = self._check.peer("reduce", "root", root)
         red = self._check.reduce_op("reduce", op, tensor.dtype)
         if self._rank == root:
-            buf = call.out(tensor, keep=True)
-            bop, factor = call.lower(red, self._native_ops, buf, self._size)
-            if factor is not None:
-                buf.mul_(factor)
+            buf, bop = call.reduce_in_place(tensor, red, self._native_ops, self._size)
         else:
             bop, (buf,) = self._reduced(call, red, None, [_in(tensor)])
         return self._issue(call, (buf, root, bop), async_op, (tensor, root, red))
@@ -181,12 +176,7 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``tensor`` into ``tensor_list`` (one same-sized entry per rank)."""
-        call = self._guard("all_gather", timeout, hints)
-        self._check.tensor("all_gather", "tensor", tensor)
-        outs = self._check.blocks("all_gather", "tensor_list", tensor_list, "tensor", tensor)
-        return self._issue(
-            call, ([call.out(t) for t in outs], _in(tensor)), async_op, (tensor_list, tensor)
-        )
+        return self._gather_lists("all_gather", tensor_list, tensor, async_op, hints, timeout)
 
     def all_gather_v(
         self,
@@ -200,11 +190,21 @@ class TorchComm(CommBase):
 
         ``tensor_list[r]`` is sized for rank ``r``'s ``tensor``.
         """
-        call = self._guard("all_gather_v", timeout, hints)
-        self._check.tensor("all_gather_v", "tensor", tensor)
-        outs = self._check.blocks(
-            "all_gather_v", "tensor_list", tensor_list, "tensor", tensor, self._rank
-        )
+        return self._gather_lists("all_gather_v", tensor_list, tensor, async_op, hints, timeout)
+
+    def _gather_lists(
+        self,
+        name: str,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        hints: dict[str, str] | None,
+        timeout: timedelta | None,
+    ) -> TorchWork:
+        call = self._guard(name, timeout, hints)
+        self._check.tensor(name, "tensor", tensor)
+        only = self._rank if name == "all_gather_v" else None  # _v: blocks may differ
+        outs = self._check.blocks(name, "tensor_list", tensor_list, "tensor", tensor, only)
         return self._issue(
             call, ([call.out(t) for t in outs], _in(tensor)), async_op, (tensor_list, tensor)
         )

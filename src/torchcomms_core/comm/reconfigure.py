@@ -63,7 +63,7 @@ from torchcomms_core.foundation.errors import (
     TorchCommError,
 )
 from torchcomms_core.foundation.states import ABORTED, OK, UNBOUND
-from torchcomms_core.foundation.work import TorchWork, is_timeout_error
+from torchcomms_core.foundation.work import TorchWork, engine_start_error, is_timeout_error
 from torchcomms_core.operations.validation import check_hints, check_timeout
 from torchcomms_core.spec import TorchCommBackend, method_support
 
@@ -580,12 +580,8 @@ def reconfigure(
                 f"reconfigure: backend {comm.get_backend()!r} could not build the engine "
                 f"for uuid {key!r} as rank {rank} of {size}"
             )
-            if is_timeout_error(exc):
-                raise CommTimeoutError(
-                    f"{what} within {timeout}: {exc}; a member may have died "
-                    f"after joining; reconfigure again with a new uuid"
-                ) from exc
-            raise CommOperationError(f"{what}: {exc}") from exc
+            advice = "; a member may have died after joining; reconfigure again with a new uuid"
+            raise engine_start_error(what, timeout, exc, advice) from exc
         _all_built(store, space, key, size, timeout)
     except BaseException as exc:
         try:  # withdraw, so members still waiting fail now instead of at their timeout

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from torchcomms_core.comm.base import _in
+from torchcomms_core.comm.call import _in
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 
 if TYPE_CHECKING:
@@ -76,16 +76,7 @@ def send(
     Raises:
         NotImplementedError: a nonzero tag on a backend that cannot match by tag.
     """
-    tag = check_tag(tag, "send")
-    if not tag:  # the plain operation (``TorchComm.send``, a layer above this module)
-        plain: TorchWork = cast(Any, comm).send(tensor, dst, async_op, hints, timeout)
-        return plain
-    require_tags(comm, tag, "send")
-    call = comm._guard("send", timeout, hints)
-    comm.checker.tensor("send", "tensor", tensor)
-    dst = comm.checker.peer("send", "dst", dst, allow_self=comm._self_p2p)
-    method = _with_tag(comm.get_backend_impl().send_tagged, tag)
-    return comm._issue(call, (_in(tensor), dst), async_op, (tensor, dst), method)
+    return _tagged(comm, "send", "dst", tensor, dst, tag, async_op, timeout, hints)
 
 
 def recv(
@@ -103,16 +94,32 @@ def recv(
     Raises:
         NotImplementedError: a nonzero tag on a backend that cannot match by tag.
     """
-    tag = check_tag(tag, "recv")
-    if not tag:
-        plain: TorchWork = cast(Any, comm).recv(tensor, src, async_op, hints, timeout)
+    return _tagged(comm, "recv", "src", tensor, src, tag, async_op, timeout, hints)
+
+
+def _tagged(
+    comm: TorchComm,
+    op: str,
+    peer_arg: str,
+    tensor: torch.Tensor,
+    peer: int,
+    tag: int,
+    async_op: bool,
+    timeout: timedelta | None,
+    hints: dict[str, str] | None,
+) -> TorchWork:
+    """``send`` or ``recv`` (``op``) under ``tag``, checked and issued as the plain one."""
+    tag = check_tag(tag, op)
+    if not tag:  # the plain operation (``TorchComm.send``/``recv``, a layer above this module)
+        plain: TorchWork = getattr(cast(Any, comm), op)(tensor, peer, async_op, hints, timeout)
         return plain
-    require_tags(comm, tag, "recv")
-    call = comm._guard("recv", timeout, hints)
-    comm.checker.tensor("recv", "tensor", tensor)
-    src = comm.checker.peer("recv", "src", src, allow_self=comm._self_p2p)
-    method = _with_tag(comm.get_backend_impl().recv_tagged, tag)
-    return comm._issue(call, (call.out(tensor), src), async_op, (tensor, src), method)
+    require_tags(comm, tag, op)
+    call = comm._guard(op, timeout, hints)
+    comm.checker.tensor(op, "tensor", tensor)
+    peer = comm.checker.peer(op, peer_arg, peer, allow_self=comm._self_p2p)
+    buf = _in(tensor) if op == "send" else call.out(tensor)
+    method = _with_tag(getattr(comm.get_backend_impl(), f"{op}_tagged"), tag)
+    return comm._issue(call, (buf, peer), async_op, (tensor, peer), method)
 
 
 def _with_tag(method: Callable[..., Any], tag: int) -> Callable[..., Any]:

@@ -175,6 +175,19 @@ def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) 
             wait_for_workers=False,
             multi_tenant=True,
         )
+    return store_on_socket(fd, addr, port, size, timeout, multi_tenant=True)
+
+
+def store_on_socket(
+    fd: int, addr: str, port: int, size: int | None, timeout: timedelta, **options: Any
+) -> Any:
+    """A ``TCPStore`` server on the listening socket ``fd`` (closed if the store fails).
+
+    ``size``: the ranks it waits for, ``None`` for any; ``options``: more ``TCPStore``
+    keywords. The store does not wait for its clients to start.
+    """
+    from torch._C._distributed_c10d import TCPStore
+
     try:
         return TCPStore(
             addr,
@@ -183,8 +196,8 @@ def _tcp_store(addr: str, port: int, size: int, host: bool, timeout: timedelta) 
             is_master=True,
             timeout=timeout,
             wait_for_workers=False,
-            multi_tenant=True,
             master_listen_fd=fd,
+            **options,
         )
     except Exception:
         with contextlib.suppress(OSError):

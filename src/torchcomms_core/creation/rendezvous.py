@@ -12,9 +12,7 @@ one process never share a rendezvous.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 import socket
 import time
 import uuid as _uuid
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from torchcomms_core.creation.bootstrap import store_on_socket
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommInputError, CommOperationError, CommTimeoutError
 
@@ -130,24 +129,9 @@ def host_store(address: str | None, timeout: timedelta) -> tuple[Any, str, int]:
     address only, never on every interface, and the handle advertises the numeric address
     it listens on, so a peer never tries another address of this host.
     """
-    from torch._C._distributed_c10d import TCPStore
-
     start = max(timeout, HOST_START_FLOOR)
     fd, host, port = _listen(address if address is not None else default_address())
-    try:
-        store = TCPStore(
-            host,
-            port,
-            None,
-            True,
-            start,
-            wait_for_workers=False,
-            master_listen_fd=fd,
-        )
-    except Exception:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        raise
+    store = store_on_socket(fd, host, port, None, start)
     store.set_timeout(timeout)
     return store, host, port
 

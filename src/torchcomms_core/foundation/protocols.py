@@ -8,7 +8,6 @@ no import circle exists, not even one of type annotations.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -36,6 +35,11 @@ class Communicator(Protocol):
     def is_aborted(self) -> bool:
         """Whether ``abort()`` ran."""
 
+    def _work_failed(self, work: Any, error: BaseException) -> None:
+        """An engine failure ended ``work``, one of this communicator's works.
 
-#: Told when an engine failure ends a work (``comm.base`` registers the communicator's).
-FailureListener = Callable[[Any, Any, BaseException], None]
+        ``TorchWork`` calls it on the communicator it holds, with the error its ``wait()``
+        raises; the communicator marks itself failed, runs its abort hooks and, with
+        ``abort_process_on_timeout_or_error``, aborts the process. The one private member
+        lower layers may call (``tests/plugins/test_import_contract.py`` allows it).
+        """

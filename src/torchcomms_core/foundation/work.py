@@ -24,17 +24,6 @@ from torchcomms_core.foundation.errors import (
 
 if TYPE_CHECKING:
     from torchcomms_core.foundation.protocols import Communicator as TorchComm  # any communicator
-    from torchcomms_core.foundation.protocols import FailureListener
-
-# Told when an engine failure ends a work of a communicator, so the communicator can mark
-# itself failed; the communicator registers it (``set_failure_listener``).
-_failure_listener: FailureListener | None = None
-
-
-def set_failure_listener(listener: FailureListener) -> None:
-    """Call ``listener(comm, work, error)`` when an engine failure ends a communicator's work."""
-    global _failure_listener
-    _failure_listener = listener
 
 
 class WorkStatus(enum.Enum):
@@ -76,6 +65,20 @@ def is_timeout_error(exc: BaseException) -> bool:
         return False
     text = str(exc).lower()
     return any(marker in text for marker in _TIMEOUT_MARKERS)
+
+
+def engine_start_error(what: str, timeout: Any, exc: BaseException, advice: str) -> TorchCommError:
+    """The error for an engine that could not start (``what`` says which, for whom).
+
+    A :class:`CommTimeoutError` ``"{what} within {timeout}: {exc}{advice}"`` when ``exc``
+    reports an expired timeout, else a :class:`CommOperationError`; ``exc`` is its cause.
+    """
+    if is_timeout_error(exc):
+        error: TorchCommError = CommTimeoutError(f"{what} within {timeout}: {exc}{advice}")
+    else:
+        error = CommOperationError(f"{what}: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 def is_engine_failure(exc: BaseException) -> bool:
@@ -388,14 +391,13 @@ class TorchWork:
         self._error = err
         self._inner = None
         self._finishers = None
-        listener = _failure_listener
         if (
             comm is not None
             and engine
-            and listener is not None
             and not isinstance(err, CommStateError)
+            and hasattr(comm, "_work_failed")  # not so in a work built by hand for another
         ):
-            listener(comm, self, err)
+            comm._work_failed(self, err)  # the communicator marks itself failed
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._op} {self._status.name}>"
