@@ -141,7 +141,8 @@ EOF
         plugins/torchcomms_quantized/tests/test_reduce_scatter_quantized.py
 
     step "the same file's checks that need no GPU"
-    timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" "$gpu_tests" -q
+    timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" "$gpu_tests" \
+        plugins/torchcomms_ncclx/tests/test_ncclx_engine.py plugins/torchcomms_rccl/tests -q
 }
 
 LOG_DIR="${OUT:-$ROOT/docs/results}"
