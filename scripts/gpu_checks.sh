@@ -140,7 +140,7 @@ EOF
     timeout 120 "$PY" -m pytest -p no:cacheprovider -m gpu -v -s "$gpu_tests" -k "TestNcclxOnlyOnGPU or on_cuda" \
         plugins/torchcomms_quantized/tests/test_reduce_scatter_quantized.py
 
-    step "the same file's checks that need no GPU"
+    step "the ncclx and rccl checks that need no GPU"
     timeout 60 "$PY" -m pytest -p no:cacheprovider -m "not gpu" "$gpu_tests" \
         plugins/torchcomms_ncclx/tests/test_ncclx_engine.py plugins/torchcomms_rccl/tests -q
 }
