@@ -26,19 +26,13 @@ from torchcomms_core.c10d import profiling
 from torchcomms_core.c10d.args import engine_label
 from torchcomms_core.c10d.ops import OPS, BridgeOp, barrier_tensor
 from torchcomms_core.c10d.p2p_batch import P2PBatch
+from torchcomms_core.c10d.recorder_lane import _Lane, c10d_recorder_size, engine_lane, lane_tags
 from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.c10d.world import describe
 from torchcomms_core.comm.base import is_bound_and_usable
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
-from torchcomms_core.hooks.flight_recorder import (
-    _Lane,
-    c10d_recorder_size,
-    engine_lane,
-    lane_tags,
-    lane_track,
-    set_group_describer,
-)
+from torchcomms_core.hooks.flight_recorder import lane_track, set_group_describer
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
@@ -560,7 +554,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
     """The ``_BackendWrapper`` method of one table row: the engine lane, else the general
     path (see ``bridge_ops``)."""
     engine_name, accept, recorded_as = op.engine, op.engine_ok, op.recorded_as
-    # The name a call logs when c10d's recorder records it (see flight_recorder._Lane).
+    # The name a call logs when c10d's recorder records it (see recorder_lane._Lane).
     kind = getattr(recorded_as, "kind", None)
 
     if engine_name is None:
