@@ -35,7 +35,6 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.comm import tagged
 from torchcomms_core.comm.anysource import recv_anysource
 from torchcomms_core.comm.operations import TorchComm
-from torchcomms_core.foundation.errors import CommInputError
 from torchcomms_core.spec import unflatten_into
 
 
@@ -261,12 +260,7 @@ def _all_gather_single_coalesced(g: Group, outputs: Any, inputs: Any, opts: Any 
         return g.comm.all_gather_single(outs[i], ins[i], True, timeout=timeout)
 
     def several(idx: list[int]) -> tuple[Any, Callable[[], None]]:
-        for i in idx:
-            if outs[i].numel() != ins[i].numel() * n:
-                raise CommInputError(
-                    f"{what}: output {i} has {outs[i].numel()} "
-                    f"elements but must have input numel * size = {ins[i].numel()} * {n}"
-                )
+        a.check_sizes(what, idx, ("output", outs), ("input", ins), n)
         flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
         # Flat output: engines split it into chunks shaped like the input.
         flat_out = flat_in.new_empty(n * flat_in.numel())
@@ -339,12 +333,7 @@ def _reduce_scatter_single_coalesced(
         return g.comm.reduce_scatter_single(outs[i], ins[i], op, True, timeout=timeout)
 
     def several(idx: list[int]) -> tuple[Any, Callable[[], None]]:
-        for i in idx:
-            if ins[i].numel() != outs[i].numel() * n:
-                raise CommInputError(
-                    f"{what}: input {i} has {ins[i].numel()} "
-                    f"elements but must have output numel * size = {outs[i].numel()} * {n}"
-                )
+        a.check_sizes(what, idx, ("input", ins), ("output", outs), n)
         flat_in = torch.cat([ins[i].reshape(n, -1) for i in idx], dim=1)
         flat_out = flat_in.new_empty(flat_in.shape[1])
         work = g.comm.reduce_scatter_single(
