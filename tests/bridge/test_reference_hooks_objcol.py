@@ -310,7 +310,9 @@ def test_hooks_module_is_laid_out_as_the_reference() -> None:
 
 def test_the_process_wide_recorder_is_sized_by_the_environment(monkeypatch) -> None:
     from torchcomms.hooks import FlightRecorderHook
-    from torchcomms_core.hooks import flight_recorder
+
+    # The process-wide recorder lives in the flight recorder's hook module.
+    from torchcomms_core.hooks.flight_recorder import hook as flight_recorder
 
     monkeypatch.setattr(flight_recorder, "_global", None)
     monkeypatch.setenv("TORCHCOMM_FR_BUFFER_SIZE", "7")

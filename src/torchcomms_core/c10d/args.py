@@ -208,3 +208,21 @@ def chain(steps: list[Callable[[], None]]) -> Callable[[], None] | None:
             step()
 
     return run
+
+
+def check_sizes(
+    what: str,
+    idx: list[int],
+    big: tuple[str, list[torch.Tensor]],
+    small: tuple[str, list[torch.Tensor]],
+    n: int,
+) -> None:
+    """Each tensor ``i`` (in ``idx``) of ``big`` must hold ``n`` times the elements of
+    ``small``'s; ``what`` is the operation named in the error."""
+    (big_name, bigs), (small_name, smalls) = big, small
+    for i in idx:
+        if bigs[i].numel() != smalls[i].numel() * n:
+            raise CommInputError(
+                f"{what}: {big_name} {i} has {bigs[i].numel()} elements but must have "
+                f"{small_name} numel * size = {smalls[i].numel()} * {n}"
+            )

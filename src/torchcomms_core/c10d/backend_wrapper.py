@@ -24,21 +24,25 @@ from torch._C._distributed_c10d import ProcessGroup, Store
 
 from torchcomms_core.c10d import profiling
 from torchcomms_core.c10d.args import engine_label
+from torchcomms_core.c10d.engine_access import (
+    _NOT_DELEGATED,
+    _backend_type,
+    _c10d_engine,
+    _c10d_group_engine,
+    _c10d_registered,
+    _guard_register_backend,
+    _name_group_engine,
+    _records_into_c10d,
+)
 from torchcomms_core.c10d.ops import OPS, BridgeOp, barrier_tensor
 from torchcomms_core.c10d.p2p_batch import P2PBatch
+from torchcomms_core.c10d.recorder_lane import _Lane, c10d_recorder_size, engine_lane, lane_tags
 from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.c10d.world import describe
 from torchcomms_core.comm.base import is_bound_and_usable
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
-from torchcomms_core.hooks.flight_recorder import (
-    _Lane,
-    c10d_recorder_size,
-    engine_lane,
-    lane_tags,
-    lane_track,
-    set_group_describer,
-)
+from torchcomms_core.hooks.flight_recorder import lane_track, set_group_describer
 
 if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import GroupName
@@ -560,7 +564,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
     """The ``_BackendWrapper`` method of one table row: the engine lane, else the general
     path (see ``bridge_ops``)."""
     engine_name, accept, recorded_as = op.engine, op.engine_ok, op.recorded_as
-    # The name a call logs when c10d's recorder records it (see flight_recorder._Lane).
+    # The name a call logs when c10d's recorder records it (see recorder_lane._Lane).
     kind = getattr(recorded_as, "kind", None)
 
     if engine_name is None:
@@ -634,121 +638,36 @@ def _listen_for_lane_changes(wrapper: _BackendWrapper, comm: TorchComm) -> None:
     handles.append(comm.register_lane_listener(changed))
 
 
-def _records_into_c10d(engine: Any) -> bool:
-    """Whether ``engine`` records each operation, with the caller's stack, into c10d's
-    flight recorder (``ProcessGroupGloo`` does)."""
-    gloo = getattr(torch._C._distributed_c10d, "ProcessGroupGloo", None)
-    return gloo is not None and isinstance(engine, gloo)
-
-
-def _c10d_engine(comm: TorchComm) -> Any:
-    """The c10d ``Backend`` a communicator runs on (``ProcessGroupGloo``), if any."""
-    from torch._C._distributed_c10d import Backend
-
-    engine = getattr(comm.get_backend_impl(), "engine", None)
-    return engine if isinstance(engine, Backend) else None
-
-
-def _c10d_registered(comm: TorchComm) -> bool:
-    """Whether the communicator serves a backend c10d has registered (see
-    ``engines.c10d_registered``)."""
-    from torchcomms_core.engines.c10d_registered import C10dRegisteredBackend
-
-    return isinstance(comm.get_backend_impl(), C10dRegisteredBackend)
-
-
-def _c10d_group_engine(comm: TorchComm) -> Any:
-    """The c10d ``ProcessGroup`` a communicator runs on, if its engine is one."""
-    engine = getattr(comm.get_backend_impl(), "engine", None)
-    return engine if isinstance(engine, ProcessGroup) else None
-
-
-def _name_group_engine(engine: Any, name: str | None) -> None:
-    """Enter (or, with ``None``, remove) a ProcessGroup engine in c10d's table of group
-    names under its group's name. Without the switch the engine is the group, and a
-    Python backend may look its own name up there (PyTorch's ``threaded`` backend keys
-    its collectives by it)."""
-    c10d = sys.modules.get("torch.distributed.distributed_c10d")
-    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
-    if not isinstance(names, dict):
-        return
-    if name is None:
-        names.pop(engine, None)
-    elif engine not in names:
-        names[engine] = name
-
-
-# Engine methods the wrapper does not hand out (see _BackendWrapper.__getattr__).
-_NOT_DELEGATED = frozenset(
-    {
-        "shrink",
-        "suspend",
-        "resume",
-        "allocate_tensor",
-        "mem_allocator",
-        "setUsePgForSymmMemRendezvous",
-    }
-)
-
-
-def _backend_type(name: str) -> Any:
-    kinds = ProcessGroup.BackendType
-    return {
-        "gloo": kinds.GLOO,
-        "nccl": kinds.NCCL,
-        "ucc": kinds.UCC,
-        "mpi": kinds.MPI,
-        "xccl": kinds.XCCL,
-    }.get(name, kinds.CUSTOM)
-
-
-def _guard_register_backend() -> None:
-    """Make ``pg._register_backend(device, type, _BackendWrapper(comm))`` fail clearly.
-
-    c10d's ``ProcessGroup._register_backend`` takes a C++ ``Backend``, and torch 2.13 gives
-    Python no way to make one (``Backend`` has no Python constructor), so a wrapper cannot be
-    registered inside another group. pybind's own refusal lists C++ signatures; this says
-    what works instead. Every other call goes to c10d untouched.
-    """
-    original = ProcessGroup._register_backend
-    if getattr(original, "__torchcomms_guard__", False):
-        return
-
-    def _register_backend(
-        self: Any,
-        device: Any,
-        backend_type: Any,
-        backend: Any = None,
-    ) -> Any:
-        if isinstance(backend, _BackendWrapper):
-            raise CommTypeError(
-                "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "
-                "ProcessGroup, not a c10d Backend, and torch 2.13 offers no way to build a "
-                "Backend from Python. Use the wrapper itself as the group: "
-                "torchcomms.device_mesh._create_torchcomm_process_group(comm, group_name), "
-                "or init_process_group/new_group with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
-            )
-        return original(self, device, backend_type, backend)
-
-    _register_backend.__torchcomms_guard__ = True  # type: ignore[attr-defined]
-    _register_backend.__doc__ = original.__doc__
-    ProcessGroup._register_backend = _register_backend  # type: ignore[method-assign]
-
-
-_guard_register_backend()
+_guard_register_backend(_BackendWrapper)
 # Flight-recorder dumps name a communicator's c10d group as torch.distributed knows it.
 set_group_describer(describe)
 
 
-def _complete_registration() -> None:
-    # The bridge is loading: if torch.distributed was imported from inside the core and
-    # found us half-initialised, give it our names now, so a switch turned on at run time
-    # (``dist.config.use_torchcomms = True``) finds the bridge.
-    from torchcomms_core.c10d.context import complete_torch_registration
+def complete_registration() -> None:
+    """Give ``torch.distributed`` the torchcomms names its import could not find.
 
-    complete_torch_registration()
+    ``torch.distributed`` looks torchcomms up while it is imported. When our package is
+    imported first (``import torchcomms`` before ``import torch``), torch is imported
+    from inside ours, finds it half-initialised, and turns
+    ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` off for the whole process. Called once our
+    package is complete (``context.complete_torch_registration``), or when the bridge
+    loads, this sets what torch's own lookup would have set, so a switch turned on at run
+    time (``dist.config.use_torchcomms = True``) finds the bridge.
+    """
+    c10d: Any = sys.modules.get("torch.distributed.distributed_c10d")
+    # Not imported yet, or still importing (the flag is set at the end of its lookup):
+    # torch's own lookup will run, or is running, against a complete package.
+    if c10d is None or getattr(c10d, "_TORCHCOMM_AVAILABLE", True):
+        return
+    from torchcomms_core.comm.create import new_comm
+    from torchcomms_core.hooks.flight_recorder import FlightRecorderHook
+
+    c10d._BackendWrapper = _BackendWrapper
+    c10d.new_comm = new_comm
+    c10d.FlightRecorderHook = FlightRecorderHook
+    c10d._TORCHCOMM_AVAILABLE = True
 
 
-_complete_registration()
+complete_registration()
 
-__all__ = ["_BackendWrapper"]
+__all__ = ["_BackendWrapper", "complete_registration"]

@@ -35,7 +35,6 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.comm import tagged
 from torchcomms_core.comm.anysource import recv_anysource
 from torchcomms_core.comm.operations import TorchComm
-from torchcomms_core.foundation.errors import CommInputError
 from torchcomms_core.spec import unflatten_into
 
 
@@ -250,29 +249,44 @@ def _all_gather_single(
 
 def _all_gather_single_coalesced(g: Group, outputs: Any, inputs: Any, opts: Any = None) -> CommWork:
     """All-gathers of several tensors, as one exchange per dtype."""
-    outs = a.tensor_list(outputs, "all_gather_single_coalesced")
-    ins = a.tensor_list(inputs, "all_gather_single_coalesced")
+    what = "all_gather_single_coalesced"
+    outs, ins = a.tensor_list(outputs, what), a.tensor_list(inputs, what)
     g.flush()
-    a.same_length("all_gather_single_coalesced", outs, ins)
+    a.same_length(what, outs, ins)
     timeout = a.timeout_of(opts)
     n = g.size()
-    works, steps = [], []
-    for idx in a.index_by_dtype(ins):
-        if len(idx) == 1:
-            i = idx[0]
-            works.append(g.comm.all_gather_single(outs[i], ins[i], True, timeout=timeout))
-            continue
-        for i in idx:
-            if outs[i].numel() != ins[i].numel() * n:
-                raise CommInputError(
-                    f"all_gather_single_coalesced: output {i} has {outs[i].numel()} "
-                    f"elements but must have input numel * size = {ins[i].numel()} * {n}"
-                )
+
+    def one(i: int) -> Any:
+        return g.comm.all_gather_single(outs[i], ins[i], True, timeout=timeout)
+
+    def several(idx: list[int]) -> tuple[Any, Callable[[], None]]:
+        a.check_sizes(what, idx, ("output", outs), ("input", ins), n)
         flat_in = torch.cat([ins[i].reshape(-1) for i in idx])
         # Flat output: engines split it into chunks shaped like the input.
         flat_out = flat_in.new_empty(n * flat_in.numel())
-        works.append(g.comm.all_gather_single(flat_out, flat_in, True, timeout=timeout))
-        steps.append(a.scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx]))
+        work = g.comm.all_gather_single(flat_out, flat_in, True, timeout=timeout)
+        return work, a.scatter_columns(flat_out.view(n, -1), [outs[i] for i in idx])
+
+    return _per_dtype(g, ins, outs, one, several)
+
+
+def _per_dtype(
+    g: Group,
+    ins: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    one: Callable[[int], Any],
+    several: Callable[[list[int]], tuple[Any, Callable[[], None]]],
+) -> CommWork:
+    """A coalesced call as one exchange per dtype of ``ins``: ``one(i)`` for a dtype only
+    tensor ``i`` has, else ``several(indices)``, whose step copies the results back."""
+    works, steps = [], []
+    for idx in a.index_by_dtype(ins):
+        if len(idx) == 1:
+            works.append(one(idx[0]))
+        else:
+            work, step = several(idx)
+            works.append(work)
+            steps.append(step)
     return g.work(works, outs, a.chain(steps))
 
 
@@ -308,31 +322,26 @@ def _reduce_scatter_single_coalesced(
     g: Group, outputs: Any, inputs: Any, opts: Any = None
 ) -> CommWork:
     """Reduce-scatters of several tensors, as one exchange per dtype."""
-    outs = a.tensor_list(outputs, "reduce_scatter_single_coalesced")
-    ins = a.tensor_list(inputs, "reduce_scatter_single_coalesced")
+    what = "reduce_scatter_single_coalesced"
+    outs, ins = a.tensor_list(outputs, what), a.tensor_list(inputs, what)
     g.flush()
-    a.same_length("reduce_scatter_single_coalesced", outs, ins)
+    a.same_length(what, outs, ins)
     op, timeout = a.reduce_op_of(opts), a.timeout_of(opts)
     n = g.size()
-    works, steps = [], []
-    for idx in a.index_by_dtype(ins):
-        if len(idx) == 1:
-            i = idx[0]
-            works.append(g.comm.reduce_scatter_single(outs[i], ins[i], op, True, timeout=timeout))
-            continue
-        for i in idx:
-            if ins[i].numel() != outs[i].numel() * n:
-                raise CommInputError(
-                    f"reduce_scatter_single_coalesced: input {i} has {ins[i].numel()} "
-                    f"elements but must have output numel * size = {outs[i].numel()} * {n}"
-                )
+
+    def one(i: int) -> Any:
+        return g.comm.reduce_scatter_single(outs[i], ins[i], op, True, timeout=timeout)
+
+    def several(idx: list[int]) -> tuple[Any, Callable[[], None]]:
+        a.check_sizes(what, idx, ("input", ins), ("output", outs), n)
         flat_in = torch.cat([ins[i].reshape(n, -1) for i in idx], dim=1)
         flat_out = flat_in.new_empty(flat_in.shape[1])
-        works.append(
-            g.comm.reduce_scatter_single(flat_out, flat_in.reshape(-1), op, True, timeout=timeout)
+        work = g.comm.reduce_scatter_single(
+            flat_out, flat_in.reshape(-1), op, True, timeout=timeout
         )
-        steps.append(unflatten_into(flat_out, [outs[i] for i in idx]))
-    return g.work(works, outs, a.chain(steps))
+        return work, unflatten_into(flat_out, [outs[i] for i in idx])
+
+    return _per_dtype(g, ins, outs, one, several)
 
 
 def _alltoall(g: Group, output_tensors: Any, input_tensors: Any, opts: Any = None) -> CommWork:

@@ -13,12 +13,13 @@ profiler's functions are looked up when called.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from torchcomms_core.c10d.daemon import Daemon
 
 
 def _profiler_enabled() -> bool:
@@ -67,7 +68,7 @@ class CallRecord:
         if threading.get_ident() != self._thread:
             _exit_all(work)
         else:
-            _closer().close(work)
+            _close_elsewhere(work)
 
 
 def _exit_all(records: list[Any]) -> None:
@@ -75,43 +76,25 @@ def _exit_all(records: list[Any]) -> None:
         _record_function_with_args_exit(record)
 
 
-class _Closer:
-    """A thread that ends work records for the thread that opened them, while it waits.
-
-    The caller blocks until the records ended, so they end before a profiler that is
-    about to stop can miss them; this runs only while a profiler records.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[list[Any], threading.Event]] = queue.SimpleQueue()
-        thread = threading.Thread(target=self._run, name="torchcomms-records", daemon=True)
-        thread.start()
-
-    def close(self, records: list[Any]) -> None:
-        done = threading.Event()
-        self._queue.put((records, done))
-        done.wait()
-
-    def _run(self) -> None:
-        while True:
-            records, done = self._queue.get()
-            try:
-                _exit_all(records)
-            finally:
-                done.set()
+def _close(request: tuple[list[Any], threading.Event]) -> None:
+    records, done = request
+    try:
+        _exit_all(records)
+    finally:
+        done.set()
 
 
-_closer_lock = threading.Lock()
-_closer_instance: _Closer | None = None
+# A thread that ends work records for the thread that opened them, while it waits (see
+# _close_elsewhere); it starts the first time a profiler needs it.
+_closer: Daemon[tuple[list[Any], threading.Event]] = Daemon("torchcomms-records", _close)
 
 
-def _closer() -> _Closer:
-    global _closer_instance
-    if _closer_instance is None:
-        with _closer_lock:
-            if _closer_instance is None:
-                _closer_instance = _Closer()
-    return _closer_instance
+def _close_elsewhere(records: list[Any]) -> None:
+    """End ``records`` on the closer's thread; the caller blocks until they ended, so they
+    end before a profiler that is about to stop can miss them."""
+    done = threading.Event()
+    _closer.put((records, done))
+    done.wait()
 
 
 def is_enabled() -> bool:

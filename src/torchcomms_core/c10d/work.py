@@ -6,7 +6,6 @@ the ``torch.futures.Future`` that DDP and its communication hooks chain on.
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -15,6 +14,8 @@ from typing import Any
 
 import torch
 from torch._C._distributed_c10d import Work
+
+from torchcomms_core.c10d.daemon import Daemon
 
 
 class CommWork(Work):
@@ -84,7 +85,7 @@ class CommWork(Work):
             if self._future is None:
                 self._future = torch.futures.Future()
                 if not self._done:
-                    _completer().submit(self)
+                    _completer.put(self)
             done = self._done
         if done:
             self._resolve()
@@ -171,38 +172,15 @@ def _flat_tensors(value: Any) -> list[torch.Tensor]:
     return out
 
 
-class _Completer:
-    """One daemon thread that settles works whose future was requested, in issue order.
-
-    Futures must complete without anyone calling ``wait()`` (DDP only waits on the
-    future), and engines differ in how they signal completion, so a thread waits for them.
-    """
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[CommWork] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="torchcomms-futures", daemon=True)
-        self._thread.start()
-
-    def submit(self, work: CommWork) -> None:
-        self._queue.put(work)
-
-    def _run(self) -> None:
-        while True:
-            work = self._queue.get()
-            try:
-                work._settle()  # the operation's own errors are kept on the work and future
-            except BaseException as exc:  # this thread must outlive any one work
-                sys.stderr.write(f"torchcomms: completing {work!r} failed: {exc!r}\n")
+def _settle(work: CommWork) -> None:
+    """Settle ``work`` on the completer's thread, which must outlive any one work."""
+    try:
+        work._settle()  # the operation's own errors are kept on the work and future
+    except BaseException as exc:
+        sys.stderr.write(f"torchcomms: completing {work!r} failed: {exc!r}\n")
 
 
-_completer_lock = threading.Lock()
-_completer_instance: _Completer | None = None
-
-
-def _completer() -> _Completer:
-    global _completer_instance
-    if _completer_instance is None:
-        with _completer_lock:
-            if _completer_instance is None:
-                _completer_instance = _Completer()
-    return _completer_instance
+# One daemon thread settles works whose future was requested, in issue order. Futures
+# must complete without anyone calling ``wait()`` (DDP only waits on the future), and
+# engines differ in how they signal completion, so a thread waits for them.
+_completer: Daemon[CommWork] = Daemon("torchcomms-futures", _settle)

@@ -17,9 +17,8 @@ from torchcomms_core.foundation.errors import CommInputError
 from torchcomms_core.foundation.work import TorchWork
 from torchcomms_core.operations.reduce_op import ReduceOp as CommsReduceOp
 from torchcomms_core.operations.reduce_op import coerce_reduce_op
+from torchcomms_core.pytorch.distwrap.routing import group_rank_of, on_group
 from torchcomms_core.pytorch.distwrap.world import TorchCommsGroup, resolve
-
-_NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 
 
 def to_comms_op(op: Any, what: str) -> CommsReduceOp:
@@ -44,36 +43,23 @@ def done(work: TorchWork, async_op: bool, result: Any) -> CommWork | None:
     return CommWork([work], result)
 
 
-def root_rank(
-    group: TorchCommsGroup, rank: int | None, group_rank: int | None, what: str, arg: str
-) -> int:
-    """The group rank of a root given as a global rank (``src``/``dst``) or a group rank."""
-    if rank is not None and group_rank is not None:
-        raise CommInputError(
-            f"{what}: pass {arg}= (a global rank) or group_{arg}= (a rank in the group), not both"
-        )
-    if group_rank is not None:
-        return int(group_rank)
-    if rank is None:
-        return 0
-    return group.group_rank(rank, what)
-
-
+@on_group(dist.all_reduce)
 def all_reduce(
-    tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM, group: Any = None, async_op: bool = False
+    pg: TorchCommsGroup,
+    tensor: torch.Tensor,
+    op: Any = dist.ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
 ) -> Any:
     """Reduce ``tensor`` across the group in place (``torch.distributed.all_reduce``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "all_reduce")
-    if pg is None:
-        return dist.all_reduce(tensor, op, group, async_op)
     comm = pg.comm_for(tensor.device, "all_reduce")
     work = comm.all_reduce(tensor, to_comms_op(op, "all_reduce"), async_op)
     return done(work, async_op, [tensor])
 
 
+@on_group(dist.broadcast)
 def broadcast(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     src: int | None = None,
     group: Any = None,
@@ -81,17 +67,14 @@ def broadcast(
     group_src: int | None = None,
 ) -> Any:
     """Copy the source's ``tensor`` to every rank (``torch.distributed.broadcast``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "broadcast")
-    if pg is None:
-        return dist.broadcast(tensor, src, group, async_op, group_src)
-    root = root_rank(pg, src, group_src, "broadcast", "src")
+    root = group_rank_of(pg, src, group_src, "broadcast", "src")
     work = pg.comm_for(tensor.device, "broadcast").broadcast(tensor, root, async_op)
     return done(work, async_op, [tensor])
 
 
+@on_group(dist.reduce)
 def reduce(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     dst: int | None = None,
     op: Any = dist.ReduceOp.SUM,
@@ -100,48 +83,42 @@ def reduce(
     group_dst: int | None = None,
 ) -> Any:
     """Reduce into the destination's ``tensor`` (``torch.distributed.reduce``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "reduce")
-    if pg is None:
-        return dist.reduce(tensor, dst, op, group, async_op, group_dst)
-    root = root_rank(pg, dst, group_dst, "reduce", "dst")
+    root = group_rank_of(pg, dst, group_dst, "reduce", "dst")
     comm = pg.comm_for(tensor.device, "reduce")
     work = comm.reduce(tensor, root, to_comms_op(op, "reduce"), async_op)
     return done(work, async_op, [tensor])
 
 
+@on_group(dist.all_gather)
 def all_gather(
-    tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    pg: TorchCommsGroup,
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
 ) -> Any:
     """Gather every rank's ``tensor`` into ``tensor_list`` (``torch.distributed.all_gather``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "all_gather")
-    if pg is None:
-        return dist.all_gather(tensor_list, tensor, group, async_op)
     work = pg.comm_for(tensor.device, "all_gather").all_gather(tensor_list, tensor, async_op)
     return done(work, async_op, tensor_list)
 
 
+@on_group(dist.all_gather_into_tensor)
 def all_gather_into_tensor(
+    pg: TorchCommsGroup,
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
     group: Any = None,
     async_op: bool = False,
 ) -> Any:
     """Gather every rank's input, concatenated or stacked along dim 0, into ``output_tensor``."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "all_gather_into_tensor")
-    if pg is None:
-        return dist.all_gather_into_tensor(output_tensor, input_tensor, group, async_op)
     comm = pg.comm_for(input_tensor.device, "all_gather_into_tensor")
     work = comm.all_gather_single(output_tensor, input_tensor, async_op)
     return done(work, async_op, [output_tensor])
 
 
+@on_group(dist.reduce_scatter)
 def reduce_scatter(
+    pg: TorchCommsGroup,
     output: torch.Tensor,
     input_list: list[torch.Tensor],
     op: Any = dist.ReduceOp.SUM,
@@ -149,17 +126,14 @@ def reduce_scatter(
     async_op: bool = False,
 ) -> Any:
     """Reduce block ``k`` of every rank's ``input_list`` into rank ``k``'s ``output``."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "reduce_scatter")
-    if pg is None:
-        return dist.reduce_scatter(output, input_list, op, group, async_op)
     comm = pg.comm_for(output.device, "reduce_scatter")
     work = comm.reduce_scatter(output, input_list, to_comms_op(op, "reduce_scatter"), async_op)
     return done(work, async_op, [output])
 
 
+@on_group(dist.reduce_scatter_tensor)
 def reduce_scatter_tensor(
+    pg: TorchCommsGroup,
     output: torch.Tensor,
     input: torch.Tensor,
     op: Any = dist.ReduceOp.SUM,
@@ -167,11 +141,6 @@ def reduce_scatter_tensor(
     async_op: bool = False,
 ) -> Any:
     """``reduce_scatter`` with the blocks as consecutive parts of one ``input`` tensor."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "reduce_scatter_tensor")
-    if pg is None:
-        return dist.reduce_scatter_tensor(output, input, op, group, async_op)
     comm = pg.comm_for(output.device, "reduce_scatter_tensor")
     work = comm.reduce_scatter_single(
         output, input, to_comms_op(op, "reduce_scatter_tensor"), async_op
@@ -179,25 +148,24 @@ def reduce_scatter_tensor(
     return done(work, async_op, [output])
 
 
+@on_group(dist.all_to_all)
 def all_to_all(
+    pg: TorchCommsGroup,
     output_tensor_list: list[torch.Tensor],
     input_tensor_list: list[torch.Tensor],
     group: Any = None,
     async_op: bool = False,
 ) -> Any:
     """Send ``input_tensor_list[k]`` to rank ``k``; receive rank ``k``'s into slot ``k``."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "all_to_all")
-    if pg is None:
-        return dist.all_to_all(output_tensor_list, input_tensor_list, group, async_op)
     device = (input_tensor_list or output_tensor_list or [torch.empty(0)])[0].device
     comm = pg.comm_for(device, "all_to_all")
     work = comm.all_to_all(output_tensor_list, input_tensor_list, async_op)
     return done(work, async_op, output_tensor_list)
 
 
+@on_group(dist.all_to_all_single)
 def all_to_all_single(
+    pg: TorchCommsGroup,
     output: torch.Tensor,
     input: torch.Tensor,
     output_split_sizes: list[int] | None = None,
@@ -206,13 +174,6 @@ def all_to_all_single(
     async_op: bool = False,
 ) -> Any:
     """``all_to_all`` over dim-0 blocks of one tensor (even blocks, or the split sizes)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "all_to_all_single")
-    if pg is None:
-        return dist.all_to_all_single(
-            output, input, output_split_sizes, input_split_sizes, group, async_op
-        )
     comm = pg.comm_for(input.device, "all_to_all_single")
     if not output_split_sizes and not input_split_sizes:
         work = comm.all_to_all_single(output, input, async_op)
@@ -234,7 +195,9 @@ def _even(t: torch.Tensor, n: int, which: str) -> list[int]:
     return [rows // n] * n
 
 
+@on_group(dist.scatter)
 def scatter(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     scatter_list: list[torch.Tensor] | None = None,
     src: int | None = None,
@@ -243,19 +206,16 @@ def scatter(
     group_src: int | None = None,
 ) -> Any:
     """Give rank ``k`` the source's ``scatter_list[k]`` (``torch.distributed.scatter``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "scatter")
-    if pg is None:
-        return dist.scatter(tensor, scatter_list, src, group, async_op, group_src)
-    root = root_rank(pg, src, group_src, "scatter", "src")
+    root = group_rank_of(pg, src, group_src, "scatter", "src")
     comm = pg.comm_for(tensor.device, "scatter")
     inputs = list(scatter_list or []) if comm.get_rank() == root else []
     work = comm.scatter(tensor, inputs, root, async_op)
     return done(work, async_op, [tensor])
 
 
+@on_group(dist.gather)
 def gather(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     gather_list: list[torch.Tensor] | None = None,
     dst: int | None = None,
@@ -264,25 +224,21 @@ def gather(
     group_dst: int | None = None,
 ) -> Any:
     """Collect every rank's ``tensor`` into the destination's ``gather_list``."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "gather")
-    if pg is None:
-        return dist.gather(tensor, gather_list, dst, group, async_op, group_dst)
-    root = root_rank(pg, dst, group_dst, "gather", "dst")
+    root = group_rank_of(pg, dst, group_dst, "gather", "dst")
     comm = pg.comm_for(tensor.device, "gather")
     outputs = list(gather_list or []) if comm.get_rank() == root else []
     work = comm.gather(outputs, tensor, root, async_op)
     return done(work, async_op, outputs)
 
 
-def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None) -> Any:
+@on_group(dist.barrier)
+def barrier(
+    pg: TorchCommsGroup,
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: list[int] | None = None,
+) -> Any:
     """Wait until every rank of the group reached the barrier."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "barrier")
-    if pg is None:
-        return dist.barrier(group, async_op, device_ids)
     comm = pg.comm_for("cuda", "barrier") if device_ids else pg.default_comm
     work = comm.barrier(True)
     return done(work, async_op, [])

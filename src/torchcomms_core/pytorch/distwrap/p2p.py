@@ -15,6 +15,7 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.comm import tagged
 from torchcomms_core.comm.anysource import recv_anysource
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
+from torchcomms_core.pytorch.distwrap.routing import group_rank_of, on_group
 from torchcomms_core.pytorch.distwrap.world import TorchCommsGroup, resolve
 
 _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
@@ -23,16 +24,13 @@ _NON_MEMBER = dist.GroupMember.NON_GROUP_MEMBER
 def _peer(
     pg: TorchCommsGroup, rank: int | None, group_rank: int | None, what: str, arg: str
 ) -> int:
-    if rank is not None and group_rank is not None:
-        raise CommInputError(f"{what}: pass {arg}= or group_{arg}=, not both")
-    if group_rank is not None:
-        return int(group_rank)
-    if rank is None:
-        raise CommInputError(f"{what}: pass {arg}= (a global rank) or group_{arg}=")
-    return pg.group_rank(rank, what)
+    """The group rank of a peer, which must be given (globally or in the group)."""
+    return group_rank_of(pg, rank, group_rank, what, arg, default=None)
 
 
+@on_group(dist.isend)
 def isend(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     dst: int | None = None,
     group: Any = None,
@@ -40,17 +38,14 @@ def isend(
     group_dst: int | None = None,
 ) -> Any:
     """Send ``tensor`` without waiting; returns a ``Work``."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "isend")
-    if pg is None:
-        return dist.isend(tensor, dst, group, tag, group_dst)
     peer = _peer(pg, dst, group_dst, "isend", "dst")
     work = tagged.send(pg.comm_for(tensor.device, "isend"), tensor, peer, tag, True)
     return CommWork([work], [tensor])
 
 
+@on_group(dist.send)
 def send(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     dst: int | None = None,
     group: Any = None,
@@ -58,18 +53,14 @@ def send(
     group_dst: int | None = None,
 ) -> None:
     """Send ``tensor`` and wait until it is sent."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "send")
-    if pg is None:
-        dist.send(tensor, dst, group, tag, group_dst)
-        return None
     peer = _peer(pg, dst, group_dst, "send", "dst")
     tagged.send(pg.comm_for(tensor.device, "send"), tensor, peer, tag, False)
     return None
 
 
+@on_group(dist.irecv)
 def irecv(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     src: int | None = None,
     group: Any = None,
@@ -77,11 +68,6 @@ def irecv(
     group_src: int | None = None,
 ) -> Any:
     """Receive into ``tensor`` without waiting (from any rank when ``src`` is ``None``)."""
-    if group is _NON_MEMBER:
-        return None
-    pg = resolve(group, "irecv")
-    if pg is None:
-        return dist.irecv(tensor, src, group, tag, group_src)
     comm = pg.comm_for(tensor.device, "irecv")
     if src is None and group_src is None:
         work, source = recv_anysource(comm, tensor, True, tag=tag)
@@ -91,7 +77,9 @@ def irecv(
     return CommWork([work], [tensor], source_rank=pg.global_ranks[peer])
 
 
+@on_group(lambda *args, **kwargs: int(dist.recv(*args, **kwargs)), non_member=-1)
 def recv(
+    pg: TorchCommsGroup,
     tensor: torch.Tensor,
     src: int | None = None,
     group: Any = None,
@@ -99,11 +87,6 @@ def recv(
     group_src: int | None = None,
 ) -> int:
     """Receive into ``tensor``; returns the sender's global rank."""
-    if group is _NON_MEMBER:
-        return -1
-    pg = resolve(group, "recv")
-    if pg is None:
-        return int(dist.recv(tensor, src, group, tag, group_src))
     comm = pg.comm_for(tensor.device, "recv")
     if src is None and group_src is None:
         work, source = recv_anysource(comm, tensor, False, tag=tag)

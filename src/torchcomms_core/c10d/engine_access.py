@@ -1,0 +1,123 @@
+"""What the c10d bridge knows of the engine behind a communicator, and of c10d's backends.
+
+The c10d ``Backend`` or ``ProcessGroup`` a communicator runs on, whether it records into
+c10d's own flight recorder, c10d's backend type for a name, c10d's table of group names
+for an engine that is a whole group, and the guard on ``ProcessGroup._register_backend``.
+``_BackendWrapper`` reads its engine through these; they hold no state of their own.
+
+May import torch and the layers below the bridge (``comm``, ``engines``); nothing else of
+the bridge.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import ProcessGroup
+
+from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation.errors import CommTypeError
+
+
+def _records_into_c10d(engine: Any) -> bool:
+    """Whether ``engine`` records each operation, with the caller's stack, into c10d's
+    flight recorder (``ProcessGroupGloo`` does)."""
+    gloo = getattr(torch._C._distributed_c10d, "ProcessGroupGloo", None)
+    return gloo is not None and isinstance(engine, gloo)
+
+
+def _c10d_engine(comm: TorchComm) -> Any:
+    """The c10d ``Backend`` a communicator runs on (``ProcessGroupGloo``), if any."""
+    from torch._C._distributed_c10d import Backend
+
+    engine = getattr(comm.get_backend_impl(), "engine", None)
+    return engine if isinstance(engine, Backend) else None
+
+
+def _c10d_registered(comm: TorchComm) -> bool:
+    """Whether the communicator serves a backend c10d has registered (see
+    ``engines.c10d_registered``)."""
+    from torchcomms_core.engines.c10d_registered import C10dRegisteredBackend
+
+    return isinstance(comm.get_backend_impl(), C10dRegisteredBackend)
+
+
+def _c10d_group_engine(comm: TorchComm) -> Any:
+    """The c10d ``ProcessGroup`` a communicator runs on, if its engine is one."""
+    engine = getattr(comm.get_backend_impl(), "engine", None)
+    return engine if isinstance(engine, ProcessGroup) else None
+
+
+def _name_group_engine(engine: Any, name: str | None) -> None:
+    """Enter (or, with ``None``, remove) a ProcessGroup engine in c10d's table of group
+    names under its group's name. Without the switch the engine is the group, and a
+    Python backend may look its own name up there (PyTorch's ``threaded`` backend keys
+    its collectives by it)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    names = getattr(getattr(c10d, "_world", None), "pg_names", None)
+    if not isinstance(names, dict):
+        return
+    if name is None:
+        names.pop(engine, None)
+    elif engine not in names:
+        names[engine] = name
+
+
+# Engine methods the wrapper does not hand out (see _BackendWrapper.__getattr__).
+_NOT_DELEGATED = frozenset(
+    {
+        "shrink",
+        "suspend",
+        "resume",
+        "allocate_tensor",
+        "mem_allocator",
+        "setUsePgForSymmMemRendezvous",
+    }
+)
+
+
+def _backend_type(name: str) -> Any:
+    kinds = ProcessGroup.BackendType
+    return {
+        "gloo": kinds.GLOO,
+        "nccl": kinds.NCCL,
+        "ucc": kinds.UCC,
+        "mpi": kinds.MPI,
+        "xccl": kinds.XCCL,
+    }.get(name, kinds.CUSTOM)
+
+
+def _guard_register_backend(wrapper: type) -> None:
+    """Make ``pg._register_backend(device, type, wrapper(comm))`` fail clearly (``wrapper``:
+    ``_BackendWrapper``).
+
+    c10d's ``ProcessGroup._register_backend`` takes a C++ ``Backend``, and torch 2.13 gives
+    Python no way to make one (``Backend`` has no Python constructor), so a wrapper cannot be
+    registered inside another group. pybind's own refusal lists C++ signatures; this says
+    what works instead. Every other call goes to c10d untouched.
+    """
+    original = ProcessGroup._register_backend
+    if getattr(original, "__torchcomms_guard__", False):
+        return
+
+    def _register_backend(
+        self: Any,
+        device: Any,
+        backend_type: Any,
+        backend: Any = None,
+    ) -> Any:
+        if isinstance(backend, wrapper):
+            raise CommTypeError(
+                "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "
+                "ProcessGroup, not a c10d Backend, and torch 2.13 offers no way to build a "
+                "Backend from Python. Use the wrapper itself as the group: "
+                "torchcomms.device_mesh._create_torchcomm_process_group(comm, group_name), "
+                "or init_process_group/new_group with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
+            )
+        return original(self, device, backend_type, backend)
+
+    _register_backend.__torchcomms_guard__ = True  # type: ignore[attr-defined]
+    _register_backend.__doc__ = original.__doc__
+    ProcessGroup._register_backend = _register_backend  # type: ignore[method-assign]
