@@ -19,7 +19,7 @@ from torchcomms._transport import (
     RdmaTransport,
     attach_rdma_memory_hook,
 )
-from torchcomms_core.comm import transport as _transport
+from torchcomms_core.plugin_host import transports as _transport
 from torchcomms_core.spec.transport import (
     MemoryRegistration,
     TransportEndpoint,
@@ -49,8 +49,8 @@ class _FromTheFuture(_Unusable):
 @pytest.fixture
 def no_installed_transports(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in an environment without any transport plugin."""
-    monkeypatch.setattr(_transport, "transport_entry_points", lambda: {})
-    monkeypatch.setattr(_transport, "_registered", {})
+    monkeypatch.setattr(_transport.TRANSPORTS, "entry_points", lambda: {})
+    monkeypatch.setattr(_transport.TRANSPORTS, "_registered", {})
     monkeypatch.delenv("TORCHCOMM_TRANSPORT", raising=False)
 
 
@@ -93,6 +93,11 @@ def test_an_unknown_transport_name_lists_what_is_installed(
     assert RdmaTransport.supported() is False
     with pytest.raises(torchcomms.CommStateError, match="no torchcomms transport named 'nosuch'"):
         RdmaTransport(torch.device("cpu"))
+    # One family of errors with backends: a not-found error, still a CommStateError.
+    with pytest.raises(torchcomms.BackendNotFoundError) as caught:
+        RdmaMemory(torch.zeros(4))
+    assert isinstance(caught.value, torchcomms.TransportNotFoundError)
+    assert "pick another with TORCHCOMM_TRANSPORT" in str(caught.value)
 
 
 def test_the_cli_lists_no_transports_with_a_hint(

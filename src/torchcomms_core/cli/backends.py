@@ -42,7 +42,7 @@ def describe_backends() -> list[dict[str, Any]]:
             # Other distributions registering the same name, and what is done about it.
             "also_registered_by": [e.provider for e in entry.others] if entry else [],
             "conflict": (
-                registry._conflict_message(entry)
+                registry.conflict_message(entry)
                 if entry and (entry.others or entry.choice != "only")
                 else ""
             ),
