@@ -8,40 +8,13 @@ import sys
 
 import pytest
 
-
-def _conformance(backend: str, world_size: int) -> subprocess.CompletedProcess:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-    }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            backend,
-            "--torchcomms-world-size",
-            str(world_size),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd="/",
-    )
+from torchcomms_core.testing import run_conformance
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
-    res = _conformance("gloo", world_size)
+    res = run_conformance("gloo", world_size)
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout
     assert f"{world_size} ranks" in res.stdout
@@ -50,7 +23,7 @@ def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_shm_passes_the_conformance_suite(world_size: int) -> None:
-    res = _conformance("shm", world_size)
+    res = run_conformance("shm", world_size)
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout
     assert f"{world_size} ranks" in res.stdout
@@ -58,24 +31,7 @@ def test_shm_passes_the_conformance_suite(world_size: int) -> None:
 
 
 def test_conformance_suite_is_inert_without_a_backend() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM_")}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd="/",
-    )
+    res = run_conformance(None, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     assert "skipped" in res.stdout and "passed" not in res.stdout
 

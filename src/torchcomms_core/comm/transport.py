@@ -12,15 +12,13 @@ registration functions are re-exported here, where ``torchcomms._transport`` has
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommInputError, CommStateError, CommTypeError
 from torchcomms_core.operations.validation import check_timeout
-from torchcomms_core.plugin_host.transports import provider as _provider
-from torchcomms_core.plugin_host.transports import provider_class as _provider_class
 from torchcomms_core.plugin_host.transports import (
     TRANSPORTS_GROUP,
     TransportNotFoundError,
@@ -29,6 +27,8 @@ from torchcomms_core.plugin_host.transports import (
     register_transport,
     unregister_transport,
 )
+from torchcomms_core.plugin_host.transports import provider as _provider
+from torchcomms_core.plugin_host.transports import provider_class as _provider_class
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
     MemoryRegistration,

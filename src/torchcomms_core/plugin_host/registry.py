@@ -60,7 +60,7 @@ class PluginEntry:
 
 
 def normalized(dist: str | None) -> str:
-    """A distribution name as packaging compares them (``Torchcomms_Gloo`` = ``torchcomms-gloo``)."""
+    """A distribution name as packaging compares them (``Foo_Bar`` is ``foo-bar``)."""
     return re.sub(r"[-_.]+", "-", dist or "").lower()
 
 
@@ -102,8 +102,8 @@ class EntryPointRegistry(Generic[P]):
     Args:
         group: the entry-point group (``"torchcomms.backends"``).
         kind: what a plugin of the group is called in messages (``"backend"``).
-        base: the class every plugin class must subclass; ``base_name`` is how messages
-            name it.
+        base: the class every plugin class must subclass (``P``, which may be abstract);
+            ``base_name`` is how messages name it.
         spec_version: the version of the spec this core implements for the group.
         known_distributions: the distribution that provides each built-in name; it wins
             when several distributions register that name.
@@ -122,7 +122,7 @@ class EntryPointRegistry(Generic[P]):
         *,
         group: str,
         kind: str,
-        base: type[P],
+        base: type[Any],
         base_name: str,
         spec_version: str,
         known_distributions: dict[str, str],
@@ -317,13 +317,13 @@ class EntryPointRegistry(Generic[P]):
     def check_class(self, cls: Any, who: str) -> None:
         """Raise :class:`BackendLoadError` unless ``cls`` subclasses ``base``, declares a
         compatible spec version and passes ``problems``."""
-        if not (isinstance(cls, type) and issubclass(cls, cast(type, self.base))):
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
             raise BackendLoadError(
                 f"{who} is {cls!r}, not a subclass of {self.base_name}; the entry point must "
                 f"name the {self.kind} class"
             )
         check_spec_version(getattr(cls, "spec_version", "0.0"), self.spec_version, who, self.kind)
-        problems = self._problems(cls) if self._problems is not None else []
+        problems = self._problems(cast(type[P], cls)) if self._problems is not None else []
         if problems:
             raise BackendLoadError(
                 f"{who}: class {cls.__module__}.{cls.__qualname__} does not meet the "
