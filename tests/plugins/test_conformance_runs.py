@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from torchcomms_core.testing import run_conformance
+from torchcomms_core.testing import conformance_env, run_conformance
+from torchcomms_core.testing.runner import conformance_command
 
 
 @pytest.mark.slow
@@ -76,3 +77,20 @@ def test_the_module_entry_without_pytest_names_the_extra() -> None:
     assert res.returncode == 2, res.stderr
     assert "pytest is not installed" in res.stderr
     assert 'pip install "torchcomms-core[conformance]"' in res.stderr
+
+
+def test_the_runner_leaves_launcher_variables_out_of_the_run() -> None:
+    base = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "MASTER_ADDR": "h",
+        "TORCHCOMM_TIMEOUT_SECONDS": "5",
+        "PMI_RANK": "3",
+        "HOME": "/home/x",
+        "DROP": "me",
+        "PYTHONPATH": "/old",
+    }
+    env = conformance_env({"DROP": None, "EXTRA": "1"}, pythonpath=["/new"], base=base)
+    assert env == {"HOME": "/home/x", "EXTRA": "1", "PYTHONPATH": os.pathsep.join(["/new", "/old"])}
+    assert conformance_command("mpi", 4, ["-x"], python="py")[:3] == ["py", "-m", "pytest"]
+    assert conformance_command(None, quiet=False)[-2:] == ["--pyargs", "torchcomms_core.testing"]

@@ -173,3 +173,49 @@ def test_a_transport_without_signals_says_so_and_refuses_them(
             _Silent().flush(timedelta(seconds=1))
     finally:
         _transport.unregister_transport("spec-1.0")
+
+
+# -- the transport registry is the backends' registry: conflicts and load errors ------------
+
+PROVIDER = """
+from torchcomms_core.spec.transport import TransportProvider
+
+class Provider(TransportProvider):
+    name = "{name}"
+
+    def endpoint(self, device, timeout):
+        raise AssertionError("never asked")
+
+    def register(self, tensor):
+        raise AssertionError("never asked")
+"""
+
+
+def test_installed_transports_conflicting_or_broken_are_refused_naming_the_fix(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_misbehaving_plugins import fake_dist
+
+    group = _transport.TRANSPORTS_GROUP
+    for dist, module in (("tc-wire-a", "tc_wire_a"), ("tc-wire-b", "tc_wire_b")):
+        source = PROVIDER.format(name="wire")
+        fake_dist(tmp_path / dist, dist, "0.1", group, f"wire = {module}:Provider", module, source)
+        monkeypatch.syspath_prepend(str(tmp_path / dist))
+    fake_dist(tmp_path / "b", "tc-typo", "0.2", group, "typo = tc_typo:Provider", "tc_typo", "")
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    entries = _transport.transport_entry_points()
+    assert entries["wire"].choice == "ambiguous"
+    assert {e.distribution for e in (entries["wire"], *entries["wire"].others)} == {
+        "tc-wire-a",
+        "tc-wire-b",
+    }
+    with pytest.raises(torchcomms.BackendLoadError, match="registered by tc-wire-"):
+        _transport.get_transport_class("wire")
+    with pytest.raises(torchcomms.BackendLoadError) as caught:
+        _transport.get_transport_class("typo")
+    message = str(caught.value)
+    assert "transport 'typo' from tc-typo 0.2" in message
+    assert "names 'Provider', which module 'tc_typo' does not define" in message
+    assert '[project.entry-points."torchcomms.transports"] section' in message
+    assert "typo" in torchcomms.available_transports()
+    assert not isinstance(caught.value, torchcomms.BackendNotFoundError)
