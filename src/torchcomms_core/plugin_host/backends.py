@@ -1,7 +1,9 @@
 """Backend registry: in-process registrations plus lazy entry-point discovery.
 
 ``new_comm("gloo", ...)`` imports the distribution registered under ``gloo`` in the
-``torchcomms.backends`` entry-point group, and nothing else.
+``torchcomms.backends`` entry-point group, and nothing else. The lookup is the plugin
+host's one :class:`~torchcomms_core.plugin_host.registry.EntryPointRegistry` (``BACKENDS``);
+this module gives it the backend spec's checks and the reference's top-level helpers.
 """
 
 from __future__ import annotations
