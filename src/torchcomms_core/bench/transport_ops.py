@@ -37,25 +37,24 @@ _BUSY_S = 2.0
 _Memories = tuple[RdmaMemory, RdmaMemory, RdmaRemoteBuffer, RdmaRemoteBuffer]
 
 
+def _send_recv(comm: Any, rank: int, out: torch.Tensor, into: torch.Tensor) -> None:
+    """Ranks 0 and 1 send ``out`` to each other and receive into ``into``, rank 0 first."""
+    peer = 1 - rank
+    if rank == 0:
+        comm.send(out, peer)
+        comm.recv(into, peer)
+    else:
+        comm.recv(into, peer)
+        comm.send(out, peer)
+
+
 def _swap(comm: Any, rank: int, payload: bytes) -> bytes:
     """Ranks 0 and 1 exchange ``payload`` over the communicator."""
-    peer = 1 - rank
     mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    size = torch.tensor([mine.numel()], dtype=torch.int64)
     theirs_size = torch.empty(1, dtype=torch.int64)
-    if rank == 0:
-        comm.send(size, peer)
-        comm.recv(theirs_size, peer)
-    else:
-        comm.recv(theirs_size, peer)
-        comm.send(size, peer)
+    _send_recv(comm, rank, torch.tensor([mine.numel()], dtype=torch.int64), theirs_size)
     theirs = torch.empty(int(theirs_size), dtype=torch.uint8)
-    if rank == 0:
-        comm.send(mine, peer)
-        comm.recv(theirs, peer)
-    else:
-        comm.recv(theirs, peer)
-        comm.send(mine, peer)
+    _send_recv(comm, rank, mine, theirs)
     return theirs.numpy().tobytes()
 
 

@@ -43,7 +43,7 @@ BACKENDS: EntryPointRegistry[TorchCommBackend] = EntryPointRegistry(
     spec_version=SPEC_VERSION,
     known_distributions=KNOWN_DISTRIBUTIONS,
     override_var=_env.BACKEND_OVERRIDE,
-    overrides=_env.backend_overrides,
+    read_overrides=_env.backend_overrides,
     alternative=(
         ", or register a class in-process with torchcomms.register_backend({name!r}, cls)"
     ),

@@ -96,10 +96,11 @@ def runs_here(cls: Any) -> tuple[bool, str]:
     return bool(ok), str(reason)
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class EntryPointRegistry(Generic[P]):
     """The plugin classes of one entry-point group, by name.
 
-    Args:
+    Fields (keywords only):
         group: the entry-point group (``"torchcomms.backends"``).
         kind: what a plugin of the group is called in messages (``"backend"``).
         base: the class every plugin class must subclass (``P``, which may be abstract);
@@ -108,7 +109,7 @@ class EntryPointRegistry(Generic[P]):
         known_distributions: the distribution that provides each built-in name; it wins
             when several distributions register that name.
         override_var: the environment variable that picks a distribution for a name
-            (``overrides`` reads it as ``{name: distribution}``), or ``None``.
+            (``read_overrides`` reads it as ``{name: distribution}``), or ``None``.
         alternative: the end of a not-found message after the install hint: another way
             to get ``name``, formatted with ``name``.
         not_found: the error a missing name raises (a :class:`BackendNotFoundError`).
@@ -117,39 +118,26 @@ class EntryPointRegistry(Generic[P]):
         caller: the user call an ambiguous name is refused in (``"new_comm"``).
     """
 
-    def __init__(
-        self,
-        *,
-        group: str,
-        kind: str,
-        base: type[Any],
-        base_name: str,
-        spec_version: str,
-        known_distributions: dict[str, str],
-        override_var: str | None = None,
-        overrides: Callable[[], dict[str, str]] | None = None,
-        alternative: str = "",
-        not_found: type[BackendNotFoundError] = BackendNotFoundError,
-        problems: Callable[[type[P]], list[str]] | None = None,
-        docs: str = "",
-        caller: str = "",
-    ) -> None:
-        self.group = group
-        self.kind = kind
-        self.base = base
-        self.base_name = base_name
-        self.spec_version = spec_version
-        self.known_distributions = known_distributions
-        self.override_var = override_var
-        self._overrides = overrides
-        self.alternative = alternative
-        self.not_found = not_found
-        self._problems = problems
-        self.docs = docs
-        self.caller = caller or kind
-        self._lock = threading.Lock()
-        self._registered: dict[str, type[P]] = {}
-        self._loaded: dict[str, type[P]] = {}
+    group: str
+    kind: str
+    base: type[Any]
+    base_name: str
+    spec_version: str
+    known_distributions: dict[str, str]
+    override_var: str | None = None
+    read_overrides: Callable[[], dict[str, str]] | None = None
+    alternative: str = ""
+    not_found: type[BackendNotFoundError] = BackendNotFoundError
+    problems: Callable[[type[P]], list[str]] | None = None
+    docs: str = ""
+    caller: str = ""
+    _lock: threading.Lock = dataclasses.field(
+        default_factory=threading.Lock, init=False, repr=False
+    )
+    _registered: dict[str, type[P]] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+    _loaded: dict[str, type[P]] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     # -- in-process registrations -------------------------------------------------------
 
@@ -183,10 +171,10 @@ class EntryPointRegistry(Generic[P]):
 
     def overrides(self) -> dict[str, str]:
         """``{name: distribution}`` from ``override_var`` (empty without one)."""
-        if self._overrides is None:
+        if self.read_overrides is None:
             return {}
         try:
-            return self._overrides()
+            return self.read_overrides()
         except ValueError as exc:
             raise BackendLoadError(str(exc)) from None
 
@@ -299,7 +287,7 @@ class EntryPointRegistry(Generic[P]):
         if entry is None:
             raise self.not_found(self.not_found_message(name))
         if entry.choice == "ambiguous":
-            raise BackendLoadError(f"{self.caller}: {self.conflict_message(entry)}")
+            raise BackendLoadError(f"{self.caller or self.kind}: {self.conflict_message(entry)}")
         if entry.choice == "built-in":
             warnings.warn(
                 f"torchcomms: {self.conflict_message(entry)}", RuntimeWarning, stacklevel=stacklevel
@@ -323,7 +311,7 @@ class EntryPointRegistry(Generic[P]):
                 f"name the {self.kind} class"
             )
         check_spec_version(getattr(cls, "spec_version", "0.0"), self.spec_version, who, self.kind)
-        problems = self._problems(cast(type[P], cls)) if self._problems is not None else []
+        problems = self.problems(cast(type[P], cls)) if self.problems is not None else []
         if problems:
             raise BackendLoadError(
                 f"{who}: class {cls.__module__}.{cls.__qualname__} does not meet the "
