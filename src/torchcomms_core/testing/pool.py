@@ -200,9 +200,7 @@ class RankPool:
         if self.launcher == "mpiexec":
             from torchcomms_core.testing.mpi_launch import start
 
-            self._procs, self._conns, self._stack_files = start(
-                self.world_size, env, tmpdir
-            )
+            self._procs, self._conns, self._stack_files = start(self.world_size, env, tmpdir)
             return
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
