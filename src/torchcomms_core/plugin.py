@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from torchcomms_core.comm.create import new_comm, new_member_comm
 from torchcomms_core.comm.operations import TorchComm
-from torchcomms_core.comm.transport import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from torchcomms_core.comm.transport import (
+    RdmaMemory,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    TransportNotFoundError,
+)
 from torchcomms_core.engines.c10d_engine import C10dBackend, C10dWork
 from torchcomms_core.engines.nccl_engine import (
     NcclEngineBackend,
@@ -140,6 +145,7 @@ __all__ = [
     "TorchCommWinAccessType",
     "TorchWork",
     "TransportEndpoint",
+    "TransportNotFoundError",
     "TransportProvider",
     "UnknownHintWarning",
     "WindowEngine",

@@ -7,7 +7,6 @@ vendor runs it: ``pytest --pyargs torchcomms_core.testing --torchcomms-backend N
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from test_misbehaving_plugins import fake_dist
+
+from torchcomms_core.testing import conformance_env, run_conformance
 
 BROKEN = '''
 from datetime import timedelta
@@ -93,40 +94,13 @@ def broken(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _env(root: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-    }
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
-    return env
+    return conformance_env(pythonpath=[root])
 
 
 def _conformance(root: Path, backend: str, *extra: str) -> tuple[str, float]:
     """Run the suite against ``backend``; return its output and how long it took."""
     start = time.monotonic()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            backend,
-            "--torchcomms-world-size",
-            "2",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(root),
-        cwd="/",
-    )
+    res = run_conformance(backend, 2, extra_args=extra, pythonpath=[root])
     took = time.monotonic() - start
     assert res.returncode == 1, res.stdout[-4000:] + res.stderr[-2000:]
     return res.stdout, took

@@ -8,40 +8,14 @@ import sys
 
 import pytest
 
-
-def _conformance(backend: str, world_size: int) -> subprocess.CompletedProcess:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-    }
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            backend,
-            "--torchcomms-world-size",
-            str(world_size),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd="/",
-    )
+from torchcomms_core.testing import conformance_env, run_conformance
+from torchcomms_core.testing.runner import conformance_command
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
-    res = _conformance("gloo", world_size)
+    res = run_conformance("gloo", world_size)
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout
     assert f"{world_size} ranks" in res.stdout
@@ -50,7 +24,7 @@ def test_gloo_passes_the_conformance_suite(world_size: int) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_shm_passes_the_conformance_suite(world_size: int) -> None:
-    res = _conformance("shm", world_size)
+    res = run_conformance("shm", world_size)
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout
     assert f"{world_size} ranks" in res.stdout
@@ -58,24 +32,7 @@ def test_shm_passes_the_conformance_suite(world_size: int) -> None:
 
 
 def test_conformance_suite_is_inert_without_a_backend() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHCOMM_")}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd="/",
-    )
+    res = run_conformance(None, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:]
     assert "skipped" in res.stdout and "passed" not in res.stdout
 
@@ -120,3 +77,20 @@ def test_the_module_entry_without_pytest_names_the_extra() -> None:
     assert res.returncode == 2, res.stderr
     assert "pytest is not installed" in res.stderr
     assert 'pip install "torchcomms-core[conformance]"' in res.stderr
+
+
+def test_the_runner_leaves_launcher_variables_out_of_the_run() -> None:
+    base = {
+        "RANK": "3",
+        "WORLD_SIZE": "8",
+        "MASTER_ADDR": "h",
+        "TORCHCOMM_TIMEOUT_SECONDS": "5",
+        "PMI_RANK": "3",
+        "HOME": "/home/x",
+        "DROP": "me",
+        "PYTHONPATH": "/old",
+    }
+    env = conformance_env({"DROP": None, "EXTRA": "1"}, pythonpath=["/new"], base=base)
+    assert env == {"HOME": "/home/x", "EXTRA": "1", "PYTHONPATH": os.pathsep.join(["/new", "/old"])}
+    assert conformance_command("mpi", 4, ["-x"], python="py")[:3] == ["py", "-m", "pytest"]
+    assert conformance_command(None, quiet=False)[-2:] == ["--pyargs", "torchcomms_core.testing"]

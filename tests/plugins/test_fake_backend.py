@@ -13,7 +13,7 @@ import torch
 
 import torchcomms
 from torchcomms.hooks import FlightRecorderHook, NanCheckHook
-from torchcomms_core.testing import unique_name
+from torchcomms_core.testing import run_conformance, unique_name
 
 
 def _fake(size: int = 8, rank: int = 3) -> torchcomms.TorchComm:
@@ -119,33 +119,7 @@ def test_listed_by_the_cli_and_built_backends() -> None:
 
 @pytest.mark.slow
 def test_passes_the_api_shape_contracts_not_the_numerical_ones() -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-    }
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-rs",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            "fake",
-            "--torchcomms-world-size",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd="/",
-    )
+    res = run_conformance("fake", 4, extra_args=["-rs"])
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "4 passed" in res.stdout, res.stdout[-2000:]
     assert "communicates=False" in res.stdout  # the numerical contracts say why they skip

@@ -19,7 +19,7 @@ from torchcomms._transport import (
     RdmaTransport,
     attach_rdma_memory_hook,
 )
-from torchcomms_core.comm import transport as _transport
+from torchcomms_core.plugin_host import transports as _transport
 from torchcomms_core.spec.transport import (
     MemoryRegistration,
     TransportEndpoint,
@@ -49,8 +49,8 @@ class _FromTheFuture(_Unusable):
 @pytest.fixture
 def no_installed_transports(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in an environment without any transport plugin."""
-    monkeypatch.setattr(_transport, "transport_entry_points", lambda: {})
-    monkeypatch.setattr(_transport, "_registered", {})
+    monkeypatch.setattr(_transport.TRANSPORTS, "entry_points", lambda: {})
+    monkeypatch.setattr(_transport.TRANSPORTS, "_registered", {})
     monkeypatch.delenv("TORCHCOMM_TRANSPORT", raising=False)
 
 
@@ -93,6 +93,11 @@ def test_an_unknown_transport_name_lists_what_is_installed(
     assert RdmaTransport.supported() is False
     with pytest.raises(torchcomms.CommStateError, match="no torchcomms transport named 'nosuch'"):
         RdmaTransport(torch.device("cpu"))
+    # One family of errors with backends: a not-found error, still a CommStateError.
+    with pytest.raises(torchcomms.BackendNotFoundError) as caught:
+        RdmaMemory(torch.zeros(4))
+    assert isinstance(caught.value, torchcomms.TransportNotFoundError)
+    assert "pick another with TORCHCOMM_TRANSPORT" in str(caught.value)
 
 
 def test_the_cli_lists_no_transports_with_a_hint(
@@ -168,3 +173,49 @@ def test_a_transport_without_signals_says_so_and_refuses_them(
             _Silent().flush(timedelta(seconds=1))
     finally:
         _transport.unregister_transport("spec-1.0")
+
+
+# -- the transport registry is the backends' registry: conflicts and load errors ------------
+
+PROVIDER = """
+from torchcomms_core.spec.transport import TransportProvider
+
+class Provider(TransportProvider):
+    name = "{name}"
+
+    def endpoint(self, device, timeout):
+        raise AssertionError("never asked")
+
+    def register(self, tensor):
+        raise AssertionError("never asked")
+"""
+
+
+def test_installed_transports_conflicting_or_broken_are_refused_naming_the_fix(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from test_misbehaving_plugins import fake_dist
+
+    group = _transport.TRANSPORTS_GROUP
+    for dist, module in (("tc-wire-a", "tc_wire_a"), ("tc-wire-b", "tc_wire_b")):
+        source = PROVIDER.format(name="wire")
+        fake_dist(tmp_path / dist, dist, "0.1", group, f"wire = {module}:Provider", module, source)
+        monkeypatch.syspath_prepend(str(tmp_path / dist))
+    fake_dist(tmp_path / "b", "tc-typo", "0.2", group, "typo = tc_typo:Provider", "tc_typo", "")
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    entries = _transport.transport_entry_points()
+    assert entries["wire"].choice == "ambiguous"
+    assert {e.distribution for e in (entries["wire"], *entries["wire"].others)} == {
+        "tc-wire-a",
+        "tc-wire-b",
+    }
+    with pytest.raises(torchcomms.BackendLoadError, match="registered by tc-wire-"):
+        _transport.get_transport_class("wire")
+    with pytest.raises(torchcomms.BackendLoadError) as caught:
+        _transport.get_transport_class("typo")
+    message = str(caught.value)
+    assert "transport 'typo' from tc-typo 0.2" in message
+    assert "names 'Provider', which module 'tc_typo' does not define" in message
+    assert '[project.entry-points."torchcomms.transports"] section' in message
+    assert "typo" in torchcomms.available_transports()
+    assert not isinstance(caught.value, torchcomms.BackendNotFoundError)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from torchcomms_core.testing import run_conformance
+
 ROOT = Path(__file__).resolve().parents[2]
 PROJECTS = ["", "plugins/torchcomms_gloo", "plugins/torchcomms_quantized", "examples/vendor_plugin"]
 
@@ -116,22 +118,13 @@ def test_cli_of_the_wheel_lists_the_vendor_backend(fresh_env: Path) -> None:
 
 @pytest.mark.slow
 def test_conformance_suite_passes_on_the_installed_vendor_backend(fresh_env: Path) -> None:
-    res = _run(
-        [
-            str(fresh_env / "bin" / "python"),
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            "examplevendor",
-            "--torchcomms-world-size",
-            "2",
-        ],
-        cwd="/",
+    # The wheel's suite, in the fresh environment, with nothing of this checkout on its path.
+    res = run_conformance(
+        "examplevendor",
+        2,
+        python=fresh_env / "bin" / "python",
+        env={"PYTHONPATH": None, "OMP_NUM_THREADS": "1"},
+        timeout=300,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
     assert "passed" in res.stdout and "failed" not in res.stdout

@@ -4,13 +4,12 @@ vendor runs it, with each rank's host and local backend set by ``--torchcomms-ra
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import torchcomms
+from torchcomms_core.testing import run_conformance
 
 REPO = Path(__file__).resolve().parents[3]
 VENDOR_SRC = REPO / "examples" / "vendor_plugin" / "src"
@@ -52,33 +51,12 @@ def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -
         ranks = ",".join(str(r) for r, h in enumerate(hosts) if h == host)
         args += ["--torchcomms-rank-env", f"{ranks}:TORCHCOMM_HOST_ID=host-{host}"]
         args += ["--torchcomms-rank-env", f"{ranks}:TORCHCOMM_LOCAL_BACKEND={backends[host]}"]
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TORCHCOMM_", "MASTER_", "TORCHELASTIC_"))
-    }
-    extra = _vendor_entry_point(tmp_path / "site")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), extra]))
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            "hier",
-            "--torchcomms-world-size",
-            str(len(hosts)),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd="/",
+    res = run_conformance(
+        "hier",
+        len(hosts),
+        extra_args=args,
+        pythonpath=[_vendor_entry_point(tmp_path / "site")],
+        quiet=False,
     )
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     summary = res.stdout.strip().splitlines()[-1]

@@ -18,6 +18,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
+from torchcomms_core.testing import run_conformance
 from torchcomms_core.testing.mpi_launch import find_mpiexec, mpiexec_unavailable
 from torchcomms_core.testing.pool import unique_name
 
@@ -40,28 +41,8 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_mpi_passes_the_conformance_suite_under_mpiexec(world_size: int) -> None:
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "--pyargs",
-            "torchcomms_core.testing",
-            "--torchcomms-backend",
-            "mpi",
-            "--torchcomms-world-size",
-            str(world_size),
-            "--torchcomms-launcher",
-            "mpiexec",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_clean_env(),
-        cwd="/",
+    res = run_conformance(
+        "mpi", world_size, extra_args=["--torchcomms-launcher", "mpiexec"], env=_clean_env()
     )
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-2000:]
     assert "failed" not in res.stdout and "skipped" not in res.stdout

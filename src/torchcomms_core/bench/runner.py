@@ -448,14 +448,7 @@ def run_rank(config: BenchConfig) -> int:
         else _env.default_timeout()
     )
     comm = new_comm(config.backend, device, name="bench", timeout=timeout)
-    case = Case(
-        rank=comm.get_rank(),
-        nranks=comm.get_size(),
-        dtype=DTYPES[config.dtype],
-        device=comm.get_device(),
-        redop=config.redop,
-        root=config.root,
-    )
+    case = _case(comm, config)
     dist = None
     second: list[Row] = []
     # With the JSON on standard output, the tables go to standard error.
@@ -498,13 +491,9 @@ def run_rank(config: BenchConfig) -> int:
     return EXIT_WRONG_RESULTS if any(row.wrong for row in rows + second) else 0
 
 
-def _second_pass(
-    config: BenchConfig, device: torch.device, timeout: timedelta, out: Any
-) -> list[Row]:
-    """``--compare BACKEND``: the same sweep on the same ranks through the other backend."""
-    other = dataclasses.replace(config, backend=str(config.compare), compare=None)
-    comm = new_comm(other.backend, device, name="bench-compare", timeout=timeout)
-    case = Case(
+def _case(comm: Any, config: BenchConfig) -> Case:
+    """What every operation of the sweep on ``comm`` needs to know of its rank and run."""
+    return Case(
         rank=comm.get_rank(),
         nranks=comm.get_size(),
         dtype=DTYPES[config.dtype],
@@ -512,6 +501,15 @@ def _second_pass(
         redop=config.redop,
         root=config.root,
     )
+
+
+def _second_pass(
+    config: BenchConfig, device: torch.device, timeout: timedelta, out: Any
+) -> list[Row]:
+    """``--compare BACKEND``: the same sweep on the same ranks through the other backend."""
+    other = dataclasses.replace(config, backend=str(config.compare), compare=None)
+    comm = new_comm(other.backend, device, name="bench-compare", timeout=timeout)
+    case = _case(comm, config)
     try:
         return run_benchmarks(
             Runner(comm, case, other, None, None), TextReport(out) if out else None

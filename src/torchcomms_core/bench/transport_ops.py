@@ -33,25 +33,28 @@ FLAG_TIMEOUT_S = 120.0
 _BUSY_S = 2.0
 
 
+#: A rank's registered input and output, and the peer's: ``(in, out, peer_in, peer_out)``.
+_Memories = tuple[RdmaMemory, RdmaMemory, RdmaRemoteBuffer, RdmaRemoteBuffer]
+
+
+def _send_recv(comm: Any, rank: int, out: torch.Tensor, into: torch.Tensor) -> None:
+    """Ranks 0 and 1 send ``out`` to each other and receive into ``into``, rank 0 first."""
+    peer = 1 - rank
+    if rank == 0:
+        comm.send(out, peer)
+        comm.recv(into, peer)
+    else:
+        comm.recv(into, peer)
+        comm.send(out, peer)
+
+
 def _swap(comm: Any, rank: int, payload: bytes) -> bytes:
     """Ranks 0 and 1 exchange ``payload`` over the communicator."""
-    peer = 1 - rank
     mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    size = torch.tensor([mine.numel()], dtype=torch.int64)
     theirs_size = torch.empty(1, dtype=torch.int64)
-    if rank == 0:
-        comm.send(size, peer)
-        comm.recv(theirs_size, peer)
-    else:
-        comm.recv(theirs_size, peer)
-        comm.send(size, peer)
+    _send_recv(comm, rank, torch.tensor([mine.numel()], dtype=torch.int64), theirs_size)
     theirs = torch.empty(int(theirs_size), dtype=torch.uint8)
-    if rank == 0:
-        comm.send(mine, peer)
-        comm.recv(theirs, peer)
-    else:
-        comm.recv(theirs, peer)
-        comm.send(mine, peer)
+    _send_recv(comm, rank, mine, theirs)
     return theirs.numpy().tobytes()
 
 
@@ -104,9 +107,7 @@ class _Link:
             if waited > _BUSY_S:
                 time.sleep(0.0002)
 
-    def registered(
-        self, bufs: Buffers, rank: int
-    ) -> tuple[RdmaMemory, RdmaMemory, RdmaRemoteBuffer, RdmaRemoteBuffer]:
+    def registered(self, bufs: Buffers, rank: int) -> _Memories:
         """``(input, output, peer's input, peer's output)``, registered once per size."""
         if self.buffers is not None and self.buffers[0] is bufs.output:
             return self.buffers[1:]
@@ -125,6 +126,9 @@ class _TransportOp(PairOp):
     handshake after ``fill`` (the target's output must be cleared before it is written)."""
 
     c10d_name = None
+    #: The rank whose leg comes first in a round trip; the other tells it, on the first
+    #: call after ``fill``, that its buffers are ready.
+    first = 0
 
     def __init__(self) -> None:
         self._links: dict[int, tuple[Any, _Link]] = {}
@@ -147,56 +151,54 @@ class _TransportOp(PairOp):
         self._links = {id(comm): (comm, link)}
         return link
 
-    def _handshake(self, link: _Link, rank: int, ready: int) -> None:
-        """On the first call after ``fill``: rank ``ready`` tells the other it has filled."""
+    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
+        if case.rank > 1:
+            return
+        link = self._link(comm, case.rank)
+        memories = link.registered(bufs, case.rank)
         if self._fresh:
             self._fresh = False
-            if rank == ready:
-                link.signal()
-            else:
+            if case.rank == self.first:
                 link.wait()
+            else:
+                link.signal()
+        if case.rank == self.first:
+            self._leg(link, case.rank, memories)
+            link.signal()
+            link.wait()
+        else:
+            link.wait()
+            self._leg(link, case.rank, memories)
+            link.signal()
+
+    def _leg(self, link: _Link, rank: int, memories: _Memories) -> None:
+        """Rank ``rank``'s transfer of the round trip, between ``memories``: its input and
+        output, and the peer's (as :meth:`_Link.registered` gives them)."""
+        raise NotImplementedError
 
 
 class TransportWrite(_TransportOp):
     """``RdmaTransport.write`` of the buffer, then an 8-byte flag; a leg per direction."""
 
     name = "transport_write"
+    first = 0
 
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        if case.rank > 1:
-            return
-        link = self._link(comm, case.rank)
-        m_in, m_out, _peer_in, peer_out = link.registered(bufs, case.rank)
-        self._handshake(link, case.rank, ready=1)
-        if case.rank == 0:
-            link.transport.write(m_in.to_view(), peer_out)
-            link.signal()
-            link.wait()
-        else:
-            link.wait()
-            link.transport.write(m_out.to_view(), peer_out)
-            link.signal()
+    def _leg(self, link: _Link, rank: int, memories: _Memories) -> None:
+        # Rank 0 writes its input into rank 1's output; rank 1 writes that back.
+        m_in, m_out, _peer_in, peer_out = memories
+        link.transport.write((m_in if rank == 0 else m_out).to_view(), peer_out)
 
 
 class TransportRead(_TransportOp):
     """``RdmaTransport.read`` of the peer's buffer, then an 8-byte flag; a leg per direction."""
 
     name = "transport_read"
+    first = 1
 
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        if case.rank > 1:
-            return
-        link = self._link(comm, case.rank)
-        _m_in, m_out, peer_in, peer_out = link.registered(bufs, case.rank)
-        self._handshake(link, case.rank, ready=0)
-        if case.rank == 1:
-            link.transport.read(m_out.to_mutable_view(), peer_in)
-            link.signal()
-            link.wait()
-        else:
-            link.wait()
-            link.transport.read(m_out.to_mutable_view(), peer_out)
-            link.signal()
+    def _leg(self, link: _Link, rank: int, memories: _Memories) -> None:
+        # Rank 1 reads rank 0's input into its output; rank 0 reads that back.
+        _m_in, m_out, peer_in, peer_out = memories
+        link.transport.read(m_out.to_mutable_view(), peer_in if rank == 1 else peer_out)
 
 
 __all__ = ["TransportRead", "TransportWrite"]

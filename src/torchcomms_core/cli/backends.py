@@ -6,10 +6,9 @@ Each backend's plugin is imported to ask it; one that fails to import is listed 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from collections.abc import Sequence
 from typing import Any
+
+from torchcomms_core.cli.output import print_json_or_none, print_table
 
 HELP = "list installed backends and whether they can run on this machine"
 
@@ -21,6 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def describe_backends() -> list[dict[str, Any]]:
     """One record per backend name (entry points and in-process registrations)."""
     from torchcomms_core.plugin_host import backends as registry
+    from torchcomms_core.plugin_host.registry import runs_here
     from torchcomms_core.spec import (
         DERIVABLE_METHODS,
         OPTIONAL_METHODS,
@@ -42,7 +42,7 @@ def describe_backends() -> list[dict[str, Any]]:
             # Other distributions registering the same name, and what is done about it.
             "also_registered_by": [e.provider for e in entry.others] if entry else [],
             "conflict": (
-                registry._conflict_message(entry)
+                registry.conflict_message(entry)
                 if entry and (entry.others or entry.choice != "only")
                 else ""
             ),
@@ -63,16 +63,13 @@ def describe_backends() -> list[dict[str, Any]]:
             )
             rows.append(row)
             continue
-        try:
-            runnable, reason = cls.is_available()
-        except Exception as exc:
-            runnable, reason = False, f"is_available() raised {exc!r}"
+        runnable, reason = runs_here(cls)
         support = method_support(cls)
         row.update(
             broken=False,
             spec_version=cls.spec_version,
             devices=list(cls.devices),
-            runnable=bool(runnable),
+            runnable=runnable,
             reason="" if runnable else reason,
             native=sorted(m for m, v in support.items() if v == "native" and m in spec_ops),
             derived=sorted(m for m, v in support.items() if v == "derived" and m in spec_ops),
@@ -92,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
         rows = describe_backends()
     except TorchCommError as exc:  # e.g. a malformed TORCHCOMM_BACKEND_OVERRIDE
         args.parser.error(str(exc))
-    if args.json:
-        json.dump(rows, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    if not rows:
-        print("no torchcomms backends installed; try `pip install torchcomms-gloo`")
+    if print_json_or_none(rows, args.json, "backends", "torchcomms-gloo"):
         return 0
     table = [("backend", "distribution", "version", "spec", "devices", "runs here", "operations")]
     for r in rows:
@@ -128,11 +120,3 @@ def run(args: argparse.Namespace) -> int:
         if r["conflict"]:
             print(f"\nconflict: {r['conflict']}")
     return 0
-
-
-def print_table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    for k, row in enumerate(rows):
-        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-        if k == 0:
-            print("  ".join("-" * w for w in widths))

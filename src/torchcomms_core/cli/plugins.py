@@ -10,7 +10,7 @@ import dataclasses
 import json
 import sys
 
-from torchcomms_core.cli.backends import print_table
+from torchcomms_core.cli.output import print_table
 
 HELP = "list extension plugins and the collectives they add"
 

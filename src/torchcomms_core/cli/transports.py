@@ -5,10 +5,8 @@ whether they can run here; the one ``torchcomms._transport`` uses is marked.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
-from torchcomms_core.cli.backends import print_table
+from torchcomms_core.cli.output import print_json_or_none, print_table
 
 HELP = "list installed transports (one-sided read/write) and whether they run here"
 
@@ -18,15 +16,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchcomms_core.comm.transport import describe_transports
+    from torchcomms_core.plugin_host.transports import describe_transports
 
     rows = describe_transports()
-    if args.json:
-        json.dump(rows, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    if not rows:
-        print("no torchcomms transports installed; try `pip install torchcomms-nixl`")
+    if print_json_or_none(rows, args.json, "transports", "torchcomms-nixl"):
         return 0
     table = [("transport", "distribution", "version", "spec", "devices", "runs here", "used")]
     for r in rows:

@@ -4,33 +4,36 @@ checked here and carried out by the transport plugin installed (``torchcomms.tra
 Everything a user can get wrong is refused in this module before the plugin is called: views
 outside their memory, sizes that differ, a tensor whose memory moved after registration, an
 unconnected transport. Without a transport plugin, ``RdmaTransport.supported()`` is False and
-the constructors raise an error that says what to install.
+the constructors raise an error that says what to install. Which plugin serves the process
+is the plugin host's business (:mod:`torchcomms_core.plugin_host.transports`); its
+registration functions are re-exported here, where ``torchcomms._transport`` has them.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata as metadata
-import threading
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import torch
 
 from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import (
-    BackendLoadError,
-    CommInputError,
-    CommStateError,
-    CommTypeError,
+from torchcomms_core.foundation.errors import CommInputError, CommStateError, CommTypeError
+from torchcomms_core.operations.validation import check_timeout
+from torchcomms_core.plugin_host.transports import (
+    TRANSPORTS_GROUP,
+    TransportNotFoundError,
+    available_transports,
+    describe_transports,
+    register_transport,
+    unregister_transport,
 )
+from torchcomms_core.plugin_host.transports import provider as _provider
+from torchcomms_core.plugin_host.transports import provider_class as _provider_class
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
-    TRANSPORT_SPEC_VERSION,
     MemoryRegistration,
     RdmaRemoteBuffer,
     TransportEndpoint,
-    TransportProvider,
 )
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "RdmaMemoryView",
     "RdmaRemoteBuffer",
     "RdmaTransport",
+    "TransportNotFoundError",
     "attach_rdma_memory_hook",
     "available_transports",
     "describe_transports",
@@ -47,221 +51,10 @@ __all__ = [
     "unregister_transport",
 ]
 
-#: The entry-point group transport plugins register their provider class in.
-TRANSPORTS_GROUP = "torchcomms.transports"
-#: Distributions that provide the transports users ask for.
-KNOWN_TRANSPORT_DISTRIBUTIONS: dict[str, str] = {"nixl": "torchcomms-nixl"}
-#: Which transport is used when several are installed and ``TORCHCOMM_TRANSPORT`` is unset.
-PREFERRED_TRANSPORT = "nixl"
 
-_INSTALL_HINT = (
-    "install a transport plugin (`pip install torchcomms-nixl`: one-sided reads and writes "
-    "over NIXL), or move data with a communicator's send/recv or a window's put()"
-)
-
-
-# -- finding the transport ------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TransportEntry:
-    """An installed transport: its entry point and the distribution that provides it."""
-
-    name: str
-    value: str
-    distribution: str | None
-    version: str | None
-    entry_point: Any = None
-
-
-_lock = threading.Lock()
-_registered: dict[str, type[TransportProvider]] = {}
-_loaded: dict[str, type[TransportProvider]] = {}
-_instances: dict[type[TransportProvider], TransportProvider] = {}
-
-
-def register_transport(name: str, provider_class: type[TransportProvider]) -> None:
-    """Register ``provider_class`` as transport ``name`` for this process (tests, notebooks)."""
-    if not isinstance(name, str) or not name:
-        raise CommTypeError(f"register_transport: name must be a non-empty string, got {name!r}")
-    _check_provider(provider_class, f"transport class {provider_class!r} registered as {name!r}")
-    with _lock:
-        _registered[name] = provider_class
-
-
-def unregister_transport(name: str) -> None:
-    """Remove an in-process registration (entry points are unaffected)."""
-    with _lock:
-        cls = _registered.pop(name, None)
-        if cls is not None:
-            _instances.pop(cls, None)
-
-
-def transport_entry_points() -> dict[str, TransportEntry]:
-    """Installed transports by name, read from distribution metadata (nothing is imported)."""
-    found: dict[str, TransportEntry] = {}
-    for ep in metadata.entry_points(group=TRANSPORTS_GROUP):
-        if ep.name in found:
-            continue  # one distribution seen on two path entries, or a later duplicate
-        dist = getattr(ep, "dist", None)
-        found[ep.name] = TransportEntry(
-            name=ep.name,
-            value=ep.value,
-            distribution=dist.metadata["Name"] if dist is not None else None,
-            version=dist.version if dist is not None else None,
-            entry_point=ep,
-        )
-    return found
-
-
-def available_transports() -> list[str]:
-    """Names of the transports registered in-process or installed as plugins."""
-    with _lock:
-        names = set(_registered)
-    names.update(transport_entry_points())
-    return sorted(names)
-
-
-def get_transport_class(name: str) -> type[TransportProvider]:
-    """The provider class of transport ``name``, importing only its plugin."""
-    with _lock:
-        cls = _registered.get(name) or _loaded.get(name)
-    if cls is not None:
-        return cls
-    entry = transport_entry_points().get(name)
-    if entry is None:
-        installed = ", ".join(map(repr, available_transports())) or "none"
-        dist = KNOWN_TRANSPORT_DISTRIBUTIONS.get(name)
-        hint = (
-            f"`pip install {dist}`"
-            if dist
-            else f"a distribution registering it in {TRANSPORTS_GROUP!r}"
-        )
-        raise CommStateError(
-            f"no torchcomms transport named {name!r} is installed (installed: {installed}); "
-            f"install {hint}, or pick another with {_env.TRANSPORT}"
-        )
-    who = f"transport {name!r} from {entry.distribution or '?'} {entry.version or ''}".strip()
-    try:
-        loaded = entry.entry_point.load()
-    except Exception as exc:
-        raise BackendLoadError(
-            f"{who} failed to import ({type(exc).__name__}: {exc}); reinstall it with "
-            f"`pip install --force-reinstall {entry.distribution or name}` or uninstall it"
-        ) from exc
-    _check_provider(loaded, who)
-    with _lock:
-        _loaded[name] = loaded
-    return cast(type[TransportProvider], loaded)
-
-
-def _check_provider(cls: Any, who: str) -> None:
-    if not (isinstance(cls, type) and issubclass(cls, TransportProvider)):
-        raise BackendLoadError(
-            f"{who} is {cls!r}, not a subclass of torchcomms_core.spec.transport."
-            f"TransportProvider; the entry point must name the provider class"
-        )
-    declared = str(getattr(cls, "spec_version", "0.0"))
-    try:
-        major, minor = (int(p) for p in declared.split(".")[:2])
-    except ValueError:
-        raise BackendLoadError(
-            f"{who} declares spec_version={declared!r}; expected 'MAJOR.MINOR' such as "
-            f"{TRANSPORT_SPEC_VERSION!r}"
-        ) from None
-    core_major, core_minor = (int(p) for p in TRANSPORT_SPEC_VERSION.split("."))
-    if major != core_major or minor > core_minor:
-        hint = "upgrade torchcomms-core" if major >= core_major else "upgrade the transport plugin"
-        raise BackendLoadError(
-            f"{who} targets transport spec {declared}, but this torchcomms-core implements "
-            f"{TRANSPORT_SPEC_VERSION}; {hint} so that both agree"
-        )
-
-
-def selected_transport() -> str | None:
-    """The transport in use: ``TORCHCOMM_TRANSPORT``, else the only one, else ``nixl``/the
-    first of several; ``None`` when none is installed."""
-    choice = _env.transport_choice()
-    if choice is not None:
-        return choice
-    names = available_transports()
-    if not names:
-        return None
-    return PREFERRED_TRANSPORT if PREFERRED_TRANSPORT in names else names[0]
-
-
-def _provider_class(where: str) -> type[TransportProvider]:
-    """The selected transport's provider class, once it says it can run here."""
-    name = selected_transport()
-    if name is None:
-        raise CommStateError(f"{where}: no torchcomms transport is installed; {_INSTALL_HINT}")
-    cls = get_transport_class(name)
-    try:
-        ok, reason = cls.is_available()
-    except Exception as exc:
-        ok, reason = False, f"is_available() raised {exc!r}"
-    if not ok:
-        raise CommStateError(f"{where}: transport {name!r} cannot run here: {reason}")
-    return cls
-
-
-def _provider(where: str) -> TransportProvider:
-    """The process's provider instance (made on first use), or an error saying why not."""
-    cls = _provider_class(where)
-    with _lock:
-        instance = _instances.get(cls)
-    if instance is not None:
-        return instance
-    with _lock:
-        instance = _instances.get(cls)
-        if instance is None:
-            instance = _instances[cls] = cls()
-    return instance
-
-
-def describe_transports() -> list[dict[str, Any]]:
-    """One record per transport: distribution, version, devices, whether it runs here."""
-    entries = transport_entry_points()
-    chosen = selected_transport()
-    rows = []
-    for name in available_transports():
-        entry = entries.get(name)
-        row: dict[str, Any] = {
-            "name": name,
-            "distribution": entry.distribution if entry else "(registered in-process)",
-            "version": (entry.version or "") if entry else "",
-            "entry_point": entry.value if entry else "",
-            "selected": name == chosen,
-        }
-        try:
-            cls = get_transport_class(name)
-            try:
-                runnable, reason = cls.is_available()
-            except Exception as exc:
-                runnable, reason = False, f"is_available() raised {exc!r}"
-            row.update(
-                spec_version=cls.spec_version,
-                devices=list(cls.devices),
-                runnable=bool(runnable),
-                reason="" if runnable else reason,
-            )
-        except Exception as exc:  # report it; other transports keep working
-            row.update(spec_version="?", devices=[], runnable=False, reason=f"failed: {exc}")
-        rows.append(row)
-    return rows
-
-
-def _timeout(value: timedelta | None, where: str, default: timedelta) -> timedelta:
-    if value is None:
-        return default
-    if not isinstance(value, timedelta):
-        raise CommTypeError(f"{where}: timeout must be a datetime.timedelta, got {value!r}")
-    if value <= timedelta(0) or value > _env.MAX_TIMEOUT:
-        raise CommInputError(
-            f"{where}: timeout must be positive and at most {_env.MAX_TIMEOUT.days} days, "
-            f"got {value}"
-        )
-    return value
+def _timeout(value: Any, where: str, default: timedelta) -> timedelta:
+    """``value`` checked as every timeout of the core is, or ``default`` when it is None."""
+    return default if value is None else check_timeout(value, where)
 
 
 # -- registered memory and its views -----------------------------------------------------
@@ -291,7 +84,8 @@ class RdmaMemory:
 
     Raises:
         CommTypeError / CommInputError: the tensor is unsuitable.
-        CommStateError: no transport is installed or it cannot run here.
+        TransportNotFoundError: no transport is installed (a ``CommStateError``).
+        CommStateError: the transport cannot run here.
     """
 
     def __init__(self, tensor: torch.Tensor, /) -> None:

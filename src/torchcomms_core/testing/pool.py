@@ -198,11 +198,9 @@ class RankPool:
         ctx = multiprocessing.get_context("spawn")
         tmpdir = tempfile.mkdtemp(prefix="torchcomms-pool-")
         if self.launcher == "mpiexec":
-            from torchcomms_core.testing import mpi_launch
+            from torchcomms_core.testing.mpi_launch import start
 
-            self._procs, self._conns, self._stack_files = mpi_launch.start(
-                self.world_size, env, tmpdir
-            )
+            self._procs, self._conns, self._stack_files = start(self.world_size, env, tmpdir)
             return
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
