@@ -34,7 +34,6 @@ from torchcomms_core.spec.backend import (
     OPTIONAL_METHODS,
     REQUIRED_METHODS,
     SPEC_VERSION,
-    BatchOp,
     TorchCommBackend,
 )
 from torchcomms_core.spec.checks import (
@@ -44,7 +43,7 @@ from torchcomms_core.spec.checks import (
     method_support,
     set_collective_source,
 )
-from torchcomms_core.spec.defaults import PortableDefaults
+from torchcomms_core.spec.defaults import BatchOp, PortableDefaults
 from torchcomms_core.spec.window import TorchCommWinAccessType, WindowEngine
 from torchcomms_core.spec.work import (
     MultiWork,

@@ -6,7 +6,8 @@ the ``torchcomms.backends`` entry point. Every other operation (:data:`DERIVABLE
 already works through a portable default written against ``send``/``recv``, inherited
 from :class:`~torchcomms_core.spec.defaults.PortableDefaults`; overriding one makes it
 *native*. The capabilities of :data:`OPTIONAL_METHODS` have no default: they report
-"unsupported" until a backend writes them.
+"unsupported" until a backend writes them. ``batch_op_issue`` receives its operations as
+``BatchOp`` tuples ``("send" | "recv", tensor, peer)`` (defined beside the defaults).
 
 **How the core calls an operation** (stated once here, for every operation):
 
@@ -37,21 +38,10 @@ import torch
 
 from torchcomms_core.operations.reduce_op import RedOpType
 from torchcomms_core.operations.table import DERIVED, names
-from torchcomms_core.spec.defaults import BatchOp, PortableDefaults
+from torchcomms_core.spec.defaults import PortableDefaults
 
 if TYPE_CHECKING:
     from torchcomms_core.operations.options import CommOptions
-
-__all__ = [
-    "BASIC_REDUCE_OPS",
-    "DEFAULT_DTYPES",
-    "DERIVABLE_METHODS",
-    "OPTIONAL_METHODS",
-    "REQUIRED_METHODS",
-    "SPEC_VERSION",
-    "BatchOp",
-    "TorchCommBackend",
-]
 
 #: Version of this spec. A backend declares the version it targets in ``spec_version``.
 #: Same major and a minor no newer than the core's: compatible.

@@ -16,7 +16,7 @@ Imports: ``torch``, ``torchcomms_core.operations`` and ``spec.work``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -40,32 +40,12 @@ BatchOp = tuple[str, torch.Tensor, int]
 class PortableDefaults:
     """The derivable operations' portable implementations, over ``send`` and ``recv``."""
 
-    if TYPE_CHECKING:  # The primitives the defaults build on, declared by TorchCommBackend.
+    if TYPE_CHECKING:  # What the defaults build on; TorchCommBackend declares each of them.
         device: torch.device
-
-        def get_rank(self) -> int: ...
-
-        def get_size(self) -> int: ...
-
-        def send(
-            self,
-            tensor: torch.Tensor,
-            dst: int,
-            async_op: bool,
-            *,
-            timeout: timedelta | None = None,
-            hints: dict[str, str] | None = None,
-        ) -> Any: ...
-
-        def recv(
-            self,
-            tensor: torch.Tensor,
-            src: int,
-            async_op: bool,
-            *,
-            timeout: timedelta | None = None,
-            hints: dict[str, str] | None = None,
-        ) -> Any: ...
+        get_rank: Callable[[], int]
+        get_size: Callable[[], int]
+        send: Callable[..., Any]
+        recv: Callable[..., Any]
 
     def batch_op_issue(
         self,
