@@ -55,3 +55,17 @@ def test_a_stale_block_is_reported(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "run python scripts/gen_backend_methods.py" in capsys.readouterr().err
     assert gen.main([]) == 0 and gen.main(["--check"]) == 0
     assert "get_comm_name(self) -> str" in guide.read_text()
+
+
+def test_the_contract_names_every_operation_that_has_a_default() -> None:
+    # spec/backend.py is what a vendor reads; its class docstring must name every
+    # derivable operation even though the defaults themselves live in spec/defaults.py.
+    from torchcomms_core.spec import PortableDefaults, TorchCommBackend
+
+    doc = TorchCommBackend.__doc__ or ""
+    for name in DERIVABLE_METHODS:
+        assert f"``{name}``" in doc, name
+        # ... and each one really has a default the backend inherits.
+        assert callable(getattr(TorchCommBackend, name)), name
+    defaults = {n for n in vars(PortableDefaults) if not n.startswith("_")}
+    assert defaults <= set(DERIVABLE_METHODS), defaults - set(DERIVABLE_METHODS)

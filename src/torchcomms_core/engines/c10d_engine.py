@@ -20,7 +20,7 @@ from torchcomms_core.spec import (
     BatchOp,
     MultiWork,
     TorchCommBackend,
-    flat_chunks,
+    settle,
 )
 
 if TYPE_CHECKING:
@@ -199,6 +199,11 @@ class C10dBackend(TorchCommBackend):
             opts = cache[key] = _make_opts(cls_name, timeout, fields)
         return opts
 
+    def _flat_op(self, name: str) -> Any:
+        """The engine's entry point ``name`` for a collective over flat tensors
+        (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``)."""
+        return getattr(self._engine, name)
+
     # -- point to point --------------------------------------------------------------
 
     def send(
@@ -231,28 +236,33 @@ class C10dBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        works = self._issue_p2p(ops)
+        if not works:
+            return None
+        return self._done_all(works, async_op, timeout)
+
+    def _issue_p2p(self, ops: Sequence[BatchOp]) -> list[Any]:
+        """Issue every op on the engine, in one coalesced group when ``coalesce_p2p``;
+        return the works to wait for (the group's one work when the engine gives one)."""
         engine = self._engine
-        works = []
+        issued = []
         if self.coalesce_p2p:
             engine._start_coalescing(self.device)
         try:
             for kind, tensor, peer in ops:
-                if kind == "send":
-                    works.append(engine.send([tensor], peer, 0))
-                else:
-                    works.append(engine.recv([tensor], peer, 0))
+                method = engine.send if kind == "send" else engine.recv
+                issued.append(method([tensor], peer, 0))
         finally:
             if self.coalesce_p2p:
                 coalesced = engine._end_coalescing(self.device)
-                works = [coalesced] if coalesced is not None else works
-        if not works:
-            return None
+                if coalesced is not None:
+                    issued = [coalesced]
+        return [w for w in issued if w is not None]
+
+    def _done_all(self, works: list[Any], async_op: bool, timeout: timedelta | None) -> Any:
+        """Like ``_done`` for several engine works at once (a batch)."""
         wait_limit = timeout if self.timed_waits else None
-        work = MultiWork([C10dWork(w, wait_limit) for w in works])
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(MultiWork([C10dWork(w, wait_limit) for w in works]), async_op)
 
     # -- collectives -----------------------------------------------------------------
 
@@ -319,7 +329,7 @@ class C10dBackend(TorchCommBackend):
         opts = self._opts("AllgatherOptions", timeout)
         # Engines such as gloo want the output as n copies of the input's shape; the core
         # only guarantees matching element counts, so hand them flat views.
-        work = self._engine._allgather_base(_flat(output), _flat(input), opts)
+        work = self._flat_op("_allgather_base")(_flat(output), _flat(input), opts)
         return self._done(work, async_op, timeout)
 
     def reduce_scatter(
@@ -348,7 +358,7 @@ class C10dBackend(TorchCommBackend):
         hints: dict[str, str] | None = None,
     ) -> Any:
         opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
-        work = self._engine._reduce_scatter_base(_flat(output), _flat(input), opts)
+        work = self._flat_op("_reduce_scatter_base")(_flat(output), _flat(input), opts)
         return self._done(work, async_op, timeout)
 
     def all_to_all(
@@ -380,6 +390,7 @@ class C10dBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        # The spec's default, inlined (a hot path): equal blocks over alltoall_base.
         return self.all_to_all_v_single(
             output, input, [], [], async_op, timeout=timeout, hints=hints
         )
@@ -396,7 +407,7 @@ class C10dBackend(TorchCommBackend):
         hints: dict[str, str] | None = None,
     ) -> Any:
         opts = self._opts("AllToAllOptions", timeout)
-        work = self._engine.alltoall_base(
+        work = self._flat_op("alltoall_base")(
             output, input, list(output_split_sizes), list(input_split_sizes), opts
         )
         return self._done(work, async_op, timeout)
@@ -449,11 +460,8 @@ class C10dBackend(TorchCommBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        n = self._size
-        if self._rank != root:
-            return self.gather([], input.view(-1), root, async_op, timeout=timeout, hints=hints)
-        chunks = flat_chunks(output, n)
-        return self.gather(chunks, input.view(-1), root, async_op, timeout=timeout, hints=hints)
+        # The spec's flat views, over the engine's own gather.
+        return super().gather_single(output, input, root, async_op, timeout=timeout, hints=hints)
 
     def set_timeout(self, timeout: timedelta) -> None:
         super().set_timeout(timeout)

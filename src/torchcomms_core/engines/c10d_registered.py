@@ -25,11 +25,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from torchcomms_core.creation.group_record import current_group
-from torchcomms_core.engines.c10d_engine import C10dBackend, _flat, c10d_module, to_c10d_reduce_op
-from torchcomms_core.operations.reduce_op import ReduceOp
+from torchcomms_core.engines.c10d_engine import C10dBackend, c10d_module
 
 if TYPE_CHECKING:
     from torchcomms_core.operations.options import CommOptions
+
+#: The Python-level names of c10d's flat collectives (``C10dBackend._flat_op``).
+_PYTHON_GROUP_NAMES = {
+    "_allgather_base": "all_gather_single",
+    "_reduce_scatter_base": "reduce_scatter_single",
+    "alltoall_base": "all_to_all_single",
+}
 
 _lock = threading.Lock()
 # One class per registered name, remade when c10d's registration changes.
@@ -91,72 +97,13 @@ class C10dRegisteredBackend(C10dBackend):
     def get_backend_name(self) -> str:
         return self.c10d_name
 
-    # A whole ProcessGroup written in Python (the ``threaded`` one) implements c10d's
-    # Python-level names, which c10d's own calls reach it by; its C++ base's
-    # ``_allgather_base`` family would not reach its code.
-
-    def _group_engine(self) -> bool:
-        return isinstance(self._engine, c10d_module().ProcessGroup)
-
-    def all_gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        if not self._group_engine():
-            return super().all_gather_single(output, input, async_op, timeout=timeout, hints=hints)
-        opts = self._opts("AllgatherOptions", timeout)
-        work = self._engine.all_gather_single(_flat(output), _flat(input), opts)
-        return self._done(work, async_op, timeout)
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        if not self._group_engine():
-            return super().reduce_scatter_single(
-                output, input, op, async_op, timeout=timeout, hints=hints
-            )
-        opts = self._opts("ReduceScatterOptions", timeout, reduceOp=to_c10d_reduce_op(op))
-        work = self._engine.reduce_scatter_single(_flat(output), _flat(input), opts)
-        return self._done(work, async_op, timeout)
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        if not self._group_engine():
-            return super().all_to_all_v_single(
-                output,
-                input,
-                output_split_sizes,
-                input_split_sizes,
-                async_op,
-                timeout=timeout,
-                hints=hints,
-            )
-        opts = self._opts("AllToAllOptions", timeout)
-        work = self._engine.all_to_all_single(
-            output, input, list(output_split_sizes), list(input_split_sizes), opts
-        )
-        return self._done(work, async_op, timeout)
+    def _flat_op(self, name: str) -> Any:
+        # A whole ProcessGroup written in Python (the ``threaded`` one) implements c10d's
+        # Python-level names, which c10d's own calls reach it by; its C++ base's
+        # ``_allgather_base`` family would not reach its code.
+        if isinstance(self._engine, c10d_module().ProcessGroup):
+            name = _PYTHON_GROUP_NAMES[name]
+        return getattr(self._engine, name)
 
     def split(
         self, ranks: list[int], name: str, options: CommOptions

@@ -5,7 +5,6 @@ For unit-testing hooks, the flight recorder and NaN checks in one process, at an
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -122,34 +121,13 @@ class FakeBackend(TorchCommBackend):
     def get_comm_name(self) -> str:
         return self._name
 
-    def send(
-        self,
-        tensor: torch.Tensor,
-        dst: int,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
+    def _completed(self, *args: Any, **kwargs: Any) -> Any:
+        """Completed at once; nothing was sent or received."""
         return None
 
-    def recv(
-        self,
-        tensor: torch.Tensor,
-        src: int,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return None
-
-
-def _done(self: FakeBackend, *args: Any, **kwargs: Any) -> Any:
-    """Completed at once; nothing was sent or received."""
-    return None
+    send = recv = _completed
 
 
 for _name in _OPERATIONS:
-    setattr(FakeBackend, _name, _done)
+    setattr(FakeBackend, _name, FakeBackend._completed)
 del _name

@@ -1,31 +1,70 @@
-"""GPU support shared by the backends on torch's ``ProcessGroupNCCL`` engine (ncclx, rccl).
+"""The engine adapter of the backends on torch's ``ProcessGroupNCCL`` (ncclx, rccl).
 
-Device resolution, availability checks, CUDA stream semantics and the engine adapter.
+:class:`NcclEngineBackend`: a :class:`~torchcomms_core.engines.c10d_engine.C10dBackend`
+with CUDA stream semantics, NCCL's reductions (PREMUL_SUM on the device, bitwise ones
+through the spec's defaults), memory registration, ``ncclCommSplit`` and reconfigure.
+What the NCCL family shares besides the adapter (availability, devices, hints,
+:class:`CudaWork`) is in ``cuda_support`` and re-exported here.
+
+Imports: ``torch``, ``torchcomms_core.foundation``, ``torchcomms_core.operations``,
+``torchcomms_core.spec``, ``engines.c10d_engine`` and ``engines.cuda_support``.
 """
 
 from __future__ import annotations
 
-import os
-import time
 import weakref
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from torchcomms_core.engines.c10d_engine import C10dBackend, c10d_module, to_c10d_reduce_op
-from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import BootstrapError, CommInputError
+from torchcomms_core.engines.cuda_support import (
+    DEFAULT_EVENT_POOL_SIZE,
+    HIGH_PRIORITY_STREAM,
+    MAX_EVENT_POOL_SIZE,
+    NCCL_CONFIG_FIELDS,
+    NO_CUDA_REASON,
+    PERSISTENT_STORE,
+    CudaWork,
+    apply_nccl_config,
+    bind_device,
+    check_hint_keys,
+    cuda_allocator,
+    cuda_unavailable_reason,
+    nccl_available,
+    nccl_config_hints,
+    resolve_device,
+    rocm_version,
+)
+from torchcomms_core.foundation.errors import CommInputError
 from torchcomms_core.operations.hints import bool_hint, int_hint
 from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
-from torchcomms_core.spec import DEFAULT_DTYPES, BatchOp, TorchCommBackend
+from torchcomms_core.spec import DEFAULT_DTYPES, TorchCommBackend
 
 if TYPE_CHECKING:
     from torchcomms_core.operations.options import CommOptions
 
-#: What ``is_available`` reports when torch sees no GPU.
-NO_CUDA_REASON = "no CUDA device: torch.cuda.is_available() is False"
+__all__ = [
+    "DEFAULT_EVENT_POOL_SIZE",
+    "HIGH_PRIORITY_STREAM",
+    "MAX_EVENT_POOL_SIZE",
+    "NCCL_CONFIG_FIELDS",
+    "NCCL_DTYPES",
+    "NO_CUDA_REASON",
+    "PERSISTENT_STORE",
+    "CudaWork",
+    "NcclEngineBackend",
+    "apply_nccl_config",
+    "bind_device",
+    "bool_hint",
+    "check_hint_keys",
+    "cuda_unavailable_reason",
+    "nccl_available",
+    "nccl_config_hints",
+    "resolve_device",
+    "rocm_version",
+]
 
 #: NCCL has no 16-bit integer type, so c10d refuses int16 tensors.
 NCCL_DTYPES: tuple[torch.dtype, ...] = tuple(d for d in DEFAULT_DTYPES if d != torch.int16)
@@ -33,220 +72,6 @@ NCCL_DTYPES: tuple[torch.dtype, ...] = tuple(d for d in DEFAULT_DTYPES if d != t
 #: Element types NCCL can pre-multiply (``ncclRedOpCreatePreMulSum``).
 _PREMUL_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.bfloat16})
 _BITWISE = frozenset({RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR})
-
-
-# -- availability ------------------------------------------------------------------------
-
-
-def rocm_version() -> str | None:
-    """The HIP version of a ROCm build of torch, ``None`` on CUDA and CPU builds."""
-    return getattr(torch.version, "hip", None)
-
-
-def cuda_unavailable_reason() -> str | None:
-    """Why torch cannot use a GPU here, or ``None`` when it can."""
-    if not torch.cuda.is_available():
-        return NO_CUDA_REASON
-    return None
-
-
-def nccl_available() -> bool:
-    """Whether this torch build ships the NCCL (on ROCm: RCCL) engine."""
-    import torch.distributed as dist
-
-    return bool(dist.is_available() and dist.is_nccl_available())
-
-
-# -- devices -----------------------------------------------------------------------------
-
-
-def _local_rank_source() -> str | None:
-    for var in _env.LOCAL_RANK_VARS:
-        if os.environ.get(var) not in (None, ""):
-            return var
-    return None
-
-
-def resolve_device(
-    device: torch.device, rank: int, *, device_count: int | None = None
-) -> torch.device:
-    """Return the indexed CUDA device a rank uses: ``cuda`` alone means ``cuda:<local rank>``.
-
-    The local rank comes from the launcher (``LOCAL_RANK`` and friends); without one,
-    ``rank % device_count``, which is what torch's own NCCL engine guesses.
-    """
-    if device.type != "cuda":
-        raise CommInputError(f"expected a CUDA device, got {device}; pass torch.device('cuda')")
-    count = torch.cuda.device_count() if device_count is None else device_count
-    if count < 1:
-        raise CommInputError(
-            f"{device} requested, but this process sees no CUDA device; "
-            f"check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
-        )
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    sees = f"this process sees {count} CUDA device(s)" + (
-        f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
-    )
-    if device.index is not None:
-        if not 0 <= device.index < count:
-            raise CommInputError(
-                f"{device} does not exist: {sees}; pass an index in 0..{count - 1}"
-            )
-        return device
-    try:
-        local = _env.local_rank()
-    except ValueError:
-        var = _local_rank_source()
-        raise BootstrapError(
-            f"{var}={os.environ.get(var)!r} is not an integer local rank; "
-            f"fix the launcher's environment or pass torch.device('cuda', i)"
-        ) from None
-    if local is None:
-        return torch.device("cuda", rank % count)
-    if not 0 <= local < count:
-        raise CommInputError(
-            f"local rank {local} (from {_local_rank_source()}) has no GPU: {sees}; start at "
-            f"most {count} processes per node or pass torch.device('cuda', i) to new_comm"
-        )
-    return torch.device("cuda", local)
-
-
-def bind_device(device: torch.device) -> None:
-    """Make ``device`` the process's current CUDA device (NCCL binds a communicator to it)."""
-    torch.cuda.set_device(device)
-
-
-# -- hints -------------------------------------------------------------------------------
-
-
-#: The reference's hints of the NCCL family, read by every backend on this engine.
-HIGH_PRIORITY_STREAM = "is_high_priority_stream"
-MAX_EVENT_POOL_SIZE = "max_event_pool_size"
-PERSISTENT_STORE = "persistent_store"
-#: The reference's default ``max_event_pool_size``.
-DEFAULT_EVENT_POOL_SIZE = 1000
-
-# ``<prefix>::<key>`` hints set a field of NCCL's ``ncclConfig_t``: NCCL's own field name
-# (or torch's snake_case spelling) -> (torch's NCCLConfig attribute, value type).
-NCCL_CONFIG_FIELDS: dict[str, tuple[str, type]] = {
-    "blocking": ("blocking", int),
-    "cgaClusterSize": ("cga_cluster_size", int),
-    "minCTAs": ("min_ctas", int),
-    "maxCTAs": ("max_ctas", int),
-    "netName": ("net_name", str),
-    "splitShare": ("split_share", int),
-    "trafficClass": ("traffic_class", int),
-    "collnetEnable": ("collnet_enable", int),
-    "CTAPolicy": ("cta_policy", int),
-    "nvlsCTAs": ("nvls_ctas", int),
-}
-_CONFIG_BY_NAME = {
-    **NCCL_CONFIG_FIELDS,
-    **{attr: (attr, kind) for attr, kind in NCCL_CONFIG_FIELDS.values()},
-}
-
-
-def nccl_config_hints(hints: dict[str, str], prefix: str) -> list[tuple[str, str, Any]]:
-    """The ``<prefix>::<field>`` hints as ``(hint key, NCCLConfig attribute, value)``.
-
-    Raises :class:`CommInputError` for a field NCCL's config does not have or a value
-    of the wrong type.
-    """
-    marker = f"{prefix}::"
-    out: list[tuple[str, str, Any]] = []
-    for key, raw in hints.items():
-        if not key.startswith(marker):
-            continue
-        field = key[len(marker) :]
-        found = _CONFIG_BY_NAME.get(field)
-        if found is None:
-            listing = ", ".join(f"{marker}{k}" for k in NCCL_CONFIG_FIELDS)
-            raise CommInputError(
-                f"hint {key!r}: NCCL's config has no field {field!r}; the fields are {listing}"
-            )
-        attr, kind = found
-        if kind is int:
-            try:
-                value: Any = int(raw.strip())
-            except ValueError:
-                raise CommInputError(
-                    f"hint {key}={raw!r}: ncclConfig_t.{field} is an integer; pass e.g. '4'"
-                ) from None
-        else:
-            value = raw
-        out.append((key, attr, value))
-    return out
-
-
-def apply_nccl_config(config: Any, settings: list[tuple[str, str, Any]]) -> None:
-    """Set the fields of torch's ``ProcessGroupNCCL.NCCLConfig`` that the hints name."""
-    for key, attr, value in settings:
-        if not hasattr(config, attr):
-            raise CommInputError(
-                f"hint {key!r}: this PyTorch build's NCCL config has no {attr!r} (its NCCL "
-                f"version predates the field); drop the hint or use a newer PyTorch"
-            )
-        setattr(config, attr, value)
-
-
-def check_hint_keys(hints: dict[str, str], prefix: str, known: Sequence[str]) -> None:
-    """Refuse hints in this backend's namespace that it does not know (typos)."""
-    for key in hints:
-        if key.startswith(prefix + ".") and key[len(prefix) + 1 :] not in known:
-            listing = ", ".join(f"{prefix}.{k}" for k in known)
-            raise CommInputError(f"unknown hint {key!r}; this backend knows {listing}")
-
-
-# -- completion --------------------------------------------------------------------------
-
-
-class CudaWork:
-    """Handle of c10d GPU works with torchcomms' stream semantics.
-
-    ``wait()`` makes the caller's current CUDA stream wait for the operation and returns
-    at once; ``wait_blocking()`` blocks the host until the operation has completed.
-    Objects in ``keep`` (e.g. a device-side PREMUL_SUM factor) live until then.
-    """
-
-    __slots__ = ("_works", "_timeout", "_keep")
-
-    def __init__(self, works: Sequence[Any], timeout: timedelta | None, keep: Any = None) -> None:
-        self._works = tuple(works)
-        self._timeout = timeout
-        self._keep = keep
-
-    def wait(self) -> bool:
-        # Without a timeout, c10d's NCCL work only orders the current stream after the
-        # engine's stream; with one it would spin the host until the GPU finishes.
-        for work in self._works:
-            work.wait()
-        self._keep = None
-        return True
-
-    def wait_blocking(self) -> bool:
-        for work in self._works:
-            if self._timeout is not None and self._timeout > timedelta(0):
-                work.wait(self._timeout)
-            else:
-                while not work.is_completed():
-                    time.sleep(0.0002)
-                work.wait()
-        self._keep = None
-        return True
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-
-def _cuda_allocator(backend: str) -> Any:
-    """torch.cuda's current allocator, or a clear error where there is no CUDA."""
-    reason = cuda_unavailable_reason()
-    if reason is not None:
-        raise CommInputError(
-            f"get_mem_allocator: backend {backend!r} allocates CUDA memory, but {reason}; "
-            f"call it on a machine with a GPU (CPU tensors need no allocator)"
-        )
-    return torch.cuda.memory._get_current_allocator()
 
 
 def _scaled(t: torch.Tensor, factor: float | torch.Tensor) -> torch.Tensor:
@@ -436,7 +261,7 @@ class NcclEngineBackend(C10dBackend):
         native = self._engine_allocator()
         if native is not None:
             return native
-        return _cuda_allocator(self.get_backend_name())
+        return cuda_allocator(self.get_backend_name())
 
     @classmethod
     def process_mem_allocator(cls) -> Any:
@@ -448,7 +273,7 @@ class NcclEngineBackend(C10dBackend):
             native = backend._engine_allocator()
             if native is not None:
                 return native
-        return _cuda_allocator(cls.hint_prefix)
+        return cuda_allocator(cls.hint_prefix)
 
     def register_mem_pool(self, pool: Any) -> None:
         """Register a ``torch.cuda.MemPool``'s memory with NCCL (zero-copy collectives)."""
@@ -476,6 +301,13 @@ class NcclEngineBackend(C10dBackend):
         # No timeout on purpose: the current stream waits, the host does not. The
         # engine's watchdog still enforces the operation's timeout (set in its options).
         work.wait()
+        return None
+
+    def _done_all(self, works: list[Any], async_op: bool, timeout: timedelta | None) -> Any:
+        if async_op:
+            return CudaWork(works, timeout)
+        for work in works:
+            work.wait()
         return None
 
     # -- reconfigure (fault tolerance) ------------------------------------------------
@@ -535,34 +367,6 @@ class NcclEngineBackend(C10dBackend):
         child._bind(self.device, name, options)
         child.init(self.device, name, options)
         return child
-
-    # -- point to point --------------------------------------------------------------
-
-    def batch_op_issue(
-        self,
-        ops: Sequence[BatchOp],
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        engine = self._engine
-        issued = []
-        engine._start_coalescing(self.device)
-        try:
-            for kind, tensor, peer in ops:
-                method = engine.send if kind == "send" else engine.recv
-                issued.append(method([tensor], peer, 0))
-        finally:
-            coalesced = engine._end_coalescing(self.device)
-        works = [coalesced] if coalesced is not None else [w for w in issued if w is not None]
-        if not works:
-            return None
-        if async_op:
-            return CudaWork(works, timeout)
-        for work in works:
-            work.wait()
-        return None
 
     # -- reductions ------------------------------------------------------------------
 
