@@ -44,3 +44,8 @@ class BackendLoadError(TorchCommError):
 
 class BootstrapError(TorchCommError):
     """Rank, world size or the rendezvous store could not be determined."""
+
+
+class TransportNotFoundError(BackendNotFoundError, CommStateError):
+    """No transport plugin is installed or registered under the requested name (or none
+    at all). A :class:`BackendNotFoundError`, and a ``CommStateError`` as it was before."""

@@ -106,8 +106,11 @@ def _engine_sources(cls: type) -> tuple[str, ...]:
 
     found = {os.path.dirname(torch.distributed.__file__) + os.sep}
     for klass in cls.__mro__:
-        if klass.__module__ in ("builtins", "abc", "torchcomms_core.spec"):
-            continue
+        name = klass.__module__
+        if name in ("builtins", "abc", "torchcomms_core.spec") or name.startswith(
+            "torchcomms_core.spec."
+        ):
+            continue  # the spec's defaults run the backend's own methods
         module = sys.modules.get(klass.__module__)
         if klass.__module__.startswith("torchcomms_core."):
             # A base class the core ships (C10dBackend): its own module only.

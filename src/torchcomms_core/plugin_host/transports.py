@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import BackendNotFoundError, CommStateError
+from torchcomms_core.foundation.errors import TransportNotFoundError
 from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry, runs_here
 from torchcomms_core.spec.transport import TRANSPORT_SPEC_VERSION, TransportProvider
 
@@ -49,11 +49,6 @@ INSTALL_HINT = (
 
 #: An installed transport: its entry point and the distribution that provides it.
 TransportEntry = PluginEntry
-
-
-class TransportNotFoundError(BackendNotFoundError, CommStateError):
-    """No transport plugin is installed or registered under the requested name (or none
-    at all). A :class:`BackendNotFoundError`, and a ``CommStateError`` as it was before."""
 
 
 #: The transports by name: in-process registrations, then the ``torchcomms.transports`` group.

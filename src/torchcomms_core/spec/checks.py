@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 
+from torchcomms_core.foundation.spec_version import check_spec_version as _check_version
 from torchcomms_core.spec.backend import (
     DERIVABLE_METHODS,
     OPTIONAL_METHODS,
@@ -136,24 +137,6 @@ def _overrides(cls: type, name: str) -> bool:
 
 
 def check_spec_version(declared: str, who: str) -> None:
-    """Raise if a backend's declared spec version is incompatible with this core."""
-    from torchcomms_core.foundation.errors import BackendLoadError
-
-    try:
-        major, minor = (int(p) for p in str(declared).split(".")[:2])
-    except ValueError:
-        raise BackendLoadError(
-            f"{who} declares spec_version={declared!r}; expected 'MAJOR.MINOR' such as "
-            f"{SPEC_VERSION!r}"
-        ) from None
-    core_major, core_minor = (int(p) for p in SPEC_VERSION.split("."))
-    if major != core_major or minor > core_minor:
-        hint = (
-            "upgrade torchcomms-core"
-            if (major, minor) > (core_major, core_minor)
-            else "upgrade the backend plugin"
-        )
-        raise BackendLoadError(
-            f"{who} targets backend spec {declared}, but this torchcomms-core implements "
-            f"spec {SPEC_VERSION}; {hint} so that both agree"
-        )
+    """Raise :class:`BackendLoadError` unless a backend's declared spec version runs on this
+    core: the same major as :data:`SPEC_VERSION` and a minor no newer."""
+    _check_version(declared, SPEC_VERSION, who, "backend")
