@@ -13,7 +13,7 @@ import threading
 from typing import Any
 
 from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import TransportNotFoundError
+from torchcomms_core.foundation.errors import CommStateError, TransportNotFoundError
 from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry, runs_here
 from torchcomms_core.spec.transport import TRANSPORT_SPEC_VERSION, TransportProvider
 
