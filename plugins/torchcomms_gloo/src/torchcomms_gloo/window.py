@@ -25,7 +25,7 @@ import secrets
 import socket
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -37,9 +37,7 @@ from torchcomms_core.plugin import (
     TorchCommWinAccessType,
 )
 
-if TYPE_CHECKING:
-    from .backend import GlooBackend
-    from .transport_window import TransportWindow
+from .transport_window import TransportWindow, WindowHost
 
 SHM_DIR = "/dev/shm"
 #: How windows reach peers: ``auto`` (shared memory when every rank shares it, else the
@@ -126,7 +124,7 @@ class _Segment:
 class GlooWindowEngine:
     """Windows on shared memory, or through ``TransportWindow`` (see the module docstring)."""
 
-    def __init__(self, backend: GlooBackend, index: int) -> None:
+    def __init__(self, backend: WindowHost, index: int) -> None:
         self._backend = backend
         self._store = backend.options.store
         self._rank = backend.get_rank()
@@ -150,8 +148,6 @@ class GlooWindowEngine:
         timeout = self._backend.options.timeout or timedelta(seconds=600)
         self._waited = [0] * self._size
         if not self._shared_memory(prefix):
-            from .transport_window import TransportWindow
-
             self._remote = TransportWindow(self._backend, prefix, timeout)
             return self._remote.register(tensor)
         path = os.path.join(SHM_DIR, f"torchcomms-{os.getpid()}-{secrets.token_hex(6)}")

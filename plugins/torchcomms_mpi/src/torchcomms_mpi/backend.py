@@ -803,7 +803,7 @@ class MpiBackend(TorchCommBackend):
         """An MPI RMA window engine for the core's ``TorchCommWindow``."""
         from .window import MpiWindowEngine
 
-        engine = MpiWindowEngine(self)
+        engine = MpiWindowEngine(self._comm, self._windows)
         self._windows.append(engine)
         return engine
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from mpi4py import MPI
@@ -23,9 +23,6 @@ from mpi4py import MPI
 from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType
 
 from .buffers import MPI_TYPES
-
-if TYPE_CHECKING:
-    from .backend import MpiBackend
 
 _COUNTER = MPI.INT64_T
 #: Seconds wait_signal polls flat out before napping ``_NAP_S`` between polls.
@@ -88,13 +85,17 @@ class _SignalWaitWork:
 
 
 class MpiWindowEngine:
-    """MPI RMA windows for one ``TorchCommWindow`` (see the module docstring)."""
+    """MPI RMA windows for one ``TorchCommWindow`` (see the module docstring).
 
-    def __init__(self, backend: MpiBackend) -> None:
-        self._backend = backend
-        self._comm = backend.engine
-        self.rank = backend.get_rank()
-        self._size = backend.get_size()
+    ``comm`` is the communicator's ``mpi4py`` intracomm; ``open_windows`` is the backend's
+    list of live window engines, which this one leaves when freed.
+    """
+
+    def __init__(self, comm: Any, open_windows: list[Any]) -> None:
+        self._open = open_windows
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self._size = comm.Get_size()
         self._data: Any = None
         self._signals: Any = None
         self._tensor: torch.Tensor | None = None
@@ -145,8 +146,8 @@ class MpiWindowEngine:
                 pass
         self._data = self._signals = None
         self._tensor = None
-        if self in self._backend._windows:
-            self._backend._windows.remove(self)
+        if self in self._open:
+            self._open.remove(self)
 
     def put(
         self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta

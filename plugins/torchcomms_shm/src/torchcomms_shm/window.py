@@ -15,9 +15,10 @@ import ctypes
 import json
 import mmap
 import os
+import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -25,8 +26,37 @@ from torchcomms_core.plugin import CommOperationError, TorchCommWinAccessType
 
 from . import segment as seg
 
-if TYPE_CHECKING:
-    from .backend import ShmBackend
+
+class WindowHost(Protocol):
+    """What a window uses of the shm backend that made it (``ShmBackend`` is one): its
+    store, default timeout, barrier, and the waiting and timeout reporting of its calls."""
+
+    _kv: Any
+    _default_s: float
+    _lock: threading.RLock
+    _op: str
+    _seconds: float
+    _waiter: seg.Waiter
+
+    def get_rank(self) -> int:
+        """This rank."""
+        ...
+
+    def get_size(self) -> int:
+        """The number of ranks."""
+        ...
+
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Every rank reaches this point."""
+        ...
+
+    def _alarm(self, final: bool) -> None: ...
 
 
 class _File:
@@ -58,7 +88,7 @@ class _File:
 class ShmWindowEngine:
     """The ``WindowEngine`` of the shm backend (see the module docstring)."""
 
-    def __init__(self, backend: ShmBackend, index: int) -> None:
+    def __init__(self, backend: WindowHost, index: int) -> None:
         self._b = backend
         self._me = backend.get_rank()
         self._size = backend.get_size()
