@@ -33,6 +33,8 @@ from torchcomms_core.plugin import (
     CommInputError,
     CommOptions,
     ReduceOp,
+    displacements,
+    settle,
 )
 
 from .comm import BLOCKING_BYTES_ENV, DEFAULT_BLOCKING_BYTES, blocking_bytes
@@ -128,11 +130,7 @@ class MpiBackend(MpiLean):
             b = buf(tensor)
             keep.append(tensor)
             reqs.append(comm.Isend(b, peer) if kind == "send" else comm.Irecv(b, peer))
-        work = self._work("batch_op_issue", timeout, reqs, keep)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(self._work("batch_op_issue", timeout, reqs, keep), async_op)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -414,8 +412,8 @@ class MpiBackend(MpiLean):
         mpi_t = b.MPI_TYPES[output.dtype]
         sc = [s * row_in for s in input_split_sizes]
         rc = [s * row_out for s in output_split_sizes]
-        send = [b.buf(input)[0], sc, _displs(sc), mpi_t]
-        recv = [b.buf(output)[0], rc, _displs(rc), mpi_t]
+        send = [b.buf(input)[0], sc, displacements(sc), mpi_t]
+        recv = [b.buf(output)[0], rc, displacements(rc), mpi_t]
         return self._collective(
             "all_to_all_v_single", async_op, timeout, "Ialltoallv", (send, recv), (output, input)
         )
@@ -521,11 +519,3 @@ class MpiBackend(MpiLean):
         return self._collective(
             "gather_single", async_op, timeout, "Igather", (send, recv, root), (output, input)
         )
-
-
-def _displs(counts: list[int]) -> list[int]:
-    out, acc = [], 0
-    for c in counts:
-        out.append(acc)
-        acc += c
-    return out

@@ -13,13 +13,12 @@ May import: torch, mpi4py (inside functions: importing ``mpi4py.MPI`` initialise
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import BootstrapError, CommOptions, TorchCommBackend
+from torchcomms_core.plugin import BootstrapError, CommOptions, TorchCommBackend, env_count
 
 _UNSET = object()
 
@@ -31,20 +30,15 @@ DEFAULT_BLOCKING_BYTES = 65536
 
 def blocking_bytes() -> int:
     """``TORCHCOMM_MPI_BLOCKING_BYTES`` (default 64 KiB); must be the same on every rank."""
-    raw = os.environ.get(BLOCKING_BYTES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_BLOCKING_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise BootstrapError(
+    return env_count(
+        BLOCKING_BYTES_ENV,
+        DEFAULT_BLOCKING_BYTES,
+        lambda raw: BootstrapError(
             f"{BLOCKING_BYTES_ENV}={raw!r} is not a byte count; set a whole number >= 0 "
             f"(the same on every rank; 0 makes every collective nonblocking), or unset it for "
             f"the default {DEFAULT_BLOCKING_BYTES}"
-        )
-    return value
+        ),
+    )
 
 
 class MpiComm(TorchCommBackend):

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType
+from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType, settle
 
 from .buffers import MPI_TYPES
 
@@ -157,11 +157,7 @@ class MpiWindowEngine:
         origin = [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), MPI_TYPES[tensor.dtype]]
         win = self._data
         win.Put(origin, dst_rank, (offset, tensor.numel(), MPI_TYPES[tensor.dtype]))
-        work = _FlushWork(win, dst_rank, tensor)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(_FlushWork(win, dst_rank, tensor), async_op)
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._data.Flush(peer_rank)  # the data lands before the signal can be seen
@@ -172,11 +168,8 @@ class MpiWindowEngine:
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
-        work = _SignalWaitWork(self, peer_rank, self._waited[peer_rank], timeout.total_seconds())
-        if async_op:
-            return work
-        work.wait()
-        return None
+        seconds = timeout.total_seconds()
+        return settle(_SignalWaitWork(self, peer_rank, self._waited[peer_rank], seconds), async_op)
 
     def _count(self, peer: int) -> int:
         got = [MPI.buffer.fromaddress(self._got.data_ptr(), 8), 1, _COUNTER]

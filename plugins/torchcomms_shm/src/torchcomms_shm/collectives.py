@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import RedOpType, ReduceOp
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE, ReduceOp, overlaps, split_dim0
 
 from . import segment as seg
 from .comm import ShmComm, _copy, _u8
@@ -25,15 +25,8 @@ from .comm import ShmComm, _copy, _u8
 #: Messages up to this size per rank (bytes) take the one-step all-reduce.
 SMALL_BYTES = 64 << 10
 
-_REDUCE: dict[RedOpType, Callable[..., torch.Tensor]] = {
-    RedOpType.SUM: torch.add,
-    RedOpType.PRODUCT: torch.mul,
-    RedOpType.MIN: torch.minimum,
-    RedOpType.MAX: torch.maximum,
-    RedOpType.BAND: torch.bitwise_and,
-    RedOpType.BOR: torch.bitwise_or,
-    RedOpType.BXOR: torch.bitwise_xor,
-}
+#: The element-wise kernel of each reduction.
+_REDUCE = ELEMENTWISE_REDUCE
 
 
 def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: torch.Tensor) -> None:
@@ -48,11 +41,6 @@ def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: tor
     fn(sources[0], sources[1], out=out)
     for src in sources[2:]:
         fn(out, src, out=out)
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    pa, pb = a.data_ptr(), b.data_ptr()
-    return pa < pb + b.nbytes and pb < pa + a.nbytes and a.nbytes > 0 and b.nbytes > 0
 
 
 class ShmCollectives(ShmComm):
@@ -184,7 +172,7 @@ class ShmCollectives(ShmComm):
     ) -> Any:
         ins = [t.reshape(-1) for t in input_list]
         out = output.view(-1)
-        if any(_overlap(out, t) for t in ins):
+        if any(overlaps(out, t) for t in ins):
             ins = [t.clone() for t in ins]
         fn = _REDUCE[op.type]
         return self._run(
@@ -261,7 +249,7 @@ class ShmCollectives(ShmComm):
     ) -> Any:
         outs = [_u8(t) for t in tensor_list]
         mine = _u8(tensor)
-        if any(_overlap(o, mine) for i, o in enumerate(outs) if i != self._rank):
+        if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
             mine = mine.clone()
         return self._run("all_gather", timeout, async_op, lambda: self._all_gather(outs, mine))
 
@@ -327,7 +315,7 @@ class ShmCollectives(ShmComm):
     ) -> Any:
         outs = [_u8(t) for t in output_tensor_list]
         ins = [_u8(t) for t in input_tensor_list]
-        if any(_overlap(o, i) for o in outs for i in ins):
+        if any(overlaps(o, i) for o in outs for i in ins):
             ins = [t.clone() for t in ins]
         return self._run("all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins))
 
@@ -356,8 +344,8 @@ class ShmCollectives(ShmComm):
         hints: dict[str, str] | None = None,
     ) -> Any:
         n = self._size
-        outs = _blocks(output, output_split_sizes, n)
-        ins = _blocks(input, input_split_sizes, n)
+        outs = [b.reshape(-1) for b in split_dim0(output, output_split_sizes, n)]
+        ins = [b.reshape(-1) for b in split_dim0(input, input_split_sizes, n)]
         return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)
 
     def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
@@ -403,12 +391,3 @@ class ShmCollectives(ShmComm):
 def _place(dst: int, owner: int) -> int:
     """Index of ``dst``'s region in ``owner``'s slot (one region per peer of ``owner``)."""
     return dst if dst < owner else dst - 1
-
-
-def _blocks(t: torch.Tensor, split_sizes: list[int], n: int) -> list[torch.Tensor]:
-    if t.dim() == 0:
-        t = t.view(1)
-    if not split_sizes:
-        rows = t.shape[0] // n
-        split_sizes = [rows] * n
-    return [b.reshape(-1) for b in torch.split(t, list(split_sizes), dim=0)]
