@@ -74,6 +74,7 @@ from torchcomms_core.spec import (
 from torchcomms_core.spec.kit import (
     ELEMENTWISE_REDUCE,
     SignalFile,
+    StoredRankAndSize,
     displacements,
     env_count,
     overlaps,
@@ -112,6 +113,7 @@ __all__ = [
     # backend authors' kit (torchcomms_core.spec.kit)
     "ELEMENTWISE_REDUCE",
     "SignalFile",
+    "StoredRankAndSize",
     "displacements",
     "env_count",
     "overlaps",

@@ -7,6 +7,8 @@
 - :func:`displacements`: the offsets of consecutive blocks of the given counts;
 - :func:`settle`: what a method returns for an issued work, given ``async_op``;
 - :func:`env_count`: a byte or rank count read from an environment variable, checked;
+- :class:`StoredRankAndSize`: ``get_rank``, ``get_size`` and ``get_comm_name`` answered
+  from the fields a backend sets in ``init``;
 - :class:`SignalFile`: one window file in ``/dev/shm``, mapped: ``int64`` signal counters
   (one per rank) followed by the window's data.
 
@@ -85,6 +87,29 @@ def env_count(name: str, default: int, error: Callable[[str], Exception]) -> int
     if value < 0:
         raise error(raw)
     return value
+
+
+class StoredRankAndSize:
+    """``get_rank``, ``get_size`` and ``get_comm_name`` from fields: ``_rank`` and ``_size``,
+    which the backend sets in ``init`` (and ``split``, ``reconfigure_engine``), and the
+    ``comm_name`` the core binds. Put it before ``TorchCommBackend`` among the bases:
+    ``class MyBackend(StoredRankAndSize, TorchCommBackend)``."""
+
+    _rank: int
+    _size: int
+    comm_name: str
+
+    def get_rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._rank
+
+    def get_size(self) -> int:
+        """The number of ranks in the communicator."""
+        return self._size
+
+    def get_comm_name(self) -> str:
+        """The communicator's name, as given to ``init``."""
+        return self.comm_name
 
 
 class SignalFile:

@@ -27,6 +27,7 @@ from torch._C._distributed_c10d import PrefixStore
 from torchcomms_core.plugin import (
     CommOptions,
     ReduceOp,
+    StoredRankAndSize,
     TorchComm,
     TorchCommBackend,
     get_backend_class,
@@ -76,7 +77,7 @@ def _done(work: Any, async_op: bool) -> Any:
     return work if async_op else None
 
 
-class HierBackend(TorchCommBackend):
+class HierBackend(StoredRankAndSize, TorchCommBackend):
     """A hierarchical backend: each host on its own local backend, hosts joined by a global one.
 
     ``comm.get_backend_impl()`` is this object; :meth:`levels` returns its communicators.
@@ -253,21 +254,9 @@ class HierBackend(TorchCommBackend):
         for comm in reversed(list(self.levels().values())):
             comm.abort()
 
-    def get_rank(self) -> int:
-        """This rank in the whole job."""
-        return self._rank
-
-    def get_size(self) -> int:
-        """Ranks in the whole job."""
-        return self._size
-
     def get_backend_name(self) -> str:
         """``"hier"``."""
         return "hier"
-
-    def get_comm_name(self) -> str:
-        """The communicator's name (levels derive theirs from it)."""
-        return self.comm_name
 
     # -- helpers ----------------------------------------------------------------------
 

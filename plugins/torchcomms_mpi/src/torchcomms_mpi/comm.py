@@ -18,7 +18,13 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import BootstrapError, CommOptions, TorchCommBackend, env_count
+from torchcomms_core.plugin import (
+    BootstrapError,
+    CommOptions,
+    StoredRankAndSize,
+    TorchCommBackend,
+    env_count,
+)
 
 _UNSET = object()
 
@@ -41,7 +47,7 @@ def blocking_bytes() -> int:
     )
 
 
-class MpiComm(TorchCommBackend):
+class MpiComm(StoredRankAndSize, TorchCommBackend):
     """One duplicated MPI communicator and its plumbing (see the module docstring)."""
 
     # -- lifecycle --------------------------------------------------------------------
@@ -131,17 +137,8 @@ class MpiComm(TorchCommBackend):
         except self._MPI.Exception:  # an engine that already gave up: nothing to free
             pass
 
-    def get_rank(self) -> int:
-        return self._rank
-
-    def get_size(self) -> int:
-        return self._size
-
     def get_backend_name(self) -> str:
         return "mpi"
-
-    def get_comm_name(self) -> str:
-        return self.comm_name
 
     @property
     def engine(self) -> Any:

@@ -30,6 +30,7 @@ from torchcomms_core.plugin import (
     CommInputError,
     CommOperationError,
     CommOptions,
+    StoredRankAndSize,
     TorchCommBackend,
     int_hint,
 )
@@ -98,7 +99,7 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class ShmComm(TorchCommBackend):
+class ShmComm(StoredRankAndSize, TorchCommBackend):
     """The segment, lifecycle, waiting and worker of a shm communicator (module docstring)."""
 
     #: Point-to-point operations queued and not complete, and whether they are being
@@ -300,17 +301,8 @@ class ShmComm(TorchCommBackend):
             if abort:
                 self._lock.release()
 
-    def get_rank(self) -> int:
-        return self._rank
-
-    def get_size(self) -> int:
-        return self._size
-
     def get_backend_name(self) -> str:
         return "shm"
-
-    def get_comm_name(self) -> str:
-        return self.comm_name
 
     # -- waiting ----------------------------------------------------------------------
 
