@@ -14,12 +14,15 @@ on every rank.
 Point-to-point uses one byte ring per ordered pair of ranks (single writer, single reader;
 a bytes-written and a bytes-read counter). Operations are queued per channel and advanced
 by whoever waits, so asynchronous sends never block on the receiver.
+
+The class is built in layers, one module each: ``comm`` (the segment, lifecycle, waiting
+and worker thread), ``p2p`` (the rings), ``collectives`` (the algorithms) and this module
+(the spec's methods, which pick and run them).
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -31,11 +34,13 @@ from torchcomms_core.plugin import (
     DEFAULT_DTYPES,
     BatchOp,
     CommInputError,
-    CommOperationError,
+    ReduceOp,
+    overlaps,
+    split_dim0,
 )
 
 from . import segment as seg
-from .collectives import SMALL_BYTES, ShmCollectives
+from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives
 from .comm import (
     ARENA_BYTES,
     DEFAULT_ARENA_BYTES,
@@ -45,11 +50,11 @@ from .comm import (
     P2P_BYTES,
     SPIN_US,
     YIELD_US,
-    _copy,
     _u8,
     default_wait,
     host_identity,
 )
+from .p2p import _P2P, _P2PWork
 
 __all__ = [
     "ARENA_BYTES",
@@ -84,18 +89,6 @@ class ShmBackend(ShmCollectives):
     @classmethod
     def is_available(cls) -> tuple[bool, str]:
         return seg.arch_supported()
-
-    def _init_state(self) -> None:
-        super()._init_state()
-        n = self._size
-        # Point to point: per channel a ring and its two counters, plus queued operations.
-        self._ring = self._layout.p2p_bytes
-        self._send_q: list[deque[_P2P]] = [deque() for _ in range(n)]
-        self._recv_q: list[deque[_P2P]] = [deque() for _ in range(n)]
-        self._sent = [0] * n  # bytes this rank wrote into channel me -> p
-        self._got = [0] * n  # bytes this rank read from channel p -> me
-
-    # -- point to point ---------------------------------------------------------------
 
     def send(
         self,
@@ -146,164 +139,184 @@ class ShmBackend(ShmCollectives):
         work.wait()
         return None
 
-    def _progress(self) -> bool:
-        """Advance the first queued send and receive of every channel; ``True`` if any moved."""
-        if self._mapping is None:
-            return False
-        self._in_progress = True
-        try:
-            moved = False
-            for p in range(self._size):
-                q = self._send_q[p]
-                while q and self._push(q[0]):
-                    q.popleft()
-                    self._npending -= 1
-                    moved = True
-                q = self._recv_q[p]
-                while q and self._pull(q[0]):
-                    q.popleft()
-                    self._npending -= 1
-                    moved = True
-            return moved
-        finally:
-            self._in_progress = False
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self._run("barrier", timeout, async_op, self._sync)
 
-    def _ring_base(self, src: int, dst: int) -> int:
-        lay = self._layout
-        return lay.rings + (src * self._size + dst) * lay.p2p_bytes
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        flat, fn = tensor.view(-1), _REDUCE[op.type]
+        return self._run("all_reduce", timeout, async_op, lambda: self._all_reduce(flat, fn))
 
-    def _push(self, item: _P2P) -> bool:
-        """Write what fits of ``item`` into channel me -> peer; ``True`` once all is written.
+    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
+        """The synchronous ``all_reduce`` for the core's lean lane (small tensors skip the
+        keyword handling of the method; the work is the same)."""
+        seconds = timeout.total_seconds()
 
-        On the wire a message is an 8-byte header (its byte count), the bytes, and padding
-        to a multiple of 8, so every header sits 8-aligned and never wraps.
-        """
-        me, p, size = self._rank, item.peer, self._ring
-        w, lay = self._w, self._layout
-        mapping = self._mapping
-        assert mapping is not None
-        tail = w[lay.tail_word(me, p)]
-        head = self._sent[p]
-        base = self._ring_base(me, p)
-        while item.done < item.wire:
-            free = size - (head - tail)
-            pos = head % size
-            if item.done == 0:
-                if free < 8:
-                    break
-                mapping.map[base + pos : base + pos + 8] = item.total.to_bytes(8, "little")
-                head += 8
-                item.done = 8
-                continue
-            if free <= 0:
-                break
-            m = min(free, size - pos, item.wire - item.done)
-            lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
-            if hi > lo:
-                _copy(mapping.raw[base + pos : base + pos + hi - lo], item.data[lo:hi])
-            head += m
-            item.done += m
-        if head != self._sent[p]:
-            self._sent[p] = head
-            w[lay.head_word(me, p)] = head
-        return item.done == item.wire
+        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            if self._jobs:  # asynchronous collectives still queued: in order behind them
+                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
+            with self._lock:
+                if self._aborted or self._broken is not None or self._mapping is None:
+                    self._begin("all_reduce", timeout)  # raises the reason
+                self._op, self._seconds = "all_reduce", seconds
+                self._deadline = time.monotonic() + seconds
+                self._all_reduce(tensor.view(-1), _REDUCE[op.type])
+            return None
 
-    def _pull(self, item: _P2P) -> bool:
-        """Read what has arrived of ``item`` from channel peer -> me; ``True`` once complete."""
-        me, p, size = self._rank, item.peer, self._ring
-        w, lay = self._w, self._layout
-        mapping = self._mapping
-        assert mapping is not None
-        head = w[lay.head_word(p, me)]
-        tail = self._got[p]
-        base = self._ring_base(p, me)
-        while item.done < item.wire:
-            avail = head - tail
-            if avail <= 0:
-                break
-            pos = tail % size
-            if item.done == 0:  # a header is written whole before the head moves past it
-                sent = int.from_bytes(mapping.map[base + pos : base + pos + 8], "little")
-                if sent != item.total:
-                    raise self._fail(
-                        CommInputError(
-                            f"recv from rank {p} expects {item.total} bytes but rank {p} sent "
-                            f"{sent}; post receives of the sent size and dtype"
-                        )
-                    )
-                tail += 8
-                item.done = 8
-                continue
-            m = min(avail, size - pos, item.wire - item.done)
-            lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
-            if hi > lo:
-                _copy(item.data[lo:hi], mapping.raw[base + pos : base + pos + hi - lo])
-            tail += m
-            item.done += m
-        if tail != self._got[p]:
-            self._got[p] = tail
-            w[lay.tail_word(p, me)] = tail
-        return item.done == item.wire
+        return {"all_reduce": all_reduce}
 
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
-class _P2P:
-    """One queued send or receive: its bytes, and how many wire bytes moved (header, data,
-    padding to 8)."""
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        blocks = (
+            list(input.view(-1).chunk(self._size))
+            if input.numel()
+            else [input.view(-1)] * self._size
+        )
+        return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
 
-    __slots__ = ("send", "data", "peer", "done", "total", "wire")
+    def reduce_scatter_v(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        ins = [t.reshape(-1) for t in input_list]
+        out = output.view(-1)
+        if any(overlaps(out, t) for t in ins):
+            ins = [t.clone() for t in ins]
+        fn = _REDUCE[op.type]
+        return self._run(
+            "reduce_scatter", timeout, async_op, lambda: self._reduce_scatter(out, ins, fn)
+        )
 
-    def __init__(self, send: bool, data: torch.Tensor, peer: int) -> None:
-        self.send, self.data, self.peer = send, data, peer
-        self.done = 0
-        self.total = data.numel()
-        self.wire = 8 + (self.total + 7) // 8 * 8
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        flat = output.view(-1)
+        outs = list(flat.chunk(self._size)) if flat.numel() else [flat] * self._size
+        return self.all_gather_v(outs, input, async_op, timeout=timeout, hints=hints)
 
-class _P2PWork:
-    """Waits for a set of queued sends and receives, advancing every channel meanwhile."""
+    def all_gather_v(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        outs = [_u8(t) for t in tensor_list]
+        mine = _u8(tensor)
+        if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
+            mine = mine.clone()
+        return self._run("all_gather", timeout, async_op, lambda: self._all_gather(outs, mine))
 
-    def __init__(self, backend: ShmBackend, items: list[_P2P], what: str, seconds: float) -> None:
-        self._b, self._items, self._what, self._seconds = backend, items, what, seconds
-        self._deadline = time.monotonic() + seconds
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        data = _u8(tensor)
+        return self._run("broadcast", timeout, async_op, lambda: self._broadcast(data, root))
 
-    def is_completed(self) -> bool:
-        if all(i.done == i.wire for i in self._items):
-            return True
-        b = self._b
-        if b._lock.acquire(blocking=False):
-            try:
-                if b._mapping is not None and b._broken is None and not b._aborted:
-                    b._progress()
-            finally:
-                b._lock.release()
-        return all(i.done == i.wire for i in self._items)
+    def all_to_all(
+        self,
+        output_tensor_list: list[torch.Tensor],
+        input_tensor_list: list[torch.Tensor],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        outs = [_u8(t) for t in output_tensor_list]
+        ins = [_u8(t) for t in input_tensor_list]
+        if any(overlaps(o, i) for o in outs for i in ins):
+            ins = [t.clone() for t in ins]
+        return self._run("all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins))
 
-    def wait(self) -> bool:
-        b, items = self._b, self._items
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        return self.all_to_all_v_single(
+            output, input, [], [], async_op, timeout=timeout, hints=hints
+        )
 
-        def ready() -> bool:
-            if all(i.done == i.wire for i in items):
-                return True
-            with b._lock:
-                if b._aborted or b._mapping is None:
-                    return True  # the alarm below reports it
-                b._progress()
-            return all(i.done == i.wire for i in items)
-
-        if ready():
-            return True
-        with b._lock:
-            b._op, b._seconds, b._deadline = self._what, self._seconds, self._deadline
-        b._waiter.wait(ready, self._deadline, self._alarm)
-        if b._aborted or b._mapping is None:
-            raise CommOperationError(f"{self._what}: the communicator was aborted while waiting")
-        return True
-
-    def _alarm(self, final: bool) -> None:
-        b = self._b
-        with b._lock:
-            b._op, b._seconds = self._what, self._seconds
-            if final:
-                peers = sorted({i.peer for i in self._items if i.done != i.wire})
-                raise b._fail(seg.timeout_error(self._what, self._seconds, peers))
-            b._alarm(False)
+    def all_to_all_v_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        n = self._size
+        outs = [b.reshape(-1) for b in split_dim0(output, output_split_sizes, n)]
+        ins = [b.reshape(-1) for b in split_dim0(input, input_split_sizes, n)]
+        return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)

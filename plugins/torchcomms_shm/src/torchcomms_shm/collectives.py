@@ -1,26 +1,25 @@
-"""``ShmCollectives``: the shm backend's collectives, lockstep over the staging arena.
+"""``ShmCollectives``: the shm backend's collective algorithms, lockstep over the arena.
 
-Each collective stages what this rank contributes in its slot of the arena, one chunk per
+Each algorithm stages what this rank contributes in its slot of the arena, one chunk per
 step, and reads or folds what the peers staged (see the backend's module docstring).
-Reductions use torch's kernels, in rank order, by one owner rank per part.
+Reductions use torch's kernels, in rank order, by one owner rank per part. The spec's
+methods that run them (``all_reduce``, ``all_gather``, ...) are ``ShmBackend``'s.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``comm`` and ``segment``.
+``comm``, ``p2p`` and ``segment``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import ELEMENTWISE_REDUCE, ReduceOp, overlaps, split_dim0
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE
 
 from . import segment as seg
-from .comm import ShmComm, _copy, _u8
+from .comm import _copy
+from .p2p import ShmP2P
 
 #: Messages up to this size per rank (bytes) take the one-step all-reduce.
 SMALL_BYTES = 64 << 10
@@ -43,47 +42,8 @@ def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: tor
         fn(out, src, out=out)
 
 
-class ShmCollectives(ShmComm):
-    """The collectives of the shm backend (see the module docstring)."""
-
-    def barrier(
-        self,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self._run("barrier", timeout, async_op, self._sync)
-
-    def all_reduce(
-        self,
-        tensor: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        flat, fn = tensor.view(-1), _REDUCE[op.type]
-        return self._run("all_reduce", timeout, async_op, lambda: self._all_reduce(flat, fn))
-
-    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
-        """The synchronous ``all_reduce`` for the core's lean lane (small tensors skip the
-        keyword handling of the method; the work is the same)."""
-        seconds = timeout.total_seconds()
-
-        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
-            if self._jobs:  # asynchronous collectives still queued: in order behind them
-                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
-            with self._lock:
-                if self._aborted or self._broken is not None or self._mapping is None:
-                    self._begin("all_reduce", timeout)  # raises the reason
-                self._op, self._seconds = "all_reduce", seconds
-                self._deadline = time.monotonic() + seconds
-                self._all_reduce(tensor.view(-1), _REDUCE[op.type])
-            return None
-
-        return {"all_reduce": all_reduce}
+class ShmCollectives(ShmP2P):
+    """The collective algorithms of the shm backend (see the module docstring)."""
 
     def _all_reduce(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
         n, me = self._size, self._rank
@@ -131,54 +91,6 @@ class ShmCollectives(ShmComm):
                 if b > a:
                     _copy(chunk[a:b], slots[r][a:b])
 
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
-
-    def reduce_scatter_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        blocks = (
-            list(input.view(-1).chunk(self._size))
-            if input.numel()
-            else [input.view(-1)] * self._size
-        )
-        return self.reduce_scatter_v(output, blocks, op, async_op, timeout=timeout, hints=hints)
-
-    def reduce_scatter_v(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        ins = [t.reshape(-1) for t in input_list]
-        out = output.view(-1)
-        if any(overlaps(out, t) for t in ins):
-            ins = [t.clone() for t in ins]
-        fn = _REDUCE[op.type]
-        return self._run(
-            "reduce_scatter", timeout, async_op, lambda: self._reduce_scatter(out, ins, fn)
-        )
-
     def _reduce_scatter(
         self, out: torch.Tensor, ins: list[torch.Tensor], fn: Callable[..., torch.Tensor]
     ) -> None:
@@ -214,45 +126,6 @@ class ShmCollectives(ShmComm):
                 ]
                 _fold(fn, srcs, out[lo : lo + m])
 
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
-
-    def all_gather_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        flat = output.view(-1)
-        outs = list(flat.chunk(self._size)) if flat.numel() else [flat] * self._size
-        return self.all_gather_v(outs, input, async_op, timeout=timeout, hints=hints)
-
-    def all_gather_v(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        outs = [_u8(t) for t in tensor_list]
-        mine = _u8(tensor)
-        if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
-            mine = mine.clone()
-        return self._run("all_gather", timeout, async_op, lambda: self._all_gather(outs, mine))
-
     def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
         n, me, c = self._size, self._rank, self._chunk
         local = outs[me].data_ptr() != mine.data_ptr()
@@ -276,18 +149,6 @@ class ShmCollectives(ShmComm):
                 if m > 0:
                     _copy(outs[p][lo : lo + m], self._slots[p][h][:m])
 
-    def broadcast(
-        self,
-        tensor: torch.Tensor,
-        root: int,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        data = _u8(tensor)
-        return self._run("broadcast", timeout, async_op, lambda: self._broadcast(data, root))
-
     def _broadcast(self, data: torch.Tensor, root: int) -> None:
         if self._size == 1:
             return
@@ -303,50 +164,6 @@ class ShmCollectives(ShmComm):
             self._sync()
             if me != root:
                 _copy(data[lo : lo + m], slot)
-
-    def all_to_all(
-        self,
-        output_tensor_list: list[torch.Tensor],
-        input_tensor_list: list[torch.Tensor],
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        outs = [_u8(t) for t in output_tensor_list]
-        ins = [_u8(t) for t in input_tensor_list]
-        if any(overlaps(o, i) for o in outs for i in ins):
-            ins = [t.clone() for t in ins]
-        return self._run("all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins))
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.all_to_all_v_single(
-            output, input, [], [], async_op, timeout=timeout, hints=hints
-        )
-
-    def all_to_all_v_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        output_split_sizes: list[int],
-        input_split_sizes: list[int],
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        n = self._size
-        outs = [b.reshape(-1) for b in split_dim0(output, output_split_sizes, n)]
-        ins = [b.reshape(-1) for b in split_dim0(input, input_split_sizes, n)]
-        return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)
 
     def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         n, me = self._size, self._rank

@@ -3,9 +3,9 @@
 It owns the communicator's life (hints, the segment's creation and mapping, finalize,
 abort, reconfigure), the waiting (steps published and awaited, with abort, dead-peer and
 timeout checks), the worker thread that runs asynchronous collectives in issue order, and
-the windows. Point-to-point (:mod:`~torchcomms_shm.backend`) and the collectives
-(:mod:`~torchcomms_shm.collectives`) are the layers above it; the algorithms are
-described in the backend's module docstring.
+the windows. Point-to-point (:mod:`~torchcomms_shm.p2p`), the collective algorithms
+(:mod:`~torchcomms_shm.collectives`) and the spec's methods (:mod:`~torchcomms_shm.backend`)
+are the layers above it; the algorithms are described in the backend's module docstring.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
 ``segment`` and ``window``.
@@ -103,7 +103,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
     """The segment, lifecycle, waiting and worker of a shm communicator (module docstring)."""
 
     #: Point-to-point operations queued and not complete, and whether they are being
-    #: advanced now (the point-to-point layer, ``ShmBackend``, queues and advances them).
+    #: advanced now (the point-to-point layer, ``ShmP2P``, queues and advances them).
     _npending = 0
     _in_progress = False
 
@@ -445,7 +445,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
     def _progress(self) -> bool:
         """Advance the queued point-to-point operations; ``True`` if any moved.
 
-        The point-to-point layer (``ShmBackend``) queues them and overrides this.
+        The point-to-point layer (``ShmP2P``) queues them and overrides this.
         """
         return False
 
