@@ -9,6 +9,7 @@
 - :func:`env_count`: a byte or rank count read from an environment variable, checked;
 - :class:`StoredRankAndSize`: ``get_rank``, ``get_size`` and ``get_comm_name`` answered
   from the fields a backend sets in ``init``;
+- :class:`WindowPeers`: what a window engine uses of the backend that made it;
 - :class:`SignalFile`: one window file in ``/dev/shm``, mapped: ``int64`` signal counters
   (one per rank) followed by the window's data.
 
@@ -23,7 +24,8 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 import torch
 
@@ -110,6 +112,25 @@ class StoredRankAndSize:
     def get_comm_name(self) -> str:
         """The communicator's name, as given to ``init``."""
         return self.comm_name
+
+
+class WindowPeers(Protocol):
+    """What a window engine uses of the backend that made it: this rank, the number of
+    ranks and a barrier among them (every ``TorchCommBackend`` has them). A window module
+    types its backend with this (or a protocol extending it) instead of importing the
+    backend's class, which imports the window module."""
+
+    def get_rank(self) -> int:
+        """This process's rank in the communicator."""
+        ...
+
+    def get_size(self) -> int:
+        """The number of ranks in the communicator."""
+        ...
+
+    def barrier(self, async_op: bool, *, timeout: timedelta | None = None) -> Any:
+        """Return once every rank called it (``async_op=False``)."""
+        ...
 
 
 class SignalFile:

@@ -28,7 +28,13 @@ from typing import Any, Protocol
 
 import torch
 
-from torchcomms_core.plugin import CommOptions, RdmaMemory, RdmaRemoteBuffer, RdmaTransport
+from torchcomms_core.plugin import (
+    CommOptions,
+    RdmaMemory,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    WindowPeers,
+)
 
 #: Source tensors of ``put`` kept registered (and alive) for reuse, most recent first.
 SOURCE_CACHE = 4
@@ -44,30 +50,13 @@ def _described(buffer: RdmaRemoteBuffer) -> list[Any]:
     return [buffer.ptr, buffer.len, buffer.access_key]
 
 
-class WindowHost(Protocol):
-    """What a gloo window needs of its communicator's backend (``GlooBackend`` is one)."""
+class WindowHost(WindowPeers, Protocol):
+    """What a gloo window uses of its backend (``GlooBackend`` is one): rank, size, barrier,
+    and the options holding its store and default timeout."""
 
     @property
     def options(self) -> CommOptions:
         """The communicator's options (its store and default timeout)."""
-        ...
-
-    def get_rank(self) -> int:
-        """This rank."""
-        ...
-
-    def get_size(self) -> int:
-        """The number of ranks."""
-        ...
-
-    def barrier(
-        self,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        """Every rank reaches this point."""
         ...
 
 

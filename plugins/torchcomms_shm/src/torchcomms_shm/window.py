@@ -25,15 +25,17 @@ from torchcomms_core.plugin import (
     CommOperationError,
     SignalFile,
     TorchCommWinAccessType,
+    WindowPeers,
     settle,
 )
 
 from . import segment as seg
 
 
-class WindowHost(Protocol):
-    """What a window uses of the shm backend that made it (``ShmBackend`` is one): its
-    store, default timeout, barrier, and the waiting and timeout reporting of its calls."""
+class WindowHost(WindowPeers, Protocol):
+    """What a window uses of the shm backend that made it (``ShmBackend`` is one): rank,
+    size and barrier, its store and default timeout, and the waiting and timeout reporting
+    of its calls."""
 
     _kv: Any
     _default_s: float
@@ -41,24 +43,6 @@ class WindowHost(Protocol):
     _op: str
     _seconds: float
     _waiter: seg.Waiter
-
-    def get_rank(self) -> int:
-        """This rank."""
-        ...
-
-    def get_size(self) -> int:
-        """The number of ranks."""
-        ...
-
-    def barrier(
-        self,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        """Every rank reaches this point."""
-        ...
 
     def _alarm(self, final: bool) -> None: ...
 
