@@ -21,6 +21,7 @@ May import: torch, the standard library, and ``torchcomms_core.operations`` and
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 from collections.abc import Callable, Sequence
@@ -59,11 +60,7 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def displacements(counts: Sequence[int]) -> list[int]:
     """Where each of consecutive blocks of ``counts`` starts: ``[0, c0, c0 + c1, ...]``."""
-    out, at = [], 0
-    for count in counts:
-        out.append(at)
-        at += count
-    return out
+    return list(itertools.accumulate(counts[:-1], initial=0)) if counts else []
 
 
 def settle(work: Any, async_op: bool) -> Any:
