@@ -76,6 +76,16 @@ from torchcomms_core.spec import (
     then,
     unflatten_into,
 )
+from torchcomms_core.spec.kit import (
+    ELEMENTWISE_REDUCE,
+    SignalFile,
+    StoredRankAndSize,
+    WindowPeers,
+    displacements,
+    env_count,
+    overlaps,
+    settle,
+)
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
     TRANSPORT_SPEC_VERSION,
@@ -106,6 +116,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    # backend authors' kit (torchcomms_core.spec.kit)
+    "ELEMENTWISE_REDUCE",
+    "SignalFile",
+    "StoredRankAndSize",
+    "WindowPeers",
+    "displacements",
+    "env_count",
+    "overlaps",
+    "settle",
+    # the rest
     "BASIC_REDUCE_OPS",
     "DEFAULT_DTYPES",
     "DERIVABLE_METHODS",

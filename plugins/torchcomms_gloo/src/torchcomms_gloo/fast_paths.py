@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import RedOpType, ReduceOp
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE, RedOpType, ReduceOp
 
 #: Point-to-point tag of these transfers, far from the small tags users pick, so a user's
 #: ``send``/``recv`` on the same communicator never matches one of them. Both sides post
@@ -35,15 +35,7 @@ REDUCE_SCATTER_MIN_BYTES = 4 << 20
 PIECE_BYTES = 4 << 20
 
 #: Element-wise reductions by kind; those missing (and bool tensors) use the engine.
-_REDUCE: dict[RedOpType, Callable[..., torch.Tensor]] = {
-    RedOpType.SUM: torch.add,
-    RedOpType.PRODUCT: torch.mul,
-    RedOpType.MIN: torch.minimum,
-    RedOpType.MAX: torch.maximum,
-    RedOpType.BAND: torch.bitwise_and,
-    RedOpType.BOR: torch.bitwise_or,
-    RedOpType.BXOR: torch.bitwise_xor,
-}
+_REDUCE = ELEMENTWISE_REDUCE
 
 
 class PairwiseWork:

@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from torchcomms_core.plugin import CommInputError, bool_hint
+from torchcomms_core.plugin import CommInputError, bool_hint, env_count
 
 LAZY = "lazy"
 PERSISTENT_STORE = "persistent_store"
@@ -53,19 +53,14 @@ def check(hints: dict[str, str], size: int = 1) -> bool:
 
 def lazy_above() -> int:
     """The size above which communicators connect lazily (``TORCHCOMM_GLOO_LAZY_ABOVE``)."""
-    raw = os.environ.get(LAZY_ABOVE_VARIABLE, "").strip()
-    if not raw:
-        return LAZY_ABOVE_DEFAULT
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise CommInputError(
+    return env_count(
+        LAZY_ABOVE_VARIABLE,
+        LAZY_ABOVE_DEFAULT,
+        lambda raw: CommInputError(
             f"{LAZY_ABOVE_VARIABLE}={raw!r} must be a non-negative integer (the largest "
             f"communicator that connects its peers at creation; 0 makes every one lazy)"
-        )
-    return value
+        ),
+    )
 
 
 class _EnvironmentLock:

@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Iterator, Set
 from typing import Any
 
 from .peer_addresses import Endpoint, EngineAddresses, normalize_ip
@@ -67,28 +67,36 @@ def store_ports(store: Any) -> set[int]:
 def engine_sockets(before: dict[int, str], exclude_ports: set[int]) -> dict[int, str]:
     """The connected TCP sockets opened since ``before`` that do not talk to a store port."""
     mine: dict[int, str] = {}
+    for fd, inode, probe in _tcp_streams(before):
+        if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            continue  # the device's listener: gloo treats a failed accept as fatal
+        ports = {_port(probe.getsockname)}
+        ports.add(_port(probe.getpeername))
+        if ports & exclude_ports:
+            continue
+        mine[fd] = inode
+    return mine
+
+
+def _tcp_streams(before: dict[int, str] | None = None) -> Iterator[tuple[int, str, socket.socket]]:
+    """This process's TCP stream sockets, but those ``before`` lists (same fd and inode):
+    ``(fd, inode, probe)``, ``probe`` a duplicate of the socket, closed once the loop moves
+    on."""
     for fd, inode in socket_inodes().items():
-        if before.get(fd) == inode:
+        if before is not None and before.get(fd) == inode:
             continue
         try:
             probe = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
         try:
-            if probe.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            if probe.type != socket.SOCK_STREAM:
-                continue
-            if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                continue  # the device's listener: gloo treats a failed accept as fatal
-            ports = {_port(probe.getsockname)}
-            ports.add(_port(probe.getpeername))
-            if ports & exclude_ports:
-                continue
-            mine[fd] = inode
+            if (
+                probe.family in (socket.AF_INET, socket.AF_INET6)
+                and probe.type == socket.SOCK_STREAM
+            ):
+                yield fd, inode, probe
         finally:
             probe.close()
-    return mine
 
 
 def connections(own: Set[Endpoint], peers: Set[Endpoint]) -> tuple[dict[int, str], dict[int, str]]:
@@ -105,16 +113,8 @@ def connections(own: Set[Endpoint], peers: Set[Endpoint]) -> tuple[dict[int, str
         return mine, listening
     own_ports = {port for _, port in own}
     peer_ports = {port for _, port in peers}
-    for fd, inode in socket_inodes().items():
+    for fd, inode, probe in _tcp_streams():
         try:
-            probe = socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-        try:
-            if probe.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            if probe.type != socket.SOCK_STREAM:
-                continue
             local = _endpoint(probe.getsockname)
             ours = local is not None and local[1] in own_ports and _matches(local, own)
             if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
@@ -129,8 +129,6 @@ def connections(own: Set[Endpoint], peers: Set[Endpoint]) -> tuple[dict[int, str
                 mine[fd] = inode
         except OSError:
             continue
-        finally:
-            probe.close()
     return mine, listening
 
 

@@ -24,14 +24,17 @@ import base64
 import collections
 import json
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from torchcomms_core.plugin import RdmaMemory, RdmaRemoteBuffer, RdmaTransport
-
-if TYPE_CHECKING:
-    from .backend import GlooBackend
+from torchcomms_core.plugin import (
+    CommOptions,
+    RdmaMemory,
+    RdmaRemoteBuffer,
+    RdmaTransport,
+    WindowPeers,
+)
 
 #: Source tensors of ``put`` kept registered (and alive) for reuse, most recent first.
 SOURCE_CACHE = 4
@@ -45,6 +48,16 @@ def _remote(values: list[Any]) -> RdmaRemoteBuffer:
 
 def _described(buffer: RdmaRemoteBuffer) -> list[Any]:
     return [buffer.ptr, buffer.len, buffer.access_key]
+
+
+class WindowHost(WindowPeers, Protocol):
+    """What a gloo window uses of its backend (``GlooBackend`` is one): rank, size, barrier,
+    and the options holding its store and default timeout."""
+
+    @property
+    def options(self) -> CommOptions:
+        """The communicator's options (its store and default timeout)."""
+        ...
 
 
 class _SignalCounts:
@@ -68,7 +81,7 @@ class _SignalCounts:
 class TransportWindow:
     """One registration of a gloo window whose peers are reached through the transport."""
 
-    def __init__(self, backend: GlooBackend, prefix: str, timeout: timedelta) -> None:
+    def __init__(self, backend: WindowHost, prefix: str, timeout: timedelta) -> None:
         self._store = backend.options.store
         self._rank = backend.get_rank()
         self._size = backend.get_size()

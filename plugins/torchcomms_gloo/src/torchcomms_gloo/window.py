@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-import mmap
 import os
 import secrets
 import socket
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -34,12 +33,12 @@ from torchcomms_core.plugin import (
     CommStateError,
     CommTimeoutError,
     RdmaTransport,
+    SignalFile,
     TorchCommWinAccessType,
+    settle,
 )
 
-if TYPE_CHECKING:
-    from .backend import GlooBackend
-    from .transport_window import TransportWindow
+from .transport_window import TransportWindow, WindowHost
 
 SHM_DIR = "/dev/shm"
 #: How windows reach peers: ``auto`` (shared memory when every rank shares it, else the
@@ -94,47 +93,18 @@ def _host() -> str:
     return socket.gethostname()
 
 
-class _Segment:
-    """One mapped window file: ``counters`` (int64 per rank) and ``data`` (bytes)."""
-
-    def __init__(self, path: str, nbytes: int, nranks: int, create: bool) -> None:
-        self.path = path
-        size = 8 * nranks + nbytes
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        raw = torch.frombuffer(self.map, dtype=torch.uint8)
-        self.counters = raw[: 8 * nranks].view(torch.int64)
-        # The counters as Python ints: reading or bumping one costs tens of nanoseconds.
-        self.words = memoryview(self.map)[: 8 * nranks].cast("q")
-        self.data = raw[8 * nranks :]
-
-    def close(self) -> None:
-        self.words.release()
-        self.counters = self.data = None  # type: ignore[assignment]
-        try:
-            self.map.close()
-        except BufferError:  # a tensor still views it; the mapping goes with that tensor
-            pass
-
-
 class GlooWindowEngine:
     """Windows on shared memory, or through ``TransportWindow`` (see the module docstring)."""
 
-    def __init__(self, backend: GlooBackend, index: int) -> None:
+    def __init__(self, backend: WindowHost, index: int) -> None:
         self._backend = backend
         self._store = backend.options.store
         self._rank = backend.get_rank()
         self._size = backend.get_size()
         self._key = f"window/{index}"
         self._epoch = 0
-        self._mine: _Segment | None = None
-        self._peers: list[_Segment] = []
+        self._mine: SignalFile | None = None
+        self._peers: list[SignalFile] = []
         self._views: list[torch.Tensor] = []
         self._bases: list[int] = []
         self._tensor: torch.Tensor | None = None
@@ -150,8 +120,6 @@ class GlooWindowEngine:
         timeout = self._backend.options.timeout or timedelta(seconds=600)
         self._waited = [0] * self._size
         if not self._shared_memory(prefix):
-            from .transport_window import TransportWindow
-
             self._remote = TransportWindow(self._backend, prefix, timeout)
             return self._remote.register(tensor)
         path = os.path.join(SHM_DIR, f"torchcomms-{os.getpid()}-{secrets.token_hex(6)}")
@@ -159,7 +127,7 @@ class GlooWindowEngine:
         self._store.set(f"{prefix}/{self._rank}", json.dumps(me))
         peers = [json.loads(self._store.get(f"{prefix}/{r}")) for r in range(self._size)]
         nbytes = tensor.numel() * tensor.element_size()
-        mine = _Segment(path, nbytes, self._size, create=True)
+        mine = SignalFile(path, nbytes, self._size, create=True)
         mine.counters.zero_()
         shared = mine.data[:nbytes].view(tensor.dtype).view(tensor.shape)
         shared.copy_(tensor)
@@ -171,7 +139,7 @@ class GlooWindowEngine:
         self._peers = [
             mine
             if r == self._rank
-            else _Segment(
+            else SignalFile(
                 info["path"], info["numel"] * tensor.element_size(), self._size, create=False
             )
             for r, info in enumerate(peers)
@@ -306,10 +274,7 @@ class GlooWindowEngine:
             timeout.total_seconds(),
             self._rank,
         )
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(work, async_op)
 
     def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
         if self._remote is not None:

@@ -17,7 +17,6 @@ locally, ``gloo`` between hosts), the cross-host steps are staged through host b
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -28,6 +27,7 @@ from torch._C._distributed_c10d import PrefixStore
 from torchcomms_core.plugin import (
     CommOptions,
     ReduceOp,
+    StoredRankAndSize,
     TorchComm,
     TorchCommBackend,
     get_backend_class,
@@ -36,7 +36,17 @@ from torchcomms_core.plugin import (
     then,
 )
 
+from .pipeline import PIECE_BYTES, PIPELINE_MAX_PIECES, pipelined_all_reduce, pipelined_gather
 from .topology import Topology, exchange, resolve_settings
+
+__all__ = [
+    "FLAT_MAX_BYTES_DEFAULT",
+    "HIER_DTYPES",
+    "PIECE_BYTES",
+    "PIPELINE_MAX_PIECES",
+    "RS_MIN_BYTES_DEFAULT",
+    "HierBackend",
+]
 
 #: all_reduce messages of at least this many bytes take local reduce_scatter, rail
 #: all_reduce, local all_gather (when hosts are even); smaller ones reduce to the leaders.
@@ -47,11 +57,6 @@ RS_MIN_BYTES_DEFAULT = 64 << 10
 #: which already connects every rank: at a few bytes a call's cost is its round trips, and
 #: three levels in turn cost three. Hint ``hier::flat_max_bytes`` changes it (0: never).
 FLAT_MAX_BYTES_DEFAULT = 4 << 10
-
-#: The pipelined all_reduce cuts messages into pieces of about this many bytes (at most
-#: ``PIPELINE_MAX_PIECES``), so that local steps overlap the transfers between hosts.
-PIECE_BYTES = 4 << 20
-PIPELINE_MAX_PIECES = 8
 
 #: Element types every level can carry (gloo, the default global level, has no int16).
 HIER_DTYPES: tuple[torch.dtype, ...] = (
@@ -72,7 +77,7 @@ def _done(work: Any, async_op: bool) -> Any:
     return work if async_op else None
 
 
-class HierBackend(TorchCommBackend):
+class HierBackend(StoredRankAndSize, TorchCommBackend):
     """A hierarchical backend: each host on its own local backend, hosts joined by a global one.
 
     ``comm.get_backend_impl()`` is this object; :meth:`levels` returns its communicators.
@@ -249,21 +254,9 @@ class HierBackend(TorchCommBackend):
         for comm in reversed(list(self.levels().values())):
             comm.abort()
 
-    def get_rank(self) -> int:
-        """This rank in the whole job."""
-        return self._rank
-
-    def get_size(self) -> int:
-        """Ranks in the whole job."""
-        return self._size
-
     def get_backend_name(self) -> str:
         """``"hier"``."""
         return "hier"
-
-    def get_comm_name(self) -> str:
-        """The communicator's name (levels derive theirs from it)."""
-        return self.comm_name
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -310,6 +303,18 @@ class HierBackend(TorchCommBackend):
                 topo.rank_of(h, j) for j in range(len(topo.hosts[0])) for h in range(topo.nhosts)
             ]
         return torch.tensor(order, dtype=torch.long, device=device)
+
+    def _pipelined_gather(
+        self, flat: torch.Tensor, dests: list[torch.Tensor], timeout: timedelta | None
+    ) -> None:
+        """Even hosts: :func:`~torchcomms_hier.pipeline.pipelined_gather` over this rank's
+        rail and host; ``dests[r]`` (flat) receives rank ``r``'s ``flat``."""
+        cross = self._cross()
+        assert cross is not None
+        order = self._perm(host_major=False, device=torch.device("cpu")).tolist()
+        pipelined_gather(
+            self._local, cross, flat, dests, order, self._topo.nhosts, self._cross_device, timeout
+        )
 
     # -- point to point ---------------------------------------------------------------
 
@@ -399,52 +404,13 @@ class HierBackend(TorchCommBackend):
             and lsize > 1
         ):
             assert cross is not None
-            self._pipelined_all_reduce(flat, op, cross, timeout)
+            pipelined_all_reduce(local, cross, flat, op, self._cross_device, timeout)
             return None
         local.reduce(tensor, 0, op, timeout=timeout)
         if topo.local_rank == 0:
             assert cross is not None
             self._staged(tensor, lambda t: cross.all_reduce(t, op, timeout=timeout))
         return _done(local.broadcast(tensor, 0, async_op, timeout=timeout), async_op)
-
-    def _pipelined_all_reduce(
-        self, flat: torch.Tensor, op: ReduceOp, cross: TorchComm, timeout: timedelta | None
-    ) -> None:
-        """Local reduce_scatter, rail all_reduce, local all_gather, piece by piece: while a
-        piece crosses between hosts, the host reduces the next one and gathers the last."""
-        lsize, count = self._topo.local_size, flat.numel()
-        pieces_n = max(1, min(PIPELINE_MAX_PIECES, count * flat.element_size() // PIECE_BYTES))
-        per = math.ceil(count / (lsize * pieces_n)) * lsize  # a multiple of the host's ranks
-        total = per * math.ceil(count / per)
-        if total == count:
-            buf = flat
-        else:
-            buf = torch.zeros(total, dtype=flat.dtype, device=flat.device)
-            buf[:count].copy_(flat)
-        pieces = list(torch.split(buf, per))
-        local = self._local
-        inflight: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = []
-
-        def finish(
-            piece: torch.Tensor, part: torch.Tensor, work: Any, crossed: torch.Tensor
-        ) -> None:
-            work.wait()
-            if crossed is not part:
-                part.copy_(crossed)  # back from host memory
-            local.all_gather_single(piece, part, timeout=timeout)
-
-        for piece in pieces:
-            part = torch.empty(per // lsize, dtype=flat.dtype, device=flat.device)
-            local.reduce_scatter_single(part, piece, op, timeout=timeout)
-            crossed = part if part.device == self._cross_device else part.to(self._cross_device)
-            work = cross.all_reduce(crossed, op, True, timeout=timeout)
-            inflight.append((piece, part, work, crossed))
-            if len(inflight) > 1:
-                finish(*inflight.pop(0))
-        while inflight:
-            finish(*inflight.pop(0))
-        if buf is not flat:
-            flat.copy_(buf[:count])
 
     def broadcast(
         self,
@@ -542,48 +508,6 @@ class HierBackend(TorchCommBackend):
             local.broadcast(gathered, 0, timeout=timeout)
         order = self._perm(host_major=not topo.even, device=torch.device("cpu")).tolist()
         return gathered.view(self._size, count), order
-
-    def _pipelined_gather(
-        self, flat: torch.Tensor, dests: list[torch.Tensor], timeout: timedelta | None
-    ) -> None:
-        """Even hosts: rail all_gather, then local all_gather, piece by piece (while a piece
-        crosses between hosts, the host gathers the last one); ``dests[r]`` (flat) receives
-        rank ``r``'s ``flat``."""
-        topo, local = self._topo, self._local
-        cross = self._cross()
-        assert cross is not None
-        count = flat.numel()
-        pieces_n = max(1, min(PIPELINE_MAX_PIECES, count * flat.element_size() // PIECE_BYTES))
-        per = math.ceil(count / pieces_n)
-        order = self._perm(host_major=False, device=torch.device("cpu")).tolist()
-        inflight: list[tuple[int, torch.Tensor, Any, torch.Tensor]] = []
-
-        def finish(start: int, piece_out: torch.Tensor, work: Any, crossed: torch.Tensor) -> None:
-            work.wait()
-            if crossed is not piece_out:
-                piece_out.copy_(crossed)  # back from host memory
-            m = piece_out.numel() // topo.nhosts
-            gathered = torch.empty(self._size * m, dtype=flat.dtype, device=flat.device)
-            local.all_gather_single(gathered, piece_out, timeout=timeout)
-            for row, r in zip(gathered.view(self._size, m), order, strict=True):
-                dests[r][start : start + m].copy_(row)
-
-        for start in range(0, count, per):
-            piece = flat[start : start + per]
-            piece_out = torch.empty(
-                topo.nhosts * piece.numel(), dtype=flat.dtype, device=flat.device
-            )
-            crossed = (
-                piece_out
-                if piece_out.device == self._cross_device
-                else torch.empty(piece_out.shape, dtype=flat.dtype, device=self._cross_device)
-            )
-            work = cross.all_gather_single(crossed, piece.to(crossed.device), True, timeout=timeout)
-            inflight.append((start, piece_out, work, crossed))
-            if len(inflight) > 1:
-                finish(*inflight.pop(0))
-        while inflight:
-            finish(*inflight.pop(0))
 
     def all_gather_single(
         self,

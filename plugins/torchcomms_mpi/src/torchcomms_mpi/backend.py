@@ -20,7 +20,6 @@ Launch: ``mpiexec -n N python script.py``.
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
@@ -31,40 +30,20 @@ from torchcomms_core.plugin import (
     BASIC_REDUCE_OPS,
     DEFAULT_DTYPES,
     BatchOp,
-    BootstrapError,
     CommInputError,
     CommOptions,
     ReduceOp,
-    TorchCommBackend,
+    displacements,
+    settle,
 )
 
-_UNSET = object()
+from .comm import BLOCKING_BYTES_ENV, DEFAULT_BLOCKING_BYTES, blocking_bytes
+from .lean import MpiLean
 
-#: Environment variable: collectives of at most this many bytes per rank are blocking MPI
-#: calls (0: none are).
-BLOCKING_BYTES_ENV = "TORCHCOMM_MPI_BLOCKING_BYTES"
-DEFAULT_BLOCKING_BYTES = 65536
+__all__ = ["BLOCKING_BYTES_ENV", "DEFAULT_BLOCKING_BYTES", "MpiBackend", "blocking_bytes"]
 
 
-def blocking_bytes() -> int:
-    """``TORCHCOMM_MPI_BLOCKING_BYTES`` (default 64 KiB); must be the same on every rank."""
-    raw = os.environ.get(BLOCKING_BYTES_ENV, "").strip()
-    if not raw:
-        return DEFAULT_BLOCKING_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise BootstrapError(
-            f"{BLOCKING_BYTES_ENV}={raw!r} is not a byte count; set a whole number >= 0 "
-            f"(the same on every rank; 0 makes every collective nonblocking), or unset it for "
-            f"the default {DEFAULT_BLOCKING_BYTES}"
-        )
-    return value
-
-
-class MpiBackend(TorchCommBackend):
+class MpiBackend(MpiLean):
     """CPU communicator on MPI: one duplicated MPI communicator per torchcomms communicator."""
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
@@ -94,113 +73,6 @@ class MpiBackend(TorchCommBackend):
             return False, "mpi4py is not installed: pip install mpi4py mpich"
         return True, "ok"
 
-    # -- lifecycle --------------------------------------------------------------------
-
-    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
-        from mpi4py import MPI
-
-        world = MPI.COMM_WORLD
-        wrank, wsize = world.Get_rank(), world.Get_size()
-        if (wrank, wsize) != (options.rank, options.size):
-            if wsize == 1:
-                raise BootstrapError(
-                    f"the mpi backend needs its ranks started by mpiexec, but MPI sees a single "
-                    f"process while the environment says rank {options.rank} of {options.size}. "
-                    f"Launch with `mpiexec -n {options.size} python script.py`"
-                )
-            raise BootstrapError(
-                f"MPI says this process is rank {wrank} of {wsize}, but the environment says "
-                f"rank {options.rank} of {options.size}; unset TORCHCOMM_RANK/TORCHCOMM_SIZE, "
-                f"RANK/WORLD_SIZE when launching with mpiexec"
-            )
-        self._setup(world.Dup(), name, options)
-
-    def _setup(self, comm: Any, name: str, options: CommOptions) -> None:
-        from mpi4py import MPI
-
-        from . import buffers, watchdog, work
-
-        # The all_reduce fast path's lookups (mpi4py is imported here, not at module import,
-        # because importing mpi4py.MPI initialises MPI).
-        self._fa, self._types, self._ops = buffers._fromaddress, buffers.MPI_TYPES, buffers._OPS
-
-        self._MPI = MPI
-        self._b = buffers
-        self._comm = comm
-        comm.Set_name(name)
-        self._rank: int = comm.Get_rank()
-        self._size: int = comm.Get_size()
-        self._pending: set[Any] = set()
-        # The last timeout seen and its seconds: most calls pass the same object.
-        self._td: Any = _UNSET
-        self._ts = 0.0
-        self._complete = work.complete
-        self._test = MPI.Request.Test
-        self._windows: list[Any] = []
-        # Collectives on at most this many bytes per rank are blocking MPI calls; the
-        # watchdog reads ``_watch``, ``(operation, seconds)`` while one runs.
-        self._small = blocking_bytes()
-        self._watch: tuple[str, float] | None = None
-        if self._small:
-            watchdog.watch(self)
-
-    def finalize(self) -> None:
-        self._release(abort=False)
-
-    def abort(self) -> None:
-        """Abandon operations in flight (receives are cancelled) and free the communicator."""
-        self._release(abort=True)
-
-    def _release(self, abort: bool) -> None:
-        comm = getattr(self, "_comm", None)
-        if comm is None:
-            return
-        self._comm = None
-        if self._MPI.Is_finalized():  # released at interpreter exit, after MPI_Finalize
-            return
-        for work in list(self._pending):
-            if abort:
-                work.cancel()
-            else:
-                try:
-                    work.wait()
-                except Exception:  # finalize must release even a failed communicator
-                    work.cancel()
-        if abort:
-            # MPI_Win_free synchronises with the peers, which an abort must not wait for:
-            # the windows stay with MPI until it finalizes.
-            self._windows.clear()
-        for window in list(self._windows):
-            window.free()
-        if abort and self._watch is not None:
-            # Another thread is inside a blocking call on this communicator: freeing it
-            # under that call is undefined in MPI. It stays with MPI until it finalizes.
-            return
-        try:
-            comm.Free()
-        except self._MPI.Exception:  # an engine that already gave up: nothing to free
-            pass
-
-    def get_rank(self) -> int:
-        return self._rank
-
-    def get_size(self) -> int:
-        return self._size
-
-    def get_backend_name(self) -> str:
-        return "mpi"
-
-    def get_comm_name(self) -> str:
-        return self.comm_name
-
-    @property
-    def engine(self) -> Any:
-        """The ``mpi4py.MPI.Intracomm`` under this communicator.
-
-        Reach it with ``comm.get_backend_impl().engine``.
-        """
-        return self._comm
-
     def split(self, ranks: list[int], name: str, options: CommOptions) -> MpiBackend | None:
         # MPI_Comm_create_group is collective over the new group only: ranks outside it
         # need not take part, exactly like the core's split contract.
@@ -215,129 +87,6 @@ class MpiBackend(TorchCommBackend):
         child._bind(self.device, name, options)
         child._setup(sub, name, options)
         return child
-
-    # -- the core's lean lane ---------------------------------------------------------
-
-    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
-        """Blocking ``all_reduce``, ``broadcast`` and ``all_to_all_single`` for the core.
-
-        The core calls these only with what its lean lane checked (see
-        ``TorchCommBackend.lean_calls``), so they skip the methods' keyword handling and
-        keep the MPI buffer specs of recent tensors, keyed by address, size, dtype (and
-        reduction): building one costs about as much as a blocking call on one element.
-        Larger collectives go to the methods. None when small collectives are not
-        blocking (``TORCHCOMM_MPI_BLOCKING_BYTES=0``).
-        """
-        small = self._small
-        if not small:
-            return {}
-        comm, MPI = self._comm, self._MPI
-        fa, types, ops, mpi_op = self._fa, self._types, self._ops, self._b.mpi_op
-        Allreduce, Bcast, Alltoall, IN_PLACE = (
-            comm.Allreduce,
-            comm.Bcast,
-            comm.Alltoall,
-            MPI.IN_PLACE,
-        )
-        seconds = self._seconds(timeout)
-        specs: dict[tuple[Any, ...], Any] = {}
-        limit = 64  # a training step reuses a handful of buffers; forget older ones
-
-        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
-            nbytes = tensor.nbytes
-            if nbytes > small:
-                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
-            key = (tensor.data_ptr(), nbytes, tensor.dtype, op._type)
-            spec = specs.get(key)
-            if spec is None:
-                if len(specs) >= limit:
-                    specs.clear()
-                dtype = key[2]
-                spec = specs[key] = (
-                    [fa(key[0], nbytes), types[dtype]],
-                    ops.get((dtype, op._type)) or mpi_op(op, dtype),
-                )
-            self._watch = ("all_reduce", seconds)
-            try:
-                Allreduce(IN_PLACE, spec[0], spec[1])
-            finally:
-                self._watch = None
-            return None
-
-        def broadcast(tensor: torch.Tensor, root: int) -> Any:
-            nbytes = tensor.nbytes
-            if nbytes > small:
-                return self.broadcast(tensor, root, False, timeout=timeout, hints=hints)
-            key = (tensor.data_ptr(), nbytes, tensor.dtype)
-            spec = specs.get(key)
-            if spec is None:
-                if len(specs) >= limit:
-                    specs.clear()
-                spec = specs[key] = [fa(key[0], nbytes), types[key[2]]]
-            self._watch = ("broadcast", seconds)
-            try:
-                Bcast(spec, root)
-            finally:
-                self._watch = None
-            return None
-
-        def all_to_all_single(output: torch.Tensor, input: torch.Tensor) -> Any:
-            nbytes = output.nbytes
-            o, i = output.data_ptr(), input.data_ptr()
-            if nbytes > small or (o != i and o < i + nbytes and i < o + nbytes):
-                # large, or partly overlapping (the method copies the input first)
-                return self.all_to_all_single(output, input, False, timeout=timeout, hints=hints)
-            key = (o, i, nbytes, output.dtype)
-            spec = specs.get(key)
-            if spec is None:
-                if len(specs) >= limit:
-                    specs.clear()
-                recv = [fa(o, nbytes), types[key[3]]]  # no count: one block per rank
-                send = IN_PLACE if o == i else [fa(i, nbytes), types[key[3]]]
-                spec = specs[key] = (send, recv)
-            self._watch = ("all_to_all_single", seconds)
-            try:
-                Alltoall(spec[0], spec[1])
-            finally:
-                self._watch = None
-            return None
-
-        return {
-            "all_reduce": all_reduce,
-            "broadcast": broadcast,
-            "all_to_all_single": all_to_all_single,
-        }
-
-    # -- plumbing ---------------------------------------------------------------------
-
-    def _seconds(self, timeout: timedelta | None) -> float:
-        if timeout is self._td:
-            return self._ts
-        seconds = (timeout or self.options.timeout or timedelta(seconds=600)).total_seconds()
-        self._td, self._ts = timeout, seconds
-        return seconds
-
-    def _finish(
-        self, what: str, async_op: bool, timeout: timedelta | None, req: Any, keep: Any
-    ) -> Any:
-        """An issued request: a work for ``async_op``, else completed here (``None``)."""
-        if async_op:
-            return self._work(what, timeout, [req], keep)
-        if not self._test(req):
-            self._complete([req], self._seconds(timeout), what)
-        return None
-
-    def _work(
-        self,
-        what: str,
-        timeout: timedelta | None,
-        reqs: list[Any],
-        keep: Any = None,
-        then: Any = None,
-    ) -> Any:
-        from .work import MpiWork
-
-        return MpiWork(reqs, self._seconds(timeout), what, keep, self._pending, then)
 
     # -- point to point ---------------------------------------------------------------
 
@@ -381,11 +130,7 @@ class MpiBackend(TorchCommBackend):
             b = buf(tensor)
             keep.append(tensor)
             reqs.append(comm.Isend(b, peer) if kind == "send" else comm.Irecv(b, peer))
-        work = self._work("batch_op_issue", timeout, reqs, keep)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(self._work("batch_op_issue", timeout, reqs, keep), async_op)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -667,8 +412,8 @@ class MpiBackend(TorchCommBackend):
         mpi_t = b.MPI_TYPES[output.dtype]
         sc = [s * row_in for s in input_split_sizes]
         rc = [s * row_out for s in output_split_sizes]
-        send = [b.buf(input)[0], sc, _displs(sc), mpi_t]
-        recv = [b.buf(output)[0], rc, _displs(rc), mpi_t]
+        send = [b.buf(input)[0], sc, displacements(sc), mpi_t]
+        recv = [b.buf(output)[0], rc, displacements(rc), mpi_t]
         return self._collective(
             "all_to_all_v_single", async_op, timeout, "Ialltoallv", (send, recv), (output, input)
         )
@@ -774,43 +519,3 @@ class MpiBackend(TorchCommBackend):
         return self._collective(
             "gather_single", async_op, timeout, "Igather", (send, recv, root), (output, input)
         )
-
-    def _blocking(
-        self, what: str, timeout: timedelta | None, call: Any, args: tuple[Any, ...]
-    ) -> None:
-        """Run the blocking MPI ``call`` under the watchdog (complete on return)."""
-        self._watch = (what, self._seconds(timeout))
-        try:
-            call(*args)
-        finally:
-            self._watch = None
-
-    def _collective(
-        self,
-        what: str,
-        async_op: bool,
-        timeout: timedelta | None,
-        nonblocking: str,
-        args: tuple[Any, ...],
-        keep: Any,
-    ) -> Any:
-        req = getattr(self._comm, nonblocking)(*args)
-        return self._finish(what, async_op, timeout, req, keep)
-
-    # -- windows ----------------------------------------------------------------------
-
-    def new_window(self) -> Any:
-        """An MPI RMA window engine for the core's ``TorchCommWindow``."""
-        from .window import MpiWindowEngine
-
-        engine = MpiWindowEngine(self)
-        self._windows.append(engine)
-        return engine
-
-
-def _displs(counts: list[int]) -> list[int]:
-    out, acc = [], 0
-    for c in counts:
-        out.append(acc)
-        acc += c
-    return out

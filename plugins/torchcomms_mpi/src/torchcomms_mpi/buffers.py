@@ -13,7 +13,20 @@ from typing import Any
 import torch
 from mpi4py import MPI
 
-from torchcomms_core.plugin import RedOpType, ReduceOp
+from torchcomms_core.plugin import RedOpType, ReduceOp, overlaps
+
+__all__ = [
+    "EMULATED",
+    "MPI_TYPES",
+    "blocked",
+    "buf",
+    "contiguous_run",
+    "first",
+    "mpi_op",
+    "overlaps",
+    "same_memory",
+    "scattered",
+]
 
 _fromaddress = MPI.buffer.fromaddress
 
@@ -133,14 +146,6 @@ def first(t: torch.Tensor, count: int) -> list[Any]:
 
 def same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.numel() > 0
-
-
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the storage of ``a`` and ``b`` overlaps (MPI refuses aliased buffers)."""
-    if not a.numel() or not b.numel():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def scattered(tensors: Sequence[torch.Tensor]) -> list[Any]:

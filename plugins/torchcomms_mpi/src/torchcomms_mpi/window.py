@@ -15,17 +15,14 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from mpi4py import MPI
 
-from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType
+from torchcomms_core.plugin import CommTimeoutError, TorchCommWinAccessType, settle
 
 from .buffers import MPI_TYPES
-
-if TYPE_CHECKING:
-    from .backend import MpiBackend
 
 _COUNTER = MPI.INT64_T
 #: Seconds wait_signal polls flat out before napping ``_NAP_S`` between polls.
@@ -88,13 +85,17 @@ class _SignalWaitWork:
 
 
 class MpiWindowEngine:
-    """MPI RMA windows for one ``TorchCommWindow`` (see the module docstring)."""
+    """MPI RMA windows for one ``TorchCommWindow`` (see the module docstring).
 
-    def __init__(self, backend: MpiBackend) -> None:
-        self._backend = backend
-        self._comm = backend.engine
-        self.rank = backend.get_rank()
-        self._size = backend.get_size()
+    ``comm`` is the communicator's ``mpi4py`` intracomm; ``open_windows`` is the backend's
+    list of live window engines, which this one leaves when freed.
+    """
+
+    def __init__(self, comm: Any, open_windows: list[Any]) -> None:
+        self._open = open_windows
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self._size = comm.Get_size()
         self._data: Any = None
         self._signals: Any = None
         self._tensor: torch.Tensor | None = None
@@ -145,8 +146,8 @@ class MpiWindowEngine:
                 pass
         self._data = self._signals = None
         self._tensor = None
-        if self in self._backend._windows:
-            self._backend._windows.remove(self)
+        if self in self._open:
+            self._open.remove(self)
 
     def put(
         self, tensor: torch.Tensor, dst_rank: int, offset: int, async_op: bool, timeout: timedelta
@@ -156,11 +157,7 @@ class MpiWindowEngine:
         origin = [MPI.buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), MPI_TYPES[tensor.dtype]]
         win = self._data
         win.Put(origin, dst_rank, (offset, tensor.numel(), MPI_TYPES[tensor.dtype]))
-        work = _FlushWork(win, dst_rank, tensor)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return settle(_FlushWork(win, dst_rank, tensor), async_op)
 
     def signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._data.Flush(peer_rank)  # the data lands before the signal can be seen
@@ -171,11 +168,8 @@ class MpiWindowEngine:
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
-        work = _SignalWaitWork(self, peer_rank, self._waited[peer_rank], timeout.total_seconds())
-        if async_op:
-            return work
-        work.wait()
-        return None
+        seconds = timeout.total_seconds()
+        return settle(_SignalWaitWork(self, peer_rank, self._waited[peer_rank], seconds), async_op)
 
     def _count(self, peer: int) -> int:
         got = [MPI.buffer.fromaddress(self._got.data_ptr(), 8), 1, _COUNTER]

@@ -13,58 +13,50 @@ from __future__ import annotations
 
 import ctypes
 import json
-import mmap
 import os
+import threading
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from torchcomms_core.plugin import CommOperationError, TorchCommWinAccessType
+from torchcomms_core.plugin import (
+    CommOperationError,
+    SignalFile,
+    TorchCommWinAccessType,
+    WindowPeers,
+    settle,
+)
 
 from . import segment as seg
 
-if TYPE_CHECKING:
-    from .backend import ShmBackend
 
+class WindowHost(WindowPeers, Protocol):
+    """What a window uses of the shm backend that made it (``ShmBackend`` is one): rank,
+    size and barrier, its store and default timeout, and the waiting and timeout reporting
+    of its calls."""
 
-class _File:
-    """One rank's window file, mapped: ``counters`` (as Python ints) and ``data``."""
+    _kv: Any
+    _default_s: float
+    _lock: threading.RLock
+    _op: str
+    _seconds: float
+    _waiter: seg.Waiter
 
-    def __init__(self, path: str, nbytes: int, nranks: int, create: bool) -> None:
-        size = 8 * nranks + max(nbytes, 1)
-        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-        fd = os.open(path, flags, 0o600)
-        try:
-            if create:
-                os.ftruncate(fd, size)
-            self.map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
-        raw = torch.frombuffer(self.map, dtype=torch.uint8)
-        self.words = memoryview(self.map)[: 8 * nranks].cast("q")
-        self.data = raw[8 * nranks : 8 * nranks + nbytes]
-
-    def close(self) -> None:
-        self.words.release()
-        self.data = None  # type: ignore[assignment]
-        try:
-            self.map.close()
-        except BufferError:  # a tensor still views it; the mapping goes with that tensor
-            pass
+    def _alarm(self, final: bool) -> None: ...
 
 
 class ShmWindowEngine:
     """The ``WindowEngine`` of the shm backend (see the module docstring)."""
 
-    def __init__(self, backend: ShmBackend, index: int) -> None:
+    def __init__(self, backend: WindowHost, index: int) -> None:
         self._b = backend
         self._me = backend.get_rank()
         self._size = backend.get_size()
         self._key = f"shm/window/{index}"
         self._epoch = 0
-        self._files: list[_File] = []
+        self._files: list[SignalFile] = []
         self._views: list[torch.Tensor] = []
         self._bases: list[int] = []
         self._tensor: torch.Tensor | None = None
@@ -81,7 +73,7 @@ class ShmWindowEngine:
         nbytes = tensor.numel() * tensor.element_size()
         store.set(f"{prefix}/{self._me}", json.dumps({"path": path, "numel": tensor.numel()}))
         infos = [json.loads(store.get(f"{prefix}/{r}")) for r in range(self._size)]
-        mine = _File(path, nbytes, self._size, create=True)
+        mine = SignalFile(path, nbytes, self._size, create=True)
         try:
             shared = mine.data[:nbytes].view(tensor.dtype).view(tensor.shape)
             shared.copy_(tensor)
@@ -93,7 +85,7 @@ class ShmWindowEngine:
             self._files = [
                 mine
                 if r == self._me
-                else _File(info["path"], info["numel"] * es, self._size, create=False)
+                else SignalFile(info["path"], info["numel"] * es, self._size, create=False)
                 for r, info in enumerate(infos)
             ]
             self._b.barrier(False, timeout=self._timeout())  # everyone mapped everyone
@@ -136,11 +128,8 @@ class ShmWindowEngine:
 
     def wait_signal(self, peer_rank: int, async_op: bool, timeout: timedelta) -> Any:
         self._waited[peer_rank] += 1
-        work = _SignalWait(self, peer_rank, self._waited[peer_rank], timeout.total_seconds())
-        if async_op:
-            return work
-        work.wait()
-        return None
+        seconds = timeout.total_seconds()
+        return settle(_SignalWait(self, peer_rank, self._waited[peer_rank], seconds), async_op)
 
     def access_type(self, peer_rank: int) -> TorchCommWinAccessType:
         return TorchCommWinAccessType.WIN_ACCESS_TYPE_UNIFIED

@@ -1,0 +1,114 @@
+"""``MpiLean``: the mpi backend's calls for the core's lean lane.
+
+Blocking ``all_reduce``, ``broadcast`` and ``all_to_all_single`` that keep the MPI buffer
+specs of recent tensors; larger calls go to the backend's methods.
+
+May import: torch, ``torchcomms_core.plugin`` and this package's ``comm``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms_core.plugin import ReduceOp
+
+from .comm import MpiComm
+
+
+class MpiLean(MpiComm):
+    """``lean_calls`` of the mpi backend (see the module docstring)."""
+
+    # -- the core's lean lane ---------------------------------------------------------
+
+    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
+        """Blocking ``all_reduce``, ``broadcast`` and ``all_to_all_single`` for the core.
+
+        The core calls these only with what its lean lane checked (see
+        ``TorchCommBackend.lean_calls``), so they skip the methods' keyword handling and
+        keep the MPI buffer specs of recent tensors, keyed by address, size, dtype (and
+        reduction): building one costs about as much as a blocking call on one element.
+        Larger collectives go to the methods. None when small collectives are not
+        blocking (``TORCHCOMM_MPI_BLOCKING_BYTES=0``).
+        """
+        small = self._small
+        if not small:
+            return {}
+        comm, MPI = self._comm, self._MPI
+        fa, types, ops, mpi_op = self._fa, self._types, self._ops, self._b.mpi_op
+        Allreduce, Bcast, Alltoall, IN_PLACE = (
+            comm.Allreduce,
+            comm.Bcast,
+            comm.Alltoall,
+            MPI.IN_PLACE,
+        )
+        seconds = self._seconds(timeout)
+        specs: dict[tuple[Any, ...], Any] = {}
+        limit = 64  # a training step reuses a handful of buffers; forget older ones
+
+        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            nbytes = tensor.nbytes
+            if nbytes > small:
+                return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
+            key = (tensor.data_ptr(), nbytes, tensor.dtype, op._type)
+            spec = specs.get(key)
+            if spec is None:
+                if len(specs) >= limit:
+                    specs.clear()
+                dtype = key[2]
+                spec = specs[key] = (
+                    [fa(key[0], nbytes), types[dtype]],
+                    ops.get((dtype, op._type)) or mpi_op(op, dtype),
+                )
+            self._watch = ("all_reduce", seconds)
+            try:
+                Allreduce(IN_PLACE, spec[0], spec[1])
+            finally:
+                self._watch = None
+            return None
+
+        def broadcast(tensor: torch.Tensor, root: int) -> Any:
+            nbytes = tensor.nbytes
+            if nbytes > small:
+                return self.broadcast(tensor, root, False, timeout=timeout, hints=hints)
+            key = (tensor.data_ptr(), nbytes, tensor.dtype)
+            spec = specs.get(key)
+            if spec is None:
+                if len(specs) >= limit:
+                    specs.clear()
+                spec = specs[key] = [fa(key[0], nbytes), types[key[2]]]
+            self._watch = ("broadcast", seconds)
+            try:
+                Bcast(spec, root)
+            finally:
+                self._watch = None
+            return None
+
+        def all_to_all_single(output: torch.Tensor, input: torch.Tensor) -> Any:
+            nbytes = output.nbytes
+            o, i = output.data_ptr(), input.data_ptr()
+            if nbytes > small or (o != i and o < i + nbytes and i < o + nbytes):
+                # large, or partly overlapping (the method copies the input first)
+                return self.all_to_all_single(output, input, False, timeout=timeout, hints=hints)
+            key = (o, i, nbytes, output.dtype)
+            spec = specs.get(key)
+            if spec is None:
+                if len(specs) >= limit:
+                    specs.clear()
+                recv = [fa(o, nbytes), types[key[3]]]  # no count: one block per rank
+                send = IN_PLACE if o == i else [fa(i, nbytes), types[key[3]]]
+                spec = specs[key] = (send, recv)
+            self._watch = ("all_to_all_single", seconds)
+            try:
+                Alltoall(spec[0], spec[1])
+            finally:
+                self._watch = None
+            return None
+
+        return {
+            "all_reduce": all_reduce,
+            "broadcast": broadcast,
+            "all_to_all_single": all_to_all_single,
+        }

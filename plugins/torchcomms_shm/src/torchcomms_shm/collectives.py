@@ -1,0 +1,210 @@
+"""``ShmCollectives``: the shm backend's collective algorithms, lockstep over the arena.
+
+Each algorithm stages what this rank contributes in its slot of the arena, one chunk per
+step, and reads or folds what the peers staged (see the backend's module docstring).
+Reductions use torch's kernels, in rank order, by one owner rank per part. The spec's
+methods that run them (``all_reduce``, ``all_gather``, ...) are ``ShmBackend``'s.
+
+May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
+``comm``, ``p2p`` and ``segment``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE
+
+from . import segment as seg
+from .comm import _copy
+from .p2p import ShmP2P
+
+#: Messages up to this size per rank (bytes) take the one-step all-reduce.
+SMALL_BYTES = 64 << 10
+
+#: The element-wise kernel of each reduction.
+_REDUCE = ELEMENTWISE_REDUCE
+
+
+def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: torch.Tensor) -> None:
+    """``out = sources[0] op sources[1] op ...`` in list order.
+
+    ``out`` must not overlap any source but the first two (it is written first).
+    """
+    if len(sources) == 1:
+        if sources[0].data_ptr() != out.data_ptr():
+            _copy(out, sources[0])
+        return
+    fn(sources[0], sources[1], out=out)
+    for src in sources[2:]:
+        fn(out, src, out=out)
+
+
+class ShmCollectives(ShmP2P):
+    """The collective algorithms of the shm backend (see the module docstring)."""
+
+    def _all_reduce(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
+        n, me = self._size, self._rank
+        if n == 1:
+            return
+        dtype, es = flat.dtype, flat.element_size()
+        total = flat.numel()
+        if total * es <= min(SMALL_BYTES, self._chunk):
+            # One step: every rank stages its whole tensor and folds all of them itself.
+            h = self._half()
+            key = (dtype, total, h)
+            slots = self._views.get(key)
+            if slots is None:
+                if len(self._views) > 64:
+                    self._views.clear()
+                slots = self._views[key] = [
+                    self._slots[r][h][: total * es].view(dtype) for r in range(n)
+                ]
+            _copy(slots[me], flat)
+            self._sync()
+            _fold(fn, slots, flat)
+            return
+        per = self._chunk // es
+        for start in range(0, total, per):
+            m = min(per, total - start)
+            bounds = [m * p // n for p in range(n + 1)]
+            lo, hi = bounds[me], bounds[me + 1]
+            h = self._half()
+            slots = [self._slots[r][h][: m * es].view(dtype) for r in range(n)]
+            chunk = flat[start : start + m]
+            mine = slots[me]
+            # Stage every part but this rank's own (which it reduces from its tensor).
+            if lo:
+                _copy(mine[:lo], chunk[:lo])
+            if hi < m:
+                _copy(mine[hi:], chunk[hi:])
+            self._sync()
+            own = chunk[lo:hi]
+            # Into this rank's own (free) region of its slot, then back into the tensor.
+            _fold(fn, [own if r == me else slots[r][lo:hi] for r in range(n)], mine[lo:hi])
+            _copy(own, mine[lo:hi])
+            self._sync()
+            for r in self._peers:
+                a, b = bounds[r], bounds[r + 1]
+                if b > a:
+                    _copy(chunk[a:b], slots[r][a:b])
+
+    def _reduce_scatter(
+        self, out: torch.Tensor, ins: list[torch.Tensor], fn: Callable[..., torch.Tensor]
+    ) -> None:
+        n, me = self._size, self._rank
+        if n == 1:
+            _copy(out, ins[0])
+            return
+        dtype, es = out.dtype, out.element_size()
+        # Elements per destination per step: a slot holds one region per peer (the one
+        # for a destination ``p`` at ``_place(p, owner)``).
+        region = self._chunk // (n - 1) // es
+        steps = max(-(-t.numel() // region) for t in ins)
+        for k in range(steps):
+            lo = k * region
+            h = self._half()
+            base = self._slots
+            for p in self._peers:
+                m = min(region, ins[p].numel() - lo)
+                if m > 0:
+                    at = _place(p, me) * region
+                    dst = base[me][h][at * es : (at + m) * es].view(dtype)
+                    _copy(dst, ins[p][lo : lo + m])
+            self._sync()
+            m = min(region, out.numel() - lo)
+            if m > 0:
+                srcs = [
+                    ins[me][lo : lo + m]
+                    if r == me
+                    else base[r][h][
+                        _place(me, r) * region * es : (_place(me, r) * region + m) * es
+                    ].view(dtype)
+                    for r in range(n)
+                ]
+                _fold(fn, srcs, out[lo : lo + m])
+
+    def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
+        n, me, c = self._size, self._rank, self._chunk
+        local = outs[me].data_ptr() != mine.data_ptr()
+        if n == 1:
+            if local:
+                _copy(outs[me], mine)
+            return
+        steps = max(-(-o.numel() // c) for o in outs)
+        for k in range(steps):
+            lo = k * c
+            h = self._half()
+            m = min(c, mine.numel() - lo)
+            if m > 0:
+                _copy(self._slots[me][h][:m], mine[lo : lo + m])
+            self._post()
+            if local and m > 0:  # this rank's own block, while the peers catch up
+                _copy(outs[me][lo : lo + m], mine[lo : lo + m])
+            self._wait_peers()
+            for p in self._peers:
+                m = min(c, outs[p].numel() - lo)
+                if m > 0:
+                    _copy(outs[p][lo : lo + m], self._slots[p][h][:m])
+
+    def _broadcast(self, data: torch.Tensor, root: int) -> None:
+        if self._size == 1:
+            return
+        c, me, total = self._chunk, self._rank, data.numel()
+        steps = -(-total // c)
+        for k in range(steps):
+            lo = k * c
+            m = min(c, total - lo)
+            h = self._half()
+            slot = self._slots[root][h][:m]
+            if me == root:
+                _copy(slot, data[lo : lo + m])
+            self._sync()
+            if me != root:
+                _copy(data[lo : lo + m], slot)
+
+    def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+        n, me = self._size, self._rank
+        if n == 1:
+            _copy(outs[me], ins[me])
+            return
+        region = self._chunk // (n - 1) // 64 * 64
+        local = max(-(-t.numel() // region) for t in outs + ins)
+        # The step count is announced in one of two words, by the parity of the first
+        # step: a peer reaches a later step of that parity only after this rank posted the
+        # step in between, which it does after reading the count.
+        word = seg.W_COUNT + ((self._use + 1) & 1)
+        count_word = self._layout.rank_word(me, word)
+        peer_counts = [self._layout.rank_word(p, word) for p in self._peers]
+        w = self._w
+        w[count_word] = local  # read by the peers once they see this step
+        k, steps = 0, 1
+        while k < steps:
+            lo = k * region
+            h = self._half()
+            mine = self._slots[me][h]
+            for p in self._peers:
+                m = min(region, ins[p].numel() - lo)
+                if m > 0:
+                    at = _place(p, me) * region
+                    _copy(mine[at : at + m], ins[p][lo : lo + m])
+            self._post()
+            m = min(region, outs[me].numel() - lo)
+            if m > 0:  # this rank's own block, while the peers catch up
+                _copy(outs[me][lo : lo + m], ins[me][lo : lo + m])
+            self._wait_peers()
+            if k == 0:
+                steps = max([local] + [w[i] for i in peer_counts])
+            for p in self._peers:
+                m = min(region, outs[p].numel() - lo)
+                if m > 0:
+                    at = _place(me, p) * region
+                    _copy(outs[p][lo : lo + m], self._slots[p][h][at : at + m])
+            k += 1
+
+
+def _place(dst: int, owner: int) -> int:
+    """Index of ``dst``'s region in ``owner``'s slot (one region per peer of ``owner``)."""
+    return dst if dst < owner else dst - 1

@@ -1,0 +1,481 @@
+"""``ShmComm``: the shm backend's shared segment and the lockstep every operation uses.
+
+It owns the communicator's life (hints, the segment's creation and mapping, finalize,
+abort, reconfigure), the waiting (steps published and awaited, with abort, dead-peer and
+timeout checks), the worker thread that runs asynchronous collectives in issue order, and
+the windows. Point-to-point (:mod:`~torchcomms_shm.p2p`), the collective algorithms
+(:mod:`~torchcomms_shm.collectives`) and the spec's methods (:mod:`~torchcomms_shm.backend`)
+are the layers above it; the algorithms are described in the backend's module docstring.
+
+May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
+``segment`` and ``window``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from torchcomms_core.plugin import (
+    CommInputError,
+    CommOperationError,
+    CommOptions,
+    StoredRankAndSize,
+    TorchCommBackend,
+    int_hint,
+)
+
+from . import segment as seg
+
+#: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
+ARENA_BYTES = "arena_bytes"
+DEFAULT_ARENA_BYTES = 8 << 20
+#: Hint: bytes of the ring each ordered pair of ranks uses for send/recv.
+P2P_BYTES = "p2p_bytes"
+DEFAULT_P2P_BYTES = 256 << 10
+#: Hints: microseconds a waiting rank polls flat out, then polls yielding the CPU, before
+#: it naps between polls. Defaults: 50 and 300 when every rank can have a core of its own;
+#: with more ranks than cores, 20 and 0 (nap at once: a rank that polls or yields keeps a
+#: core from the peer it waits for; see docs/benchmarks.md for the measurement).
+SPIN_US = "spin_us"
+YIELD_US = "yield_us"
+
+
+def default_wait(size: int) -> tuple[int, int]:
+    """``(spin_us, yield_us)`` for ``size`` ranks on the cores this process may use."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return (50, 300) if size <= cores else (20, 0)
+
+
+#: Hint (and environment variable ``TORCHCOMM_SHM_HOST_ID``): this rank's host identity,
+#: in place of ``hostname/boot_id`` (tests simulate ranks on two hosts with it).
+HOST_ID = "host_id"
+HOST_ID_ENV = "TORCHCOMM_SHM_HOST_ID"
+
+
+def host_identity(hints: dict[str, str]) -> str:
+    """This rank's host: ``hostname/boot_id``, or the ``host_id`` hint / environment override."""
+    override = hints.get(HOST_ID) or os.environ.get(HOST_ID_ENV, "")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}"
+
+
+#: ``memmove`` (one thread, glibc's memcpy) or ``torch`` (``Tensor.copy_``, which splits
+#: large copies over torch's intra-op threads).
+_COPY_WITH = os.environ.get("TORCHCOMM_SHM_COPY", "memmove")
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy ``src`` into ``dst``: contiguous, same dtype and size (one ``memmove``)."""
+    if _COPY_WITH == "torch":
+        dst.copy_(src)
+        return
+    nbytes = src.nbytes
+    if nbytes:
+        ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor's bytes as a flat uint8 view."""
+    return t.reshape(-1).view(torch.uint8)
+
+
+class ShmComm(StoredRankAndSize, TorchCommBackend):
+    """The segment, lifecycle, waiting and worker of a shm communicator (module docstring)."""
+
+    #: Point-to-point operations queued and not complete, and whether they are being
+    #: advanced now (the point-to-point layer, ``ShmP2P``, queues and advances them).
+    _npending = 0
+    _in_progress = False
+
+    def __init__(self) -> None:
+        # Unbound (``enable_reconfigure=True`` before the first reconfigure): no segment.
+        self._rank, self._size = -1, 0
+        self._mapping: seg.Mapping | None = None
+        self._aborted = False
+        self._broken: str | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def init(self, device: torch.device, name: str, options: CommOptions) -> None:
+        self._setup(options.store, options.rank, options.size, options)
+
+    def reconfigure_engine(
+        self, store: Any, rank: int, size: int, timeout: timedelta, options: CommOptions
+    ) -> None:
+        """A fresh segment for the new membership, over the uuid-scoped store the core passes."""
+        self._release(abort=True)
+        self._setup(store, rank, size, options.replace(timeout=timeout))
+
+    def _setup(self, store: Any, rank: int, size: int, options: CommOptions) -> None:
+        hints = options.hints or {}
+        arena = int_hint(hints, ARENA_BYTES, DEFAULT_ARENA_BYTES, minimum=2 * seg.PAGE)
+        p2p = int_hint(hints, P2P_BYTES, DEFAULT_P2P_BYTES, minimum=seg.PAGE)
+        spin0, yield0 = default_wait(size)
+        spin = int_hint(hints, SPIN_US, spin0)
+        yld = int_hint(hints, YIELD_US, yield0)
+        arena -= arena % (2 * seg.PAGE)
+        p2p -= p2p % seg.PAGE
+        self._rank, self._size = rank, size
+        self._kv = store
+        self._lock = threading.RLock()
+        # Asynchronous collectives, run in issue order by one worker thread.
+        self._jobs: deque[_Job] = deque()
+        self._jobs_lock = threading.Lock()
+        self._jobs_cv = threading.Condition(self._jobs_lock)
+        self._worker: threading.Thread | None = None
+        self._stop = False
+        self._aborted = False
+        self._broken = None
+        self._mapping = None
+        self._liveness: seg.Liveness | None = None
+        self._windows: list[Any] = []
+        self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6)
+        timeout = options.timeout or timedelta(seconds=600)
+        self._default_s = timeout.total_seconds()
+
+        me = {
+            "host": host_identity(hints),
+            "pid": os.getpid(),
+            "start": seg.own_start_time(),
+            "arena": arena,
+            "p2p": p2p,
+        }
+        store.set(f"shm/hello/{rank}", json.dumps(me))
+        everyone = [json.loads(store.get(f"shm/hello/{r}")) for r in range(size)]
+        hosts: dict[str, list[int]] = {}
+        for r, info in enumerate(everyone):
+            hosts.setdefault(info["host"], []).append(r)
+        if len(hosts) > 1:
+            listing = "; ".join(f"{h}: ranks {rs}" for h, rs in hosts.items())
+            raise CommInputError(
+                f"the shm backend needs every rank on one host, but the ranks are on "
+                f"{len(hosts)} hosts ({listing}); use backend 'gloo' (TCP between hosts) or "
+                f"'hier' (shm inside each host, another backend between hosts)"
+            )
+        sizes = {(info["arena"], info["p2p"]) for info in everyone}
+        if len(sizes) > 1:
+            raise CommInputError(
+                f"the ranks passed different shm hints {ARENA_BYTES}/{P2P_BYTES} "
+                f"({sorted(sizes)}); pass the same values on every rank"
+            )
+        layout = seg.Layout(size, arena, p2p)
+        self._layout = layout
+
+        # Rank 0 names the segment before creating it, so any rank can remove it if
+        # creation or mapping fails half way.
+        if rank == 0:
+            name = seg.segment_name()
+            token = os.urandom(16).hex()
+            store.set("shm/segment", json.dumps({"name": name, "token": token}))
+        else:
+            info = json.loads(store.get("shm/segment"))
+            name, token = info["name"], info["token"]
+        self._segname = name
+        try:
+            if rank == 0:
+                mapping = seg.Mapping(name, layout, create=True)
+                mapping.raw[:32].copy_(
+                    torch.frombuffer(bytearray(token.encode()), dtype=torch.uint8)
+                )
+                store.set("shm/created", "1")
+            else:
+                store.get("shm/created")
+                try:
+                    mapping = seg.Mapping(name, layout, create=False)
+                except FileNotFoundError:
+                    raise CommInputError(
+                        f"rank {rank} cannot open the shared segment {seg.SHM_DIR}/{name} rank "
+                        f"0 created: the ranks report one host but do not share {seg.SHM_DIR} "
+                        f"(separate containers?); use backend 'gloo' or 'hier'"
+                    ) from None
+                if bytes(mapping.map[:32]) != token.encode():
+                    mapping.close()
+                    raise CommInputError(
+                        f"rank {rank} sees a different {seg.SHM_DIR}/{name} than rank 0 "
+                        f"created (separate containers?); use backend 'gloo' or 'hier'"
+                    )
+            self._mapping = mapping
+            self._w = mapping.words
+            self._liveness = seg.Liveness(
+                {r: (info["pid"], info["start"]) for r, info in enumerate(everyone) if r != rank}
+            )
+            self._init_state()
+            self._w[layout.rank_word(rank, seg.W_READY)] = 1
+            # Everyone mapped: the name can go, whoever gets there first.
+            ready_words = [layout.rank_word(r, seg.W_READY) for r in range(size)]
+            self._deadline = time.monotonic() + self._default_s
+            self._op = "init"
+            w = self._w
+            self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
+        finally:
+            seg.unlink_quietly(name)
+
+    def _init_state(self) -> None:
+        n, me, lay = self._size, self._rank, self._layout
+        mapping = self._mapping
+        assert mapping is not None
+        raw = mapping.raw
+        half = lay.half
+        self._chunk = half
+        self._slots = [
+            [
+                raw[
+                    lay.arena + r * lay.arena_bytes + h * half : lay.arena
+                    + r * lay.arena_bytes
+                    + (h + 1) * half
+                ]
+                for h in (0, 1)
+            ]
+            for r in range(n)
+        ]
+        self._step = 0
+        self._use = 0
+        self._my_step = lay.rank_word(me, seg.W_STEP)
+        self._peer_steps = [lay.rank_word(r, seg.W_STEP) for r in range(n) if r != me]
+        self._peers = [r for r in range(n) if r != me]
+        self._abort_words = [lay.rank_word(r, seg.W_ABORT) for r in range(n) if r != me]
+        self._npending = 0
+        #: Slot views of recent small all-reduces, by (dtype, numel, half).
+        self._views: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+        self._op = ""
+        self._deadline = 0.0
+
+    def finalize(self) -> None:
+        self._release(abort=False)
+
+    def abort(self) -> None:
+        """Fail every wait of this communicator at once (here and, through the segment, in
+        the peers), and release it."""
+        self._aborted = True
+        mapping = getattr(self, "_mapping", None)
+        if mapping is not None and self._broken is None:
+            try:
+                self._w[self._layout.rank_word(self._rank, seg.W_ABORT)] = 1
+            except (ValueError, TypeError):  # already released
+                pass
+        self._release(abort=True)
+
+    def _release(self, abort: bool) -> None:
+        self._stop_worker(drain=not abort)
+        for window in list(getattr(self, "_windows", [])):
+            window.free(abort=True)
+        self._windows = []
+        liveness = getattr(self, "_liveness", None)
+        if liveness is not None:
+            liveness.close()
+            self._liveness = None
+        mapping = getattr(self, "_mapping", None)
+        if mapping is None:
+            return
+        if abort and not self._lock.acquire(blocking=False):
+            # Another thread is inside an operation: it sees the abort within milliseconds
+            # and fails; the mapping goes when its last view does.
+            self._mapping = None
+            return
+        try:
+            self._mapping = None
+            self._slots = []
+            self._views = {}
+            mapping.close()
+        finally:
+            if abort:
+                self._lock.release()
+
+    def get_backend_name(self) -> str:
+        return "shm"
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def _begin(self, what: str, timeout: timedelta | None) -> None:
+        if self._aborted:
+            raise CommOperationError(f"{what}: the shm communicator was aborted; create a new one")
+        if self._broken is not None:
+            raise CommOperationError(
+                f"{what}: the shm communicator failed earlier ({self._broken}); abort it and "
+                f"create a new one (or reconfigure)"
+            )
+        if self._mapping is None:
+            raise CommOperationError(f"{what}: the shm communicator was finalized")
+        seconds = timeout.total_seconds() if timeout is not None else self._default_s
+        self._op = what
+        self._seconds = seconds
+        self._deadline = time.monotonic() + seconds
+
+    def _alarm(self, final: bool) -> None:
+        """Raise if this communicator was aborted, a peer aborted or died, or (``final``) the
+        deadline passed; otherwise advance pending point-to-point operations."""
+        what = self._op
+        if self._aborted:
+            raise self._fail(CommOperationError(f"{what}: aborted while waiting"))
+        w = self._w
+        gone = [r for r, i in zip(self._peers, self._abort_words, strict=True) if w[i]]
+        if gone and self._waiter.satisfied():
+            return  # the peer published what this rank waited for before it went
+        if gone:
+            raise self._fail(
+                CommOperationError(
+                    f"{what}: rank(s) {gone} aborted the communicator; abort it here too"
+                )
+            )
+        liveness = self._liveness
+        dead = liveness.dead() if liveness is not None else []
+        if dead and self._waiter.satisfied():
+            return
+        if dead:
+            raise self._fail(
+                CommOperationError(
+                    f"{what}: rank(s) {dead} exited (killed or crashed) while this rank waited "
+                    f"for them; abort this communicator and create a new one (or reconfigure)"
+                )
+            )
+        if final:
+            raise self._fail(seg.timeout_error(what, self._seconds, self._lagging()))
+        if self._npending and not self._in_progress:
+            self._progress()
+
+    def _lagging(self) -> list[int]:
+        w = self._w
+        return [r for r, i in zip(self._peers, self._peer_steps, strict=True) if w[i] < self._step]
+
+    def _fail(self, exc: Exception) -> Exception:
+        """Remember ``exc`` as the reason this communicator is unusable; return it."""
+        self._broken = str(exc)
+        return exc
+
+    def _sync(self) -> None:
+        """Publish the next step and wait until every peer published it."""
+        self._post()
+        self._wait_peers()
+
+    def _post(self) -> None:
+        """Publish the next step (what this rank staged for it is in place)."""
+        self._step += 1
+        self._w[self._my_step] = self._step
+
+    def _wait_peers(self) -> None:
+        """Wait until every peer published this rank's current step."""
+        target = self._step
+        w = self._w
+        idx = self._peer_steps
+        for _ in range(200):
+            for i in idx:
+                if w[i] < target:
+                    break
+            else:
+                return
+        self._waiter.wait(lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm)
+
+    def _run(
+        self, what: str, timeout: timedelta | None, async_op: bool, body: Callable[[], None]
+    ) -> Any:
+        """Run a collective: here when synchronous and nothing is queued, else in order on
+        the communicator's worker thread (``async_op``: return its work at once)."""
+        if not async_op and not self._jobs:
+            with self._lock:
+                self._begin(what, timeout)
+                body()
+            return None
+        job = _Job(what, timeout, body)
+        with self._jobs_lock:
+            self._jobs.append(job)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work_loop, name=f"torchcomms-shm-{self.comm_name}", daemon=True
+                )
+                self._worker.start()
+            self._jobs_cv.notify()
+        if async_op:
+            return job
+        job.wait()
+        return None
+
+    def _work_loop(self) -> None:
+        while True:
+            with self._jobs_lock:
+                while not self._jobs and not self._stop:
+                    self._jobs_cv.wait()
+                if self._stop and not self._jobs:
+                    self._worker = None
+                    return
+                job = self._jobs[0]
+            try:
+                with self._lock:
+                    self._begin(job.what, job.timeout)
+                    job.body()
+            except BaseException as exc:  # handed to whoever waits on the work
+                job.error = exc
+            with self._jobs_lock:
+                self._jobs.popleft()
+            job.done.set()
+
+    def _stop_worker(self, drain: bool) -> None:
+        worker = getattr(self, "_worker", None)
+        if worker is None:
+            return
+        with self._jobs_lock:
+            self._stop = True
+            self._jobs_cv.notify()
+        if drain and worker is not threading.current_thread():
+            worker.join()
+
+    def _half(self) -> int:
+        self._use += 1
+        return self._use & 1
+
+    def _progress(self) -> bool:
+        """Advance the queued point-to-point operations; ``True`` if any moved.
+
+        The point-to-point layer (``ShmP2P``) queues them and overrides this.
+        """
+        return False
+
+    # -- windows ----------------------------------------------------------------------
+
+    def new_window(self) -> Any:
+        """A window engine on shared memory (see ``torchcomms_shm.window``)."""
+        from .window import ShmWindowEngine
+
+        self._windows_made = getattr(self, "_windows_made", 0) + 1
+        engine = ShmWindowEngine(self, self._windows_made)
+        self._windows.append(engine)
+        return engine
+
+
+class _Job:
+    """An asynchronous collective: queued, run by the worker thread, waited on by the user."""
+
+    __slots__ = ("what", "timeout", "body", "done", "error")
+
+    def __init__(self, what: str, timeout: timedelta | None, body: Callable[[], None]) -> None:
+        self.what, self.timeout, self.body = what, timeout, body
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        return self.done.is_set() and self.error is None
+
+    def wait(self) -> bool:
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return True
