@@ -64,6 +64,7 @@ from torchcomms_core.spec import (
     SPEC_VERSION,
     BatchOp,
     MultiWork,
+    PortableDefaults,
     ThenWork,
     TorchCommBackend,
     TorchCommWinAccessType,
@@ -71,7 +72,9 @@ from torchcomms_core.spec import (
     check_spec_version,
     flat_chunks,
     method_support,
+    overlaps,
     reduce_rows,
+    settle,
     split_dim0,
     then,
     unflatten_into,
@@ -83,8 +86,6 @@ from torchcomms_core.spec.kit import (
     WindowPeers,
     displacements,
     env_count,
-    overlaps,
-    settle,
 )
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
@@ -123,6 +124,7 @@ __all__ = [
     "WindowPeers",
     "displacements",
     "env_count",
+    "PortableDefaults",
     "overlaps",
     "settle",
     # the rest

@@ -2,10 +2,7 @@
 
 - :data:`ELEMENTWISE_REDUCE`: torch's element-wise kernel for each basic reduction, for
   backends that reduce received data themselves;
-- :func:`overlaps`: whether two tensors' memory overlaps (engines that refuse aliased
-  buffers, or reductions that must not read what they write);
 - :func:`displacements`: the offsets of consecutive blocks of the given counts;
-- :func:`settle`: what a method returns for an issued work, given ``async_op``;
 - :func:`env_count`: a byte or rank count read from an environment variable, checked;
 - :class:`StoredRankAndSize`: ``get_rank``, ``get_size`` and ``get_comm_name`` answered
   from the fields a backend sets in ``init``;
@@ -13,7 +10,9 @@
 - :class:`SignalFile`: one window file in ``/dev/shm``, mapped: ``int64`` signal counters
   (one per rank) followed by the window's data.
 
-Plugins reach these names through ``torchcomms_core.plugin``.
+The works and tensor helpers every backend may use (``settle``, ``overlaps``,
+``flat_chunks``, ``split_dim0``, ...) are in :mod:`torchcomms_core.spec.work`. Plugins
+reach both through ``torchcomms_core.plugin``.
 
 May import: torch, the standard library, and ``torchcomms_core.operations`` and
 ``torchcomms_core.foundation``; nothing above the spec.
@@ -45,31 +44,9 @@ ELEMENTWISE_REDUCE: dict[RedOpType, Callable[..., torch.Tensor]] = {
 }
 
 
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory spans of ``a`` and ``b`` overlap (never when either is empty).
-
-    The spans run from each tensor's first element over ``nbytes``: exact for contiguous
-    tensors, which is what backends hand to their engines.
-    """
-    na, nb = a.nbytes, b.nbytes
-    if not na or not nb:
-        return False
-    pa, pb = a.data_ptr(), b.data_ptr()
-    return pa < pb + nb and pb < pa + na
-
-
 def displacements(counts: Sequence[int]) -> list[int]:
     """Where each of consecutive blocks of ``counts`` starts: ``[0, c0, c0 + c1, ...]``."""
     return list(itertools.accumulate(counts[:-1], initial=0)) if counts else []
-
-
-def settle(work: Any, async_op: bool) -> Any:
-    """What a backend method returns for an issued ``work``: the work itself when
-    ``async_op``, else ``None`` once ``work.wait()`` returned."""
-    if async_op:
-        return work
-    work.wait()
-    return None
 
 
 def env_count(name: str, default: int, error: Callable[[str], Exception]) -> int:
