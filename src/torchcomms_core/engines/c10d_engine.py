@@ -22,6 +22,7 @@ from torchcomms_core.spec import (
     TorchCommBackend,
     settle,
 )
+from torchcomms_core.spec.kit import StoredRankAndSize
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Work
@@ -93,7 +94,7 @@ class C10dWork:
         return self._work.is_completed()
 
 
-class C10dBackend(TorchCommBackend):
+class C10dBackend(StoredRankAndSize, TorchCommBackend):
     """Backend over a c10d engine (``ProcessGroupGloo``, ``ProcessGroupNCCL``, a vendor's)."""
 
     #: Operations the engine cannot run; they use the spec's portable defaults instead.
@@ -164,15 +165,6 @@ class C10dBackend(TorchCommBackend):
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.abort()
-
-    def get_rank(self) -> int:
-        return self._rank
-
-    def get_size(self) -> int:
-        return self._size
-
-    def get_comm_name(self) -> str:
-        return self.comm_name
 
     def _done(self, work: Any, async_op: bool, timeout: timedelta | None) -> Any:
         if not self.timed_waits:
