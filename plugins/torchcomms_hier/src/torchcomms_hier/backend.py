@@ -316,6 +316,51 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
             self._local, cross, flat, dests, order, self._topo.nhosts, self._cross_device, timeout
         )
 
+    # -- the core's lean lane ---------------------------------------------------------
+
+    def lean_calls(
+        self, timeout: timedelta, hints: dict[str, str]
+    ) -> dict[str, Callable[..., Any]]:
+        """A blocking ``all_reduce`` for the core's lean lane: small messages straight into
+        the global level's backend.
+
+        An all_reduce of at most ``hier::flat_max_bytes`` is one all_reduce on the global
+        level (see :meth:`all_reduce`). When that level would take it on its own lean lane
+        (:meth:`TorchComm.takes_lean_calls`: usable, no hooks, no call checking, asked on
+        every call since a user may register hooks on a level) and its backend runs the
+        reduction natively for the dtype, this calls the level's backend directly, with
+        this communicator's default ``timeout``: the level's lane would check again what
+        this communicator's lane has checked. Anything else goes to :meth:`all_reduce`.
+        An engine failure propagates to this communicator's lane, which classifies it and
+        marks this communicator failed, as a failure inside the level would.
+
+        None with a single host, a global level on another device than host memory, or
+        ``hier::flat_max_bytes=0``.
+        """
+        glob = self.global_comm
+        flat_max = self._flat_max_bytes
+        if glob is None or flat_max <= 0 or self._cross_device.type != "cpu":
+            return {}
+        engine = glob.get_backend_impl()
+        engine_cls = type(engine)
+        native = frozenset(
+            (dtype, red)
+            for dtype in engine_cls.supported_dtypes
+            for red in engine_cls.supported_reduce_ops
+        )
+        direct, takes_lean, method = engine.all_reduce, glob.takes_lean_calls, self.all_reduce
+
+        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            if (
+                0 < tensor.nbytes <= flat_max
+                and (tensor.dtype, op._type) in native
+                and takes_lean()
+            ):
+                return direct(tensor, op, False, timeout=timeout)
+            return method(tensor, op, False, timeout=timeout, hints=hints)
+
+        return {"all_reduce": all_reduce}
+
     # -- point to point ---------------------------------------------------------------
 
     def send(
