@@ -159,11 +159,23 @@ def body_levels(layout: str) -> dict[str, Any]:
     levels["local"].register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
     t = torch.ones(64 << 10)  # 256 KiB: local reduce_scatter + all_gather when hosts are even
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    # An 8-byte all_reduce is one call on the global level: taken by hier's lean entry
+    # straight into that level's backend only while nothing observes the level.
+    glob: list[str] = []
+    handle = levels["global"].register_pre_hook(lambda name, op_id, args: glob.append(str(name)))
+    small = torch.full((2,), float(comm.get_rank() + 1))
+    comm.all_reduce(small, torchcomms.ReduceOp.SUM)  # through the level: its hook sees it
+    handle.remove()
+    small_sums = [float(small[0])]
+    comm.all_reduce(small, torchcomms.ReduceOp.SUM)  # straight into the level's backend
+    small_sums.append(float(small[0]))
     info = {
         "levels": {
             role: (c.get_name(), c.get_backend(), c.get_size()) for role, c in levels.items()
         },
         "local_ops": seen,
+        "global_ops": glob,
+        "small_sums": small_sums,
         "value": float(t[0]),
     }
     comm.finalize()
@@ -186,6 +198,8 @@ def test_levels_are_named_communicators_with_their_own_hooks(pool4) -> None:
             "all_gather_single",
             "finalize",  # the hier communicator's finalize finalized its level
         ]
+        assert [str(s).rsplit(".", 1)[-1] for s in info["global_ops"]] == ["all_reduce"]
+        assert info["small_sums"] == [10.0, 40.0]
         assert all(info["finalized"])
     uneven = pool4.run(body_levels, "3+1", timeout=120)
     assert [("leaders" in i["levels"]) for i in uneven] == [True, False, False, True]
@@ -272,13 +286,14 @@ def test_missing_local_backend_fails_its_host_and_names_it_elsewhere(pool4) -> N
 # -- a peer killed at any level ------------------------------------------------------------
 
 
-def body_killed_peer(layout: str, victim: int) -> tuple[str, float]:
+def body_killed_peer(layout: str, victim: int, count: int) -> tuple[str, float]:
     comm = _hier(layout, timeout=timedelta(seconds=KILL_TIMEOUT_S))
-    t = torch.ones(4 << 20)
+    t = torch.ones(count)
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)  # every level connected and working
     if comm.get_rank() == victim:  # dies in the middle of one of the calls below
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    for _ in range(200):
+    deadline = time.monotonic() + 4 * KILL_TIMEOUT_S
+    while time.monotonic() < deadline:
         start = time.monotonic()
         try:
             comm.all_reduce(t, torchcomms.ReduceOp.SUM)
@@ -295,11 +310,15 @@ def patient_pool() -> Any:
         yield pool
 
 
-@pytest.mark.parametrize(("layout", "victim"), [("2x2", 3), ("3+1", 1)])
+@pytest.mark.parametrize(
+    ("layout", "victim", "count"),
+    # 16 MiB: every level in turn; 8 bytes: hier's lean entry into the global level's backend
+    [("2x2", 3, 4 << 20), ("3+1", 1, 4 << 20), ("2x2", 2, 2)],
+)
 def test_a_killed_peer_fails_the_survivors_within_the_timeout(
-    patient_pool: Any, layout: str, victim: int
+    patient_pool: Any, layout: str, victim: int, count: int
 ) -> None:
-    outcomes = patient_pool.run_outcomes(body_killed_peer, layout, victim, timeout=120)
+    outcomes = patient_pool.run_outcomes(body_killed_peer, layout, victim, count, timeout=120)
     assert outcomes[victim].status == "died"
     for o in outcomes:
         if o.rank == victim:
