@@ -38,9 +38,15 @@ def _register_vendor() -> None:
         torchcomms.register_backend("examplevendor", ExampleVendorBackend)
 
 
-def _hier(layout: str, local: dict[str, str] | None = None, **extra: Any) -> Any:
+def _hier(
+    layout: str,
+    local: dict[str, str] | None = None,
+    more_hints: dict[str, str] | None = None,
+    **extra: Any,
+) -> Any:
     host = LAYOUTS[layout][current_rank()]
     hints = {"host_id": host, "local_backend": (local or {}).get(host, "gloo")}
+    hints.update(more_hints or {})
     return torchcomms.new_comm("hier", "cpu", name=unique_name("hier"), hints=hints, **extra)
 
 
@@ -151,10 +157,12 @@ def test_point_to_point_within_and_across_hosts(pool4) -> None:
 # -- levels are ordinary communicators -----------------------------------------------------
 
 
-def body_levels(layout: str) -> dict[str, Any]:
-    comm = _hier(layout)
+def body_levels(layout: str, lazy_global: str | None = None) -> dict[str, Any]:
+    comm = _hier(layout, more_hints={"hier::lazy_global": lazy_global} if lazy_global else None)
     impl = comm.get_backend_impl()
     levels = impl.levels()
+    # Whether each level's engine connected its peers at creation (gloo: not when lazy).
+    eager = {role: c.get_backend_impl().init_waits_for_peers() for role, c in levels.items()}
     seen: list[str] = []
     levels["local"].register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
     t = torch.ones(64 << 10)  # 256 KiB: local reduce_scatter + all_gather when hosts are even
@@ -176,6 +184,7 @@ def body_levels(layout: str) -> dict[str, Any]:
         "local_ops": seen,
         "global_ops": glob,
         "small_sums": small_sums,
+        "eager": eager,
         "value": float(t[0]),
     }
     comm.finalize()
@@ -200,9 +209,12 @@ def test_levels_are_named_communicators_with_their_own_hooks(pool4) -> None:
         ]
         assert [str(s).rsplit(".", 1)[-1] for s in info["global_ops"]] == ["all_reduce"]
         assert info["small_sums"] == [10.0, 40.0]
+        # The global level connects each pair on first use; the rail at creation.
+        assert info["eager"] == {"local": True, "rail": True, "global": False}
         assert all(info["finalized"])
-    uneven = pool4.run(body_levels, "3+1", timeout=120)
+    uneven = pool4.run(body_levels, "3+1", "false", timeout=120)
     assert [("leaders" in i["levels"]) for i in uneven] == [True, False, False, True]
+    assert all(i["eager"]["global"] for i in uneven)  # hier::lazy_global=false
     assert all(i["value"] == 4.0 for i in uneven)
 
 
