@@ -38,9 +38,15 @@ def _register_vendor() -> None:
         torchcomms.register_backend("examplevendor", ExampleVendorBackend)
 
 
-def _hier(layout: str, local: dict[str, str] | None = None, **extra: Any) -> Any:
+def _hier(
+    layout: str,
+    local: dict[str, str] | None = None,
+    more_hints: dict[str, str] | None = None,
+    **extra: Any,
+) -> Any:
     host = LAYOUTS[layout][current_rank()]
     hints = {"host_id": host, "local_backend": (local or {}).get(host, "gloo")}
+    hints.update(more_hints or {})
     return torchcomms.new_comm("hier", "cpu", name=unique_name("hier"), hints=hints, **extra)
 
 
@@ -151,19 +157,34 @@ def test_point_to_point_within_and_across_hosts(pool4) -> None:
 # -- levels are ordinary communicators -----------------------------------------------------
 
 
-def body_levels(layout: str) -> dict[str, Any]:
-    comm = _hier(layout)
+def body_levels(layout: str, lazy_global: str | None = None) -> dict[str, Any]:
+    comm = _hier(layout, more_hints={"hier::lazy_global": lazy_global} if lazy_global else None)
     impl = comm.get_backend_impl()
     levels = impl.levels()
+    # Whether each level's engine connected its peers at creation (gloo: not when lazy).
+    eager = {role: c.get_backend_impl().init_waits_for_peers() for role, c in levels.items()}
     seen: list[str] = []
     levels["local"].register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
     t = torch.ones(64 << 10)  # 256 KiB: local reduce_scatter + all_gather when hosts are even
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    # An 8-byte all_reduce is one call on the global level: taken by hier's lean entry
+    # straight into that level's backend only while nothing observes the level.
+    glob: list[str] = []
+    handle = levels["global"].register_pre_hook(lambda name, op_id, args: glob.append(str(name)))
+    small = torch.full((2,), float(comm.get_rank() + 1))
+    comm.all_reduce(small, torchcomms.ReduceOp.SUM)  # through the level: its hook sees it
+    handle.remove()
+    small_sums = [float(small[0])]
+    comm.all_reduce(small, torchcomms.ReduceOp.SUM)  # straight into the level's backend
+    small_sums.append(float(small[0]))
     info = {
         "levels": {
             role: (c.get_name(), c.get_backend(), c.get_size()) for role, c in levels.items()
         },
         "local_ops": seen,
+        "global_ops": glob,
+        "small_sums": small_sums,
+        "eager": eager,
         "value": float(t[0]),
     }
     comm.finalize()
@@ -186,9 +207,14 @@ def test_levels_are_named_communicators_with_their_own_hooks(pool4) -> None:
             "all_gather_single",
             "finalize",  # the hier communicator's finalize finalized its level
         ]
+        assert [str(s).rsplit(".", 1)[-1] for s in info["global_ops"]] == ["all_reduce"]
+        assert info["small_sums"] == [10.0, 40.0]
+        # The global level connects each pair on first use; the rail at creation.
+        assert info["eager"] == {"local": True, "rail": True, "global": False}
         assert all(info["finalized"])
-    uneven = pool4.run(body_levels, "3+1", timeout=120)
+    uneven = pool4.run(body_levels, "3+1", "false", timeout=120)
     assert [("leaders" in i["levels"]) for i in uneven] == [True, False, False, True]
+    assert all(i["eager"]["global"] for i in uneven)  # hier::lazy_global=false
     assert all(i["value"] == 4.0 for i in uneven)
 
 
@@ -272,13 +298,14 @@ def test_missing_local_backend_fails_its_host_and_names_it_elsewhere(pool4) -> N
 # -- a peer killed at any level ------------------------------------------------------------
 
 
-def body_killed_peer(layout: str, victim: int) -> tuple[str, float]:
+def body_killed_peer(layout: str, victim: int, count: int) -> tuple[str, float]:
     comm = _hier(layout, timeout=timedelta(seconds=KILL_TIMEOUT_S))
-    t = torch.ones(4 << 20)
+    t = torch.ones(count)
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)  # every level connected and working
     if comm.get_rank() == victim:  # dies in the middle of one of the calls below
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGKILL)).start()
-    for _ in range(200):
+    deadline = time.monotonic() + 4 * KILL_TIMEOUT_S
+    while time.monotonic() < deadline:
         start = time.monotonic()
         try:
             comm.all_reduce(t, torchcomms.ReduceOp.SUM)
@@ -295,11 +322,15 @@ def patient_pool() -> Any:
         yield pool
 
 
-@pytest.mark.parametrize(("layout", "victim"), [("2x2", 3), ("3+1", 1)])
+@pytest.mark.parametrize(
+    ("layout", "victim", "count"),
+    # 16 MiB: every level in turn; 8 bytes: hier's lean entry into the global level's backend
+    [("2x2", 3, 4 << 20), ("3+1", 1, 4 << 20), ("2x2", 2, 2)],
+)
 def test_a_killed_peer_fails_the_survivors_within_the_timeout(
-    patient_pool: Any, layout: str, victim: int
+    patient_pool: Any, layout: str, victim: int, count: int
 ) -> None:
-    outcomes = patient_pool.run_outcomes(body_killed_peer, layout, victim, timeout=120)
+    outcomes = patient_pool.run_outcomes(body_killed_peer, layout, victim, count, timeout=120)
     assert outcomes[victim].status == "died"
     for o in outcomes:
         if o.rank == victim:

@@ -7,8 +7,9 @@ Levels are ordinary communicators made with ``new_member_comm`` of their backend
   every host, on the global backend (``<name>.rail<j>``); rail 0 joins the hosts' leaders;
 - ``leaders``: when hosts are uneven, local rank 0 of every host (``<name>.leaders``);
 - ``global``: every rank, on the global backend (``<name>.global``); it carries
-  point-to-point traffic between hosts, connected as that backend decides (gloo: every pair
-  at creation up to 64 ranks, lazily on first use above).
+  point-to-point traffic between hosts and small all_reduces, and connects each pair of
+  ranks on first use when its backend reads a ``lazy`` hint (gloo; hint
+  ``hier::lazy_global``, default true).
 
 Collectives run their intra-host steps on ``local`` and only one share per host crosses
 between hosts. When the global backend cannot use the communicator's device (``cuda``
@@ -30,6 +31,7 @@ from torchcomms_core.plugin import (
     StoredRankAndSize,
     TorchComm,
     TorchCommBackend,
+    bool_hint,
     get_backend_class,
     int_hint,
     new_member_comm,
@@ -42,6 +44,7 @@ from .topology import Topology, exchange, resolve_settings
 __all__ = [
     "FLAT_MAX_BYTES_DEFAULT",
     "HIER_DTYPES",
+    "LAZY_HINT",
     "PIECE_BYTES",
     "PIPELINE_MAX_PIECES",
     "RS_MIN_BYTES_DEFAULT",
@@ -57,6 +60,10 @@ RS_MIN_BYTES_DEFAULT = 64 << 10
 #: which already connects every rank: at a few bytes a call's cost is its round trips, and
 #: three levels in turn cost three. Hint ``hier::flat_max_bytes`` changes it (0: never).
 FLAT_MAX_BYTES_DEFAULT = 4 << 10
+
+#: The hint a global backend reads to connect its peers on first use (gloo's ``lazy``);
+#: hier passes it to the global level unless hint ``hier::lazy_global`` is false.
+LAZY_HINT = "lazy"
 
 #: Element types every level can carry (gloo, the default global level, has no int16).
 HIER_DTYPES: tuple[torch.dtype, ...] = (
@@ -91,6 +98,7 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
         "host_id",
         "hier::rs_min_bytes",
         "hier::flat_max_bytes",
+        "hier::lazy_global",
     )
 
     def __init__(self) -> None:
@@ -117,6 +125,7 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
         hints = dict(options.hints)
         self._rs_min_bytes = int_hint(hints, "hier::rs_min_bytes", RS_MIN_BYTES_DEFAULT)
         self._flat_max_bytes = int_hint(hints, "hier::flat_max_bytes", FLAT_MAX_BYTES_DEFAULT)
+        lazy_global = bool_hint(hints, "hier::lazy_global", True)
         settings = resolve_settings(hints, device)
         topo = exchange(
             options.store, self._rank, self._size, options.timeout, settings, device, name
@@ -143,16 +152,19 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
                         topo.global_backend, self._cross_device, f"{name}.leaders", h, topo.nhosts
                     )
                     created.append(self.leaders)
-                # Connected as the global backend decides: gloo connects every pair at
-                # creation up to 64 ranks and lazily, on first use, above
-                # (TORCHCOMM_GLOO_LAZY_ABOVE). A lazy gloo pair blocks a receive whose
-                # sender never comes for the engine's whole timeout, not the call's.
+                # Every pair of ranks connected on first use, when the global backend
+                # can (gloo's ``lazy``): cross-host send/recv between two ranks connects
+                # those two only, a small all_reduce the pairs its algorithm uses. A lazy
+                # gloo pair blocks a receive whose sender never comes for the engine's
+                # whole timeout (the level's, this communicator's default), not the call's.
+                lazy = lazy_global and LAZY_HINT in (global_cls.hint_keys or ())
                 self.global_comm = self._level(
                     topo.global_backend,
                     self._cross_device,
                     f"{name}.global",
                     self._rank,
                     self._size,
+                    {LAZY_HINT: "true"} if lazy else None,
                 )
                 created.append(self.global_comm)
         except BaseException:
@@ -315,6 +327,51 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
         pipelined_gather(
             self._local, cross, flat, dests, order, self._topo.nhosts, self._cross_device, timeout
         )
+
+    # -- the core's lean lane ---------------------------------------------------------
+
+    def lean_calls(
+        self, timeout: timedelta, hints: dict[str, str]
+    ) -> dict[str, Callable[..., Any]]:
+        """A blocking ``all_reduce`` for the core's lean lane: small messages straight into
+        the global level's backend.
+
+        An all_reduce of at most ``hier::flat_max_bytes`` is one all_reduce on the global
+        level (see :meth:`all_reduce`). When that level would take it on its own lean lane
+        (:meth:`TorchComm.takes_lean_calls`: usable, no hooks, no call checking, asked on
+        every call since a user may register hooks on a level) and its backend runs the
+        reduction natively for the dtype, this calls the level's backend directly, with
+        this communicator's default ``timeout``: the level's lane would check again what
+        this communicator's lane has checked. Anything else goes to :meth:`all_reduce`.
+        An engine failure propagates to this communicator's lane, which classifies it and
+        marks this communicator failed, as a failure inside the level would.
+
+        None with a single host, a global level on another device than host memory, or
+        ``hier::flat_max_bytes=0``.
+        """
+        glob = self.global_comm
+        flat_max = self._flat_max_bytes
+        if glob is None or flat_max <= 0 or self._cross_device.type != "cpu":
+            return {}
+        engine = glob.get_backend_impl()
+        engine_cls = type(engine)
+        native = frozenset(
+            (dtype, red)
+            for dtype in engine_cls.supported_dtypes
+            for red in engine_cls.supported_reduce_ops
+        )
+        direct, takes_lean, method = engine.all_reduce, glob.takes_lean_calls, self.all_reduce
+
+        def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
+            if (
+                0 < tensor.nbytes <= flat_max
+                and (tensor.dtype, op._type) in native
+                and takes_lean()
+            ):
+                return direct(tensor, op, False, timeout=timeout)
+            return method(tensor, op, False, timeout=timeout, hints=hints)
+
+        return {"all_reduce": all_reduce}
 
     # -- point to point ---------------------------------------------------------------
 
