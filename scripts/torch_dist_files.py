@@ -116,8 +116,9 @@ def run_file(
     timeout: float,
     world_size: int | None,
     log: Path | None,
-) -> tuple[dict[str, str], float, str]:
-    """Run one file; each test's outcome, the seconds taken, and a note (timed out...)."""
+) -> tuple[dict[str, str], float, str, dict[str, str]]:
+    """Run one file: each test's outcome, the seconds taken, a note (timed out...), and
+    the failures that show one of PyTorch's own switch errors (``torch_own``)."""
     path = tree / entry.path
     env = dict(os.environ)
     env["TORCHCOMMS_TORCH_FILES_HOOKS"] = "1"
@@ -177,7 +178,7 @@ def torch_own(out: str) -> dict[str, str]:
     """``Class.test`` -> why, for each failure section of pytest's output that shows one
     of the errors PyTorch's switch raises itself (``TORCH_OWN``)."""
     found: dict[str, str] = {}
-    name, body = "", []
+    name, body = "", list[str]()
     for line in [*out.splitlines(), "___ end ___"]:
         m = _SECTION.match(line)
         if m:
@@ -245,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     print(f"torch {torch.__version__} ({torch.version.git_version}); tests from {tree}")
-    rows, regressions, torch_side = [], [], []
+    rows: list[tuple[str, str, int, int, int, float, str]] = []
+    regressions: list[tuple[str, str]] = []
+    torch_side: list[tuple[str, str]] = []
     for entry in chosen:
         if not (tree / entry.path).is_file():
             print(f"skipped {entry.path}: not in {tree}")
@@ -272,9 +275,9 @@ def main(argv: list[str] | None = None) -> int:
             for test, outcome in sorted(seen[False].items()):
                 if outcome == "PASSED" and seen[True].get(test) != "PASSED":
                     # pytest's section title: Class.test (node id: file::Class::test).
-                    why = explained.get(".".join(test.split("::")[1:]))
-                    if why is not None:
-                        torch_side.append((test, why))
+                    reason = explained.get(".".join(test.split("::")[1:]))
+                    if reason is not None:
+                        torch_side.append((test, reason))
                     else:
                         regressions.append((test, seen[True].get(test, "not run")))
 
