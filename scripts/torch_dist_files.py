@@ -78,6 +78,14 @@ FILES: tuple[TestFile, ...] = (
     ),
     TestFile("replicate", "test/distributed/_composable/test_replicate.py"),
     TestFile("dcp_fs_cpu", "test/distributed/checkpoint/test_file_system_checkpoint_cpu.py"),
+    TestFile(
+        "fsdp2_init",
+        "test/distributed/_composable/fsdp/test_fully_shard_init.py",
+        "MeshArg or ManagedModulesAndStates or ParamModuleInfos or "
+        "(ShardedParameterTensor and raise) or LazyInit or "
+        "(ShardPlacementFn and invalid_shard_dim) or OldImport",
+        "FSDP2 on CPU: the threaded-rank tests without skip_if_lt_x_gpu",
+    ),
 )
 
 _OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
