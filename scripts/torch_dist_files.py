@@ -63,18 +63,29 @@ FILES: tuple[TestFile, ...] = (
     TestFile(
         "c10d_gloo",
         "test/distributed/test_c10d_gloo.py",
-        "ProcessGroupGlooTest or GlooProcessGroupWithDispatchedCollectivesTests "
-        "or LargeCommTest or CommTest",
-        "the classes that create their groups with init_process_group",
+        "RendezvousEnvTest or TimeoutTest or (ProcessGroupGlooTest and "
+        "(coalesced_async or into_tensor_coalesced or reduce_scatter or cuda_dispatched)) "
+        "or DistributedDataParallelTest or ReducerTest or CommTest "
+        "or GlooProcessGroupWithDispatchedCollectivesTests",
+        "the tests that create their groups with init_process_group (the rest of "
+        "ProcessGroupGlooTest builds ProcessGroupGloo directly, which the switch never sees)",
     ),
     TestFile(
         "c10d_common",
         "test/distributed/test_c10d_common.py",
-        "PythonProcessGroupExtensionTest or ProcessGroupWithDispatchedCollectivesTests "
-        "or CommTest or CompilerTest or ReduceOpTest",
+        "PythonProcessGroupExtensionTest or ProcessGroupWithDispatchedCollectivesTests or CommTest",
         "the classes that create their groups with init_process_group",
     ),
     TestFile("replicate", "test/distributed/_composable/test_replicate.py"),
+    TestFile("dcp_fs_cpu", "test/distributed/checkpoint/test_file_system_checkpoint_cpu.py"),
+    TestFile(
+        "fsdp2_init",
+        "test/distributed/_composable/fsdp/test_fully_shard_init.py",
+        "MeshArg or ManagedModulesAndStates or ParamModuleInfos or "
+        "(ShardedParameterTensor and raise) or LazyInit or "
+        "(ShardPlacementFn and invalid_shard_dim) or OldImport",
+        "FSDP2 on CPU: the threaded-rank tests without skip_if_lt_x_gpu",
+    ),
 )
 
 _OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
@@ -113,8 +124,9 @@ def run_file(
     timeout: float,
     world_size: int | None,
     log: Path | None,
-) -> tuple[dict[str, str], float, str]:
-    """Run one file; each test's outcome, the seconds taken, and a note (timed out...)."""
+) -> tuple[dict[str, str], float, str, dict[str, str]]:
+    """Run one file: each test's outcome, the seconds taken, a note (timed out...), and
+    the failures that show one of PyTorch's own switch errors (``torch_own``)."""
     path = tree / entry.path
     env = dict(os.environ)
     env["TORCHCOMMS_TORCH_FILES_HOOKS"] = "1"
@@ -174,7 +186,7 @@ def torch_own(out: str) -> dict[str, str]:
     """``Class.test`` -> why, for each failure section of pytest's output that shows one
     of the errors PyTorch's switch raises itself (``TORCH_OWN``)."""
     found: dict[str, str] = {}
-    name, body = "", []
+    name, body = "", list[str]()
     for line in [*out.splitlines(), "___ end ___"]:
         m = _SECTION.match(line)
         if m:
@@ -242,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     print(f"torch {torch.__version__} ({torch.version.git_version}); tests from {tree}")
-    rows, regressions, torch_side = [], [], []
+    rows: list[tuple[str, str, int, int, int, float, str]] = []
+    regressions: list[tuple[str, str]] = []
+    torch_side: list[tuple[str, str]] = []
     for entry in chosen:
         if not (tree / entry.path).is_file():
             print(f"skipped {entry.path}: not in {tree}")
@@ -269,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             for test, outcome in sorted(seen[False].items()):
                 if outcome == "PASSED" and seen[True].get(test) != "PASSED":
                     # pytest's section title: Class.test (node id: file::Class::test).
-                    why = explained.get(".".join(test.split("::")[1:]))
-                    if why is not None:
-                        torch_side.append((test, why))
+                    reason = explained.get(".".join(test.split("::")[1:]))
+                    if reason is not None:
+                        torch_side.append((test, reason))
                     else:
                         regressions.append((test, seen[True].get(test, "not run")))
 

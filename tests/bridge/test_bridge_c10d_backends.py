@@ -568,3 +568,67 @@ def test_local_synchronization_works_through_new_group_with_tag(pool4) -> None:
         base = rank - rank % 2
         assert plain["gathered"] == [{"rank": base}, {"rank": base + 1}]
         assert plain["group_rank"] == rank % 2
+
+
+# -- reduce_scatter's list form with blocks of different sizes (gloo takes them) -----------
+
+
+def _uneven_reduce_scatter(switched: bool) -> dict[str, Any]:
+    """``dist.reduce_scatter(output, input_list)`` where block ``r`` is sized for rank
+    ``r``'s output, as PyTorch's gloo test does: sizes 0, 16 MiB and odd ones."""
+    rank, size = _rank(), _size()
+    saved = dist.config.use_torchcomms
+    dist.config.use_torchcomms = switched
+    try:
+        dist.init_process_group("gloo", store=_store(), rank=rank, world_size=size)
+        try:
+            out: dict[str, Any] = {"wrapper": type(dist.group.WORLD).__name__ == "_BackendWrapper"}
+            numels = [0, 4 * 1024 * 1024 + 1, 3, 7][:size]
+            for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX):
+                blocks = [
+                    torch.arange(n, dtype=torch.float32) * (rank + 1) + r
+                    for r, n in enumerate(numels)
+                ]
+                result = torch.full((numels[rank],), -1.0)
+                dist.reduce_scatter(result, blocks, op=op, async_op=True).wait()
+                key = str(op).rsplit(".", 1)[-1]
+                out[key] = [result.numel(), result.sum().item(), result[-1:].tolist()]
+            # Integers and a 2-D output: the list form keeps each block's shape.
+            ints = [torch.full((r + 1, 2), rank + r, dtype=torch.int64) for r in range(size)]
+            got = torch.zeros((rank + 1, 2), dtype=torch.int64)
+            dist.reduce_scatter(got, ints)
+            out["int64_2d"] = got.tolist()
+            # This rank's block must still fit its output: both refuse it.
+            bad = [torch.ones(numels[r] + (1 if r == rank else 0)) for r in range(size)]
+            try:
+                dist.reduce_scatter(torch.zeros(numels[rank]), bad)
+                out["bad"] = "accepted"
+            except RuntimeError:
+                out["bad"] = "RuntimeError"
+            dist.barrier()
+            return out
+        finally:
+            dist.destroy_process_group()
+    finally:
+        dist.config.use_torchcomms = saved
+
+
+def body_uneven_reduce_scatter() -> dict[str, Any]:
+    return {"plain": _uneven_reduce_scatter(False), "switched": _uneven_reduce_scatter(True)}
+
+
+def test_reduce_scatter_with_blocks_of_different_sizes_works_as_on_gloo(pool: Any) -> None:
+    size = pool.world_size
+    numels = [0, 4 * 1024 * 1024 + 1, 3, 7][:size]
+    for rank, res in enumerate(pool.run(body_uneven_reduce_scatter, timeout=180)):
+        plain, switched = res["plain"], res["switched"]
+        assert not plain.pop("wrapper") and switched.pop("wrapper")
+        assert switched == plain, f"rank {rank}: plain {plain} but switched {switched}"
+        n = numels[rank]
+        ar = torch.arange(n, dtype=torch.float64)
+        total = sum(q + 1 for q in range(size))
+        assert plain["SUM"][0] == n
+        assert plain["SUM"][1] == pytest.approx((ar * total + rank * size).sum().item())
+        assert plain["MAX"][1] == pytest.approx((ar * size + rank).sum().item())
+        assert plain["int64_2d"] == [[size * rank + total - size] * 2] * (rank + 1)
+        assert plain["bad"] == "RuntimeError"

@@ -301,10 +301,14 @@ def _reduce_scatter(g: Group, output_tensors: Any, input_lists: Any, opts: Any =
     g.flush()
     a.same_length("reduce_scatter", outs, lists)
     op, timeout = a.reduce_op_of(opts), a.timeout_of(opts)
-    works = [
-        g.comm.reduce_scatter(o, list(ins), op, True, timeout=timeout)
-        for o, ins in zip(outs, lists, strict=True)
-    ]
+    works = []
+    for o, ins in zip(outs, lists, strict=True):
+        blocks = list(ins)
+        # c10d's list form takes blocks of different sizes (gloo's reduce_scatter: block
+        # r is sized for rank r's output), which is torchcomms' reduce_scatter_v.
+        uneven = any(t.numel() != o.numel() for t in blocks if isinstance(t, torch.Tensor))
+        call = g.comm.reduce_scatter_v if uneven else g.comm.reduce_scatter
+        works.append(call(o, blocks, op, True, timeout=timeout))
     return g.work(works, outs)
 
 
