@@ -133,6 +133,136 @@ def test_64_mib(pool: RankPool) -> None:
     assert pool.run(body_64mib, timeout=300) == [True] * pool.world_size
 
 
+def _ptrace_allowed() -> bool:
+    """Whether sibling processes of this user may read each other's memory here."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            scope = int(f.read())
+    except OSError:
+        scope = 0
+    return scope == 0 or (scope == 1 and os.geteuid() == 0)
+
+
+def body_direct_vs_staged() -> dict:
+    """Large all-gathers and all-to-alls through cross-memory reads (blocks of
+    at least ``cma_bytes``) and through the arena (``cma_bytes=0``) give the same bytes,
+    and the uneven forms (which always stage) still do."""
+    direct = _comm("direct", cma_bytes=str(1 << 20))
+    staged = _comm("staged", cma_bytes="0")
+    r, n = direct.get_rank(), direct.get_size()
+    out: dict = {"cma": direct.get_backend_impl()._cma, "off": staged.get_backend_impl()._cma}
+    block = (3 << 20) // 4 + 17  # 3 MiB and an odd tail, in float32
+    results = []
+    for comm in (direct, staged):
+        got = {}
+        flat = torch.empty(n * block)
+        comm.all_gather_single(flat, _vals(r, block))
+        got["all_gather_single"] = flat
+        outs = [torch.full((block + k,), -1.0) for k in range(n)]
+        comm.all_gather_v(outs, _vals(r, block + r))
+        got["all_gather_v"] = torch.cat(outs)
+        a2a_in = torch.cat([_vals(r * n + k, block) for k in range(n)])
+        a2a_out = torch.empty_like(a2a_in)
+        comm.all_to_all_single(a2a_out, a2a_in)
+        got["all_to_all_single"] = a2a_out.clone()
+        # In place (a2a_out doubles as input): all-to-all twice gives each rank its own
+        # blocks back.
+        comm.all_to_all_single(a2a_out, a2a_out, async_op=True).wait()
+        got["all_to_all_single in place"] = a2a_out.clone()
+        sizes = [block + k + r for k in range(n)]  # rank r sends block + k + r to rank k
+        v_in = torch.cat([_vals(r + k, sizes[k]) for k in range(n)])
+        v_out = torch.empty(sum(block + r + k for k in range(n)))
+        comm.all_to_all_v_single(v_out, v_in, [block + r + k for k in range(n)], sizes)
+        got["all_to_all_v_single"] = v_out
+        b = _vals(r, 2 * block) + r
+        comm.broadcast(b, n - 1)
+        got["broadcast"] = b
+        results.append(got)
+    want = {
+        "all_gather_single": torch.cat([_vals(k, block) for k in range(n)]),
+        "all_gather_v": torch.cat([_vals(k, block + k) for k in range(n)]),
+        "all_to_all_single": torch.cat([_vals(k * n + r, block) for k in range(n)]),
+        "all_to_all_v_single": torch.cat([_vals(k + r, block + r + k) for k in range(n)]),
+        "broadcast": _vals(n - 1, 2 * block) + n - 1,
+    }
+    want["all_to_all_single in place"] = torch.cat([_vals(r * n + k, block) for k in range(n)])
+    for name, value in want.items():
+        for label, got in zip(("direct", "staged"), results, strict=True):
+            assert torch.equal(got[name], value), f"{name} ({label})"
+    direct.finalize()
+    staged.finalize()
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_direct_reads_and_staging_agree(world_size: int) -> None:
+    with RankPool(world_size) as pool:
+        results = pool.run(body_direct_vs_staged, timeout=300)
+    assert all(res["off"] == 0 for res in results)
+    if _ptrace_allowed():  # where peers may read each other, the probe must find it
+        assert all(res["cma"] == 1 << 20 for res in results), results
+    else:
+        pytest.skip("ptrace_scope forbids reads between sibling processes: staging only")
+
+
+def body_direct_size_mismatch() -> dict:
+    """Rank 1 contributes a larger block than the others expect from it: they get a clear
+    error instead of wrong data, and the communicator still works afterwards."""
+    comm = _comm("mismatch")
+    r, n = comm.get_rank(), comm.get_size()
+    block = 1 << 20
+    outs = [torch.empty(block + (4 if k == 1 and r == 1 else 0)) for k in range(n)]
+    out: dict = {}
+    try:
+        comm.all_gather_v(outs, torch.ones(block + (4 if r == 1 else 0)))
+        out["gather"] = "completed"
+    except torchcomms.TorchCommError as exc:
+        out["gather"] = str(exc)
+    t = torch.ones(4)
+    comm.all_reduce(t, ReduceOp.SUM)
+    out["after"] = t.tolist()
+    comm.finalize()
+    return out
+
+
+def test_direct_read_of_a_mismatched_size_fails_clearly(pool: RankPool) -> None:
+    results = pool.run(body_direct_size_mismatch, timeout=120)
+    n = pool.world_size
+    for r, res in enumerate(results):
+        assert res["after"] == [float(n)] * 4, res
+        if r != 1 and _ptrace_allowed():
+            assert "rank 1 sent 4194320 bytes where this rank expects 4194304" in res["gather"]
+
+
+def body_sleepers() -> dict:
+    """Rank 0 arrives a second late; the others must sleep meanwhile (little CPU) and be
+    woken to finish with the right result."""
+    comm = _comm("sleep", spin_us="0", yield_us="0")
+    r, n = comm.get_rank(), comm.get_size()
+    comm.barrier()
+    if r == 0:
+        time.sleep(1.0)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    t = torch.full((8,), float(r))
+    comm.all_reduce(t, ReduceOp.SUM)
+    out = {"cpu": time.process_time() - cpu0, "wall": time.monotonic() - t0}
+    assert t.tolist() == [float(n * (n - 1) // 2)] * 8
+    # Many short waits in a row: sleeping and waking must not lose a wake-up.
+    for i in range(200):
+        t = torch.full((2,), float(i))
+        comm.all_reduce(t, ReduceOp.MAX)
+        assert t.tolist() == [float(i)] * 2
+    comm.finalize()
+    return out
+
+
+def test_waiting_ranks_sleep_until_woken(pool: RankPool) -> None:
+    results = pool.run(body_sleepers, timeout=120)
+    for res in results[1:]:
+        assert res["wall"] > 0.5, res  # it did wait for rank 0
+        assert res["cpu"] < 0.25, res  # ... asleep: polling would burn most of that second
+
+
 # -- point to point ----------------------------------------------------------------------
 
 
@@ -205,9 +335,10 @@ def test_windows_put_and_signal(pool: RankPool) -> None:
 # -- faults ------------------------------------------------------------------------------
 
 
-def body_killed(victim: int) -> dict:
-    """``victim`` SIGKILLs itself while the others are inside an all-reduce; they must
-    fail long before the timeout, and later calls must fail too."""
+def body_killed(victim: int, op: str = "all_reduce") -> dict:
+    """``victim`` SIGKILLs itself while the others are inside an all-reduce (or a large
+    all-gather, which reads peers' memory directly); they must fail long before the
+    timeout, and later calls must fail too."""
     comm = _comm("kill")
     r = comm.get_rank()
     out: dict = {"pid": os.getpid(), "segment": comm.get_backend_impl()._segname}
@@ -217,7 +348,11 @@ def body_killed(victim: int) -> dict:
         os.kill(os.getpid(), signal.SIGKILL)
     t0 = time.monotonic()
     try:
-        comm.all_reduce(torch.ones(1 << 20), ReduceOp.SUM)
+        if op == "all_gather":
+            n = comm.get_size()
+            comm.all_gather_single(torch.empty(n << 20), torch.ones(1 << 20))
+        else:
+            comm.all_reduce(torch.ones(1 << 20), ReduceOp.SUM)
         out["pending"] = "completed"
     except torchcomms.TorchCommError as exc:
         out["pending"] = str(exc)
@@ -232,10 +367,15 @@ def body_killed(victim: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize(("world_size", "victim"), [(2, 1), (4, 0)])
-def test_sigkill_during_a_collective_fails_the_survivors(world_size: int, victim: int) -> None:
+@pytest.mark.parametrize(
+    ("world_size", "victim", "op"),
+    [(2, 1, "all_reduce"), (4, 0, "all_reduce"), (4, 2, "all_gather")],
+)
+def test_sigkill_during_a_collective_fails_the_survivors(
+    world_size: int, victim: int, op: str
+) -> None:
     with RankPool(world_size, grace_s=BOUND_S) as pool:
-        outcomes = pool.run_outcomes(body_killed, victim, timeout=120)
+        outcomes = pool.run_outcomes(body_killed, victim, op, timeout=120)
     assert outcomes[victim].status == "died"
     survivors = [o for o in outcomes if o.rank != victim]
     for o in survivors:

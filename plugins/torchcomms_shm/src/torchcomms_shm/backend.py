@@ -43,7 +43,9 @@ from . import segment as seg
 from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives
 from .comm import (
     ARENA_BYTES,
+    CMA_BYTES,
     DEFAULT_ARENA_BYTES,
+    DEFAULT_CMA_BYTES,
     DEFAULT_P2P_BYTES,
     HOST_ID,
     HOST_ID_ENV,
@@ -58,6 +60,8 @@ from .p2p import _P2P, _P2PWork
 
 __all__ = [
     "ARENA_BYTES",
+    "CMA_BYTES",
+    "DEFAULT_CMA_BYTES",
     "DEFAULT_ARENA_BYTES",
     "DEFAULT_P2P_BYTES",
     "HOST_ID",
@@ -83,6 +87,7 @@ class ShmBackend(ShmCollectives):
         P2P_BYTES,
         SPIN_US,
         YIELD_US,
+        CMA_BYTES,
         HOST_ID,
     )
 
@@ -286,11 +291,23 @@ class ShmBackend(ShmCollectives):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        outs = [_u8(t) for t in output_tensor_list]
-        ins = [_u8(t) for t in input_tensor_list]
+        return self._exchange(output_tensor_list, input_tensor_list, async_op, timeout, False)
+
+    def _exchange(
+        self,
+        outputs: list[torch.Tensor],
+        inputs: list[torch.Tensor],
+        async_op: bool,
+        timeout: timedelta | None,
+        uniform: bool,
+    ) -> Any:
+        outs = [_u8(t) for t in outputs]
+        ins = [_u8(t) for t in inputs]
         if any(overlaps(o, i) for o in outs for i in ins):
             ins = [t.clone() for t in ins]
-        return self._run("all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins))
+        return self._run(
+            "all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins, uniform)
+        )
 
     def all_to_all_single(
         self,
@@ -319,4 +336,5 @@ class ShmBackend(ShmCollectives):
         n = self._size
         outs = [b.reshape(-1) for b in split_dim0(output, output_split_sizes, n)]
         ins = [b.reshape(-1) for b in split_dim0(input, input_split_sizes, n)]
-        return self.all_to_all(outs, ins, async_op, timeout=timeout, hints=hints)
+        uniform = not output_split_sizes and not input_split_sizes
+        return self._exchange(outs, ins, async_op, timeout, uniform)

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import torch
 
-from torchcomms_core.plugin import ELEMENTWISE_REDUCE
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE, CommInputError, CommOperationError
 
+from . import cma
 from . import segment as seg
 from .comm import _copy
 from .p2p import ShmP2P
@@ -133,6 +134,13 @@ class ShmCollectives(ShmP2P):
             if local:
                 _copy(outs[me], mine)
             return
+        if self._cma and max(o.numel() for o in outs) >= self._cma:
+            self._direct(
+                {p: (outs[p], 0) for p in self._peers},
+                [mine],
+                local_copy=((outs[me], mine) if local else None),
+            )
+            return
         steps = max(-(-o.numel() // c) for o in outs)
         for k in range(steps):
             lo = k * c
@@ -165,10 +173,20 @@ class ShmCollectives(ShmP2P):
             if me != root:
                 _copy(data[lo : lo + m], slot)
 
-    def _all_to_all(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+    def _all_to_all(
+        self, outs: list[torch.Tensor], ins: list[torch.Tensor], uniform: bool = False
+    ) -> None:
+        """``uniform``: every block on every rank has one size (``all_to_all_single``
+        without splits), so every rank takes the same path from its own sizes."""
         n, me = self._size, self._rank
         if n == 1:
             _copy(outs[me], ins[me])
+            return
+        if uniform and self._cma and outs[me].numel() >= self._cma:
+            # Peer ``p`` reads entry ``p`` of this rank's table (its block of ``ins``).
+            self._direct(
+                {p: (outs[p], me) for p in self._peers}, ins, local_copy=(outs[me], ins[me])
+            )
             return
         region = self._chunk // (n - 1) // 64 * 64
         local = max(-(-t.numel() // region) for t in outs + ins)
@@ -203,6 +221,49 @@ class ShmCollectives(ShmP2P):
                     at = _place(me, p) * region
                     _copy(outs[p][lo : lo + m], self._slots[p][h][at : at + m])
             k += 1
+
+    def _direct(
+        self,
+        reads: dict[int, tuple[torch.Tensor, int]],
+        shares: list[torch.Tensor],
+        local_copy: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """One copy per block, straight from the owner's tensor (cross-memory attach).
+
+        This rank publishes the address and size of each tensor of ``shares`` (a table in
+        its slot), copies ``local_copy`` (``(dst, src)``) while the peers catch up, reads
+        ``reads[p] = (dst, entry)``: entry ``entry`` of peer ``p``'s table into ``dst``,
+        and waits until every peer has read what it shared before returning (so the
+        caller may change its tensors again).
+        """
+        h = self._half()
+        if shares:
+            table = torch.tensor(
+                [[t.data_ptr(), t.numel()] for t in shares], dtype=torch.int64
+            ).view(torch.uint8)
+            _copy(self._slots[self._rank][h][: table.numel()], table.view(-1))
+        self._post()
+        if local_copy is not None and local_copy[0].data_ptr() != local_copy[1].data_ptr():
+            _copy(*local_copy)
+        self._wait_peers()
+        problem = ""
+        try:
+            for p, (dst, entry) in reads.items():
+                addr, nbytes = (
+                    self._slots[p][h][16 * entry : 16 * entry + 16].view(torch.int64).tolist()
+                )
+                if nbytes != dst.numel():
+                    problem = problem or (
+                        f"rank {p} sent {nbytes} bytes where this rank expects {dst.numel()}; "
+                        f"every rank must pass matching sizes"
+                    )
+                    continue
+                cma.read(self._pids[p], dst.data_ptr(), addr, nbytes)
+        except CommOperationError as exc:
+            raise self._fail(exc) from None
+        self._sync()
+        if problem:  # every rank finished the exchange: the communicator stays usable
+            raise CommInputError(f"{self._op}: {problem}")
 
 
 def _place(dst: int, owner: int) -> int:

@@ -35,6 +35,7 @@ from torchcomms_core.plugin import (
     int_hint,
 )
 
+from . import cma
 from . import segment as seg
 
 #: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
@@ -49,15 +50,23 @@ DEFAULT_P2P_BYTES = 256 << 10
 #: core from the peer it waits for; see docs/benchmarks.md for the measurement).
 SPIN_US = "spin_us"
 YIELD_US = "yield_us"
+#: Hint: bytes per block from which all-gathers and all-to-alls (even splits) read the
+#: owner's tensor directly (cross-memory attach, one copy) instead of staging it through
+#: the arena (two copies); ``0`` turns direct reads off.
+CMA_BYTES = "cma_bytes"
+DEFAULT_CMA_BYTES = 1 << 20
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def default_wait(size: int) -> tuple[int, int]:
     """``(spin_us, yield_us)`` for ``size`` ranks on the cores this process may use."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return (50, 300) if size <= cores else (20, 0)
+    return (50, 300) if size <= _cores() else (0, 1000)
 
 
 #: Hint (and environment variable ``TORCHCOMM_SHM_HOST_ID``): this rank's host identity,
@@ -133,6 +142,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin0, yield0 = default_wait(size)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
+        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
@@ -149,7 +159,10 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._mapping = None
         self._liveness: seg.Liveness | None = None
         self._windows: list[Any] = []
-        self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6)
+        # Polls before the waiter takes over (its clock and checks cost more than a poll);
+        # none with more ranks than cores, where polling keeps a core from a peer.
+        self._fast_polls = 1 if size > _cores() else 200
+        self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
         timeout = options.timeout or timedelta(seconds=600)
         self._default_s = timeout.total_seconds()
 
@@ -159,6 +172,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             "start": seg.own_start_time(),
             "arena": arena,
             "p2p": p2p,
+            "cma": cma_bytes,
         }
         store.set(f"shm/hello/{rank}", json.dumps(me))
         everyone = [json.loads(store.get(f"shm/hello/{r}")) for r in range(size)]
@@ -172,10 +186,10 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                 f"{len(hosts)} hosts ({listing}); use backend 'gloo' (TCP between hosts) or "
                 f"'hier' (shm inside each host, another backend between hosts)"
             )
-        sizes = {(info["arena"], info["p2p"]) for info in everyone}
+        sizes = {(info["arena"], info["p2p"], info.get("cma")) for info in everyone}
         if len(sizes) > 1:
             raise CommInputError(
-                f"the ranks passed different shm hints {ARENA_BYTES}/{P2P_BYTES} "
+                f"the ranks passed different shm hints {ARENA_BYTES}/{P2P_BYTES}/{CMA_BYTES} "
                 f"({sorted(sizes)}); pass the same values on every rank"
             )
         layout = seg.Layout(size, arena, p2p)
@@ -220,15 +234,32 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                 {r: (info["pid"], info["start"]) for r, info in enumerate(everyone) if r != rank}
             )
             self._init_state()
-            self._w[layout.rank_word(rank, seg.W_READY)] = 1
+            w = self._w
+            probe = ctypes.create_string_buffer(token.encode(), len(token))
+            w[layout.rank_word(rank, seg.W_PROBE)] = ctypes.addressof(probe)
+            w[layout.rank_word(rank, seg.W_READY)] = 1
             # Everyone mapped: the name can go, whoever gets there first.
             ready_words = [layout.rank_word(r, seg.W_READY) for r in range(size)]
             self._deadline = time.monotonic() + self._default_s
             self._op = "init"
-            w = self._w
             self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
+            self._pids = [int(info["pid"]) for info in everyone]
+            self._cma = self._agree_cma(cma_bytes, probe.raw)
+            del probe
         finally:
             seg.unlink_quietly(name)
+
+    def _agree_cma(self, cma_bytes: int, token: bytes) -> int:
+        """Probe cross-memory reads of every peer; the block size from which every rank uses
+        them (``0``: off, because a rank turned them off or could not read a peer)."""
+        lay, me, w = self._layout, self._rank, self._w
+        ok = cma_bytes > 0 and all(
+            cma.probe(self._pids[p], w[lay.rank_word(p, seg.W_PROBE)], token) for p in self._peers
+        )
+        w[lay.rank_word(me, seg.W_CMA)] = 1 if ok else 2
+        words = [lay.rank_word(r, seg.W_CMA) for r in range(self._size)]
+        self._waiter.wait(lambda: all(w[i] for i in words), self._deadline, self._alarm)
+        return cma_bytes if all(w[i] == 1 for i in words) else 0
 
     def _init_state(self) -> None:
         n, me, lay = self._size, self._rank, self._layout
@@ -251,6 +282,10 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._step = 0
         self._use = 0
         self._my_step = lay.rank_word(me, seg.W_STEP)
+        self._control_at = mapping.base + lay.control
+        self._my_sleep = lay.rank_word(me, seg.W_SLEEP)
+        self._sleep_words = [lay.rank_word(r, seg.W_SLEEP) for r in range(n) if r != me]
+        self._my_step_at = self._control_at + 8 * self._my_step
         self._peer_steps = [lay.rank_word(r, seg.W_STEP) for r in range(n) if r != me]
         self._peers = [r for r in range(n) if r != me]
         self._abort_words = [lay.rank_word(r, seg.W_ABORT) for r in range(n) if r != me]
@@ -370,20 +405,39 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
     def _post(self) -> None:
         """Publish the next step (what this rank staged for it is in place)."""
         self._step += 1
-        self._w[self._my_step] = self._step
+        w = self._w
+        w[self._my_step] = self._step
+        for i in self._sleep_words:
+            if w[i]:  # a peer sleeps on some step word: wake whoever sleeps on this one
+                self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
+                break
+
+    def _set_sleeping(self, on: int) -> None:
+        self._w[self._my_sleep] = on
 
     def _wait_peers(self) -> None:
         """Wait until every peer published this rank's current step."""
         target = self._step
         w = self._w
         idx = self._peer_steps
-        for _ in range(200):
+        for _ in range(self._fast_polls):
             for i in idx:
                 if w[i] < target:
                     break
             else:
                 return
-        self._waiter.wait(lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm)
+        self._waiter.wait(
+            lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm, self._sleep_on
+        )
+
+    def _sleep_on(self) -> tuple[int, int] | None:
+        """The first peer step word still behind this rank's step: its address and value."""
+        w, target = self._w, self._step
+        for i in self._peer_steps:
+            seen = w[i]
+            if seen < target:
+                return self._control_at + 8 * i, seen
+        return None
 
     def _run(
         self, what: str, timeout: timedelta | None, async_op: bool, body: Callable[[], None]

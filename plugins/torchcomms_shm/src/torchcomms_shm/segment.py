@@ -20,6 +20,7 @@ between two Python statements are full fences there as well. On weaker memory mo
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
@@ -42,6 +43,9 @@ W_STEP = 0  # collective step counter
 W_READY = 1  # 1 once the rank has mapped the segment
 W_ABORT = 2  # 1 once the rank aborted the communicator
 W_COUNT = 3  # words 3 and 4: a count announced with a step (all_to_all's chunk count)
+W_PROBE = 5  # address of a private buffer holding the segment's token (cross-memory probe)
+W_CMA = 6  # 1 once the rank could read every peer's probe buffer, 2 if it could not
+W_SLEEP = 7  # 1 while the rank sleeps on a peer's step word (the peers wake it)
 
 
 def arch_supported() -> tuple[bool, str]:
@@ -138,6 +142,54 @@ class Mapping:
             pass
 
 
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class Futex:
+    """Sleep on a control word until its publisher wakes it (``futex(2)``, shared form).
+
+    A futex on a ``MAP_SHARED`` file mapping is keyed by the file and offset, so a
+    process blocked in :meth:`wait` on a peer's step word is woken by that peer's
+    :meth:`wake` on its own mapping of the same word. The kernel compares the word's low
+    32 bits (little-endian) with the value the waiter last saw before it sleeps, so a
+    publish between the check and the sleep is never missed. Waits are bounded (the
+    waiter's checks of abort, peers and deadline go on).
+    """
+
+    _SYS_FUTEX = 202  # x86-64
+    _WAIT, _WAKE = 0, 1
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self._ts = _Timespec(0, 0)
+        self._ts_ref = ctypes.byref(self._ts)
+        self._all = ctypes.c_int(0x7FFFFFFF)
+
+    def wait(self, address: int, seen: int, seconds: float) -> None:
+        """Sleep while the word at ``address`` still holds ``seen``, at most ``seconds``."""
+        ts = self._ts
+        ts.sec = int(seconds)
+        ts.nsec = int((seconds - ts.sec) * 1e9)
+        self._syscall(
+            self._SYS_FUTEX,
+            ctypes.c_void_p(address),
+            self._WAIT,
+            ctypes.c_uint(seen & 0xFFFFFFFF),
+            self._ts_ref,
+            None,
+            0,
+        )
+
+    def wake(self, address: int) -> None:
+        """Wake every process sleeping on the word at ``address``."""
+        self._syscall(
+            self._SYS_FUTEX, ctypes.c_void_p(address), self._WAKE, self._all, None, None, 0
+        )
+
+
 class Liveness:
     """Whether peers still run: a pidfd per peer, readable once that process has exited."""
 
@@ -190,12 +242,13 @@ def own_start_time() -> str:
 
 
 class Waiter:
-    """The wait policy: spin, then yield the CPU, then nap; checks abort, peers and deadline.
+    """The wait policy: spin, then yield the CPU, then sleep; checks abort, peers and deadline.
 
     ``spin_s``: poll flat out this long (a peer that runs on another core answers within
     microseconds). ``yield_s``: then poll with ``sched_yield`` between polls until this long
     after the start, which hands the core to a runnable peer when there are more ranks than
-    cores. After that, nap ``_NAP_S`` (growing to ``_NAP_MAX_S``) between polls, so a rank
+    cores. After that, sleep until woken on the word it waits for (a futex) or, where the
+    wait names none, nap ``_NAP_S`` (growing to ``_NAP_MAX_S``) between polls, so a rank
     left waiting a long time costs nothing.
     """
 
@@ -204,9 +257,20 @@ class Waiter:
     #: Seconds between two liveness checks of the peers.
     _CHECK_S = 2e-3
 
-    def __init__(self, spin_s: float, yield_s: float) -> None:
+    def __init__(
+        self,
+        spin_s: float,
+        yield_s: float,
+        futex: Futex | None = None,
+        sleeping: Callable[[int], None] | None = None,
+    ) -> None:
         self.spin_s = spin_s
         self.yield_s = yield_s
+        #: A wait that names a word to sleep on blocks on it with ``futex`` instead of
+        #: napping, after announcing it with ``sleeping(1)`` (``sleeping(0)`` once awake),
+        #: so that its publisher knows to wake it.
+        self.futex = futex
+        self._sleeping = sleeping
         self._local = threading.local()
 
     def satisfied(self) -> bool:
@@ -220,8 +284,12 @@ class Waiter:
         ready: Callable[[], bool],
         deadline: float,
         alarm: Callable[[bool], None],
+        sleep_on: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         """Return once ``ready()``; ``alarm(final)`` raises on abort or dead peers.
+
+        ``sleep_on()``: the address and last seen value of a word whose publisher wakes
+        its sleepers, to block on (with :class:`Futex`) instead of napping.
 
         ``alarm(False)`` is called every ``_CHECK_S`` (it may also make progress on pending
         point-to-point operations); past ``deadline``, ``ready`` is checked one last time
@@ -249,6 +317,19 @@ class Waiter:
                 continue
             if now < yield_until:
                 os.sched_yield()
+                continue
+            futex = self.futex
+            target = sleep_on() if futex is not None and sleep_on is not None else None
+            if target is not None and self._sleeping is not None:
+                self._sleeping(1)
+                try:
+                    # Re-checked after the announcement: a publisher that stored its word
+                    # before seeing the announcement did not wake this rank.
+                    if ready():
+                        return
+                    futex.wait(target[0], target[1], max(check_at - now, 1e-5))  # type: ignore[union-attr]
+                finally:
+                    self._sleeping(0)
             else:
                 time.sleep(nap)
                 nap = min(nap * 2, self._NAP_MAX_S)
