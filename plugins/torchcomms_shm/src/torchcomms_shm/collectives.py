@@ -134,13 +134,6 @@ class ShmCollectives(ShmP2P):
             if local:
                 _copy(outs[me], mine)
             return
-        if self._cma and max(o.numel() for o in outs) >= self._cma:
-            self._direct(
-                {p: (outs[p], 0) for p in self._peers},
-                [mine],
-                local_copy=((outs[me], mine) if local else None),
-            )
-            return
         steps = max(-(-o.numel() // c) for o in outs)
         for k in range(steps):
             lo = k * c

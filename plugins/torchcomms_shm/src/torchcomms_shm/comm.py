@@ -40,7 +40,7 @@ from . import segment as seg
 
 #: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
 ARENA_BYTES = "arena_bytes"
-DEFAULT_ARENA_BYTES = 8 << 20
+DEFAULT_ARENA_BYTES = 1 << 20
 #: Hint: bytes of the ring each ordered pair of ranks uses for send/recv.
 P2P_BYTES = "p2p_bytes"
 DEFAULT_P2P_BYTES = 256 << 10
@@ -50,9 +50,11 @@ DEFAULT_P2P_BYTES = 256 << 10
 #: core from the peer it waits for; see docs/benchmarks.md for the measurement).
 SPIN_US = "spin_us"
 YIELD_US = "yield_us"
-#: Hint: bytes per block from which all-gathers and all-to-alls (even splits) read the
-#: owner's tensor directly (cross-memory attach, one copy) instead of staging it through
-#: the arena (two copies); ``0`` turns direct reads off.
+#: Hint: bytes per block from which an all-to-all with even splits reads each block
+#: straight from its owner's tensor (cross-memory attach, one copy, two lockstep steps)
+#: instead of staging it through the arena (two copies, a step per chunk); ``0``: never.
+#: Default: 1 MiB with more ranks than cores (where every step waits for the scheduler),
+#: else 0 (staging is faster there; see docs/benchmarks.md).
 CMA_BYTES = "cma_bytes"
 DEFAULT_CMA_BYTES = 1 << 20
 
@@ -142,7 +144,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin0, yield0 = default_wait(size)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
-        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES)
+        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > _cores() else 0)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
@@ -186,10 +188,10 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                 f"{len(hosts)} hosts ({listing}); use backend 'gloo' (TCP between hosts) or "
                 f"'hier' (shm inside each host, another backend between hosts)"
             )
-        sizes = {(info["arena"], info["p2p"], info.get("cma")) for info in everyone}
+        sizes = {(info["arena"], info["p2p"]) for info in everyone}
         if len(sizes) > 1:
             raise CommInputError(
-                f"the ranks passed different shm hints {ARENA_BYTES}/{P2P_BYTES}/{CMA_BYTES} "
+                f"the ranks passed different shm hints {ARENA_BYTES}/{P2P_BYTES} "
                 f"({sorted(sizes)}); pass the same values on every rank"
             )
         layout = seg.Layout(size, arena, p2p)
@@ -244,7 +246,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             self._op = "init"
             self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
             self._pids = [int(info["pid"]) for info in everyone]
-            self._cma = self._agree_cma(cma_bytes, probe.raw)
+            self._cma = self._agree_cma(min(int(info["cma"]) for info in everyone), probe.raw)
             del probe
         finally:
             seg.unlink_quietly(name)
