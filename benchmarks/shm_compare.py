@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument(
         "--policies",
         action="store_true",
-        help="compare shm wait policies instead (spin / spin+yield / spin+sleep / default)",
+        help="compare shm wait policies instead (spin, yield, sleep, spin+yield+sleep, default)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -110,9 +110,9 @@ def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
 #: Wait policies compared by ``--policies``: shm hints (microseconds).
 POLICIES = {
     "spin": "spin_us=1000000000",
-    "spin+yield": "spin_us=50,yield_us=1000000000",
-    "spin+sleep": "spin_us=50,yield_us=0",
-    "spin+yield300+sleep": "spin_us=50,yield_us=300",
+    "yield": "spin_us=0,yield_us=1000000000",
+    "sleep": "spin_us=0,yield_us=0",
+    "spin50+yield300+sleep": "spin_us=50,yield_us=300",
     "default": "",
 }
 

@@ -45,9 +45,10 @@ DEFAULT_ARENA_BYTES = 1 << 20
 P2P_BYTES = "p2p_bytes"
 DEFAULT_P2P_BYTES = 256 << 10
 #: Hints: microseconds a waiting rank polls flat out, then polls yielding the CPU, before
-#: it naps between polls. Defaults: 50 and 300 when every rank can have a core of its own;
-#: with more ranks than cores, 20 and 0 (nap at once: a rank that polls or yields keeps a
-#: core from the peer it waits for; see docs/benchmarks.md for the measurement).
+#: it sleeps until woken. Defaults: 50 and 300 when every rank can have a core of its own;
+#: with more ranks than cores, 0 and 1000 (a rank that polls keeps a core from the peer it
+#: waits for; yielding hands it over at once, and sleeping costs a wake-up through the
+#: scheduler; see docs/benchmarks.md for the measurement).
 SPIN_US = "spin_us"
 YIELD_US = "yield_us"
 #: Hint: bytes per block from which an all-to-all with even splits reads each block
