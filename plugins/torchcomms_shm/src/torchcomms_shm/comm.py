@@ -309,7 +309,13 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         if mapping is not None and self._broken is None:
             try:
                 self._w[self._layout.rank_word(self._rank, seg.W_ABORT)] = 1
-            except (ValueError, TypeError):  # already released
+                # Wake whoever sleeps on a step word (a thread of this process, or a peer
+                # waiting for this rank), so that it sees the abort now.
+                futex = self._waiter.futex
+                if futex is not None:
+                    for r in range(self._size):
+                        futex.wake(self._control_at + 8 * self._layout.rank_word(r, seg.W_STEP))
+            except (ValueError, TypeError, AttributeError):  # released or never bound
                 pass
         self._release(abort=True)
 
