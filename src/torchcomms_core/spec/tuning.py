@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -144,7 +145,8 @@ class OpAlgorithms:
             method written in the class body works (``default=_default_all_reduce``).
         forced_by: backend hints that, when the communicator has them, decide this
             operation instead of the tuner (the default rule reads them), e.g. shm's
-            ``cma_bytes``.
+            ``cma_bytes``; an entry ``"$NAME"`` stands for the environment variable
+            ``NAME`` (set and not empty), e.g. ``"$TORCHCOMM_MPI_BLOCKING_BYTES"``.
     """
 
     algorithms: tuple[Algorithm, ...]
@@ -334,9 +336,15 @@ class Tuning:
         self.shared = True
         hints = dict(hints or {})
         self._forced = self.forced_choices(hints, backend)
-        # Operations a backend hint decides (the default rule reads it): no tuner for them.
+        # Operations a backend hint (or variable) decides through the default rule: the
+        # tuner is not asked for them.
         self._hinted = frozenset(
-            op for op, spec in self._ops.items() if any(k in hints for k in spec.forced_by)
+            op
+            for op, spec in self._ops.items()
+            if any(
+                (os.environ.get(k[1:], "").strip() != "") if k.startswith("$") else k in hints
+                for k in spec.forced_by
+            )
         )
 
     def forced_choices(self, hints: Mapping[str, str], backend: str) -> dict[str, Choice]:
