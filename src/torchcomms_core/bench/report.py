@@ -125,7 +125,7 @@ class TextReport:
             )
         names = [n for n, _u, _w in _KEY] + [n for n, _u, _w in group] * self._passes
         units = [u for _n, u, _w in _KEY] + [u for _n, u, _w in group] * self._passes
-        self._line("#" + self._cells(names)[1:])
+        self._line("#" + self._cells(names)[1:] + "  algorithm")
         self._line("#" + self._cells(units)[1:])
 
     def _timing_cells(self, row: Row, timing: Timing) -> list[str]:
@@ -152,7 +152,8 @@ class TextReport:
             cells += self._timing_cells(row, p.ours)
             if self._compare:
                 cells += self._compare_cells(p)
-        self._line(self._cells(cells))
+        # The backend's chosen algorithm (#45), "-" when it declares none for the operation.
+        self._line(self._cells(cells) + "  " + (row.algorithm or "-"))
 
     def end_op(self, rows: list[Row]) -> None:
         ours = [p.ours for r in rows for p in r.passes]

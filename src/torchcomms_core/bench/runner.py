@@ -369,7 +369,17 @@ class Runner:
                 busbw_factor=op.busbw_factor(case.nranks),
                 moves_data=op.moves_data,
                 passes=passes,
+                algorithm=chosen_algorithm(self.comm, op.name),
             )
+
+
+def chosen_algorithm(comm: Any, op: str) -> str:
+    """The algorithm ``comm``'s backend last chose for ``op`` ("" when it chose none)."""
+    try:
+        choice = comm.get_backend_impl().tuning.last.get(op)
+    except Exception:  # a backend without tuning (duck-typed)
+        return ""
+    return "" if choice is None else str(choice)
 
 
 def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:

@@ -23,7 +23,6 @@ Imports ``creation``, ``spec`` and ``foundation``.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as metadata
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +32,7 @@ from torchcomms_core.creation.join import join
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import TorchCommError
 from torchcomms_core.foundation.version import __version__
+from torchcomms_core.plugin_host.backends import backend_version
 from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry, runs_here
 from torchcomms_core.plugin_host.tuning_table import TableTuner
 from torchcomms_core.spec.tuning import (
@@ -119,15 +119,6 @@ def _provider(name: str) -> str:
     if entry is not None:
         return entry.provider
     return "registered in-process"
-
-
-def _backend_version(cls: type[Any]) -> str:
-    top = cls.__module__.split(".")[0]
-    try:
-        dists = metadata.packages_distributions().get(top) or []
-        return metadata.version(dists[0]) if dists else __version__
-    except Exception:
-        return __version__
 
 
 def _load(name: str, context: TunerContext) -> tuple[Tuner | None, str, str]:
@@ -259,7 +250,7 @@ def _context(
 ) -> TunerContext:
     return TunerContext(
         backend=backend,
-        backend_version=_backend_version(cls),
+        backend_version=backend_version(cls),
         world_size=size,
         ranks_per_host=per_host,
         host=host,

@@ -200,8 +200,8 @@ class OpAlgorithms:
         """A JSON-ready description (``method_support``, ``torchcomms backends``)."""
         default = self.default if isinstance(self.default, str) else "rule"
         if not isinstance(self.default, str):
-            doc = (getattr(self.default, "__doc__", None) or "").strip().splitlines()
-            default = doc[0] if doc else getattr(self.default, "__name__", "rule")
+            doc = (getattr(self.default, "__doc__", None) or "").strip().split("\n\n")[0]
+            default = " ".join(doc.split()) or getattr(self.default, "__name__", "rule")
         return {
             "algorithms": [a.describe() for a in self.algorithms],
             "default": default,
