@@ -64,6 +64,8 @@ class Pass:
     c10d_note: str | None = None
     #: Quartiles ``(q1, median, q3)`` of the per-call ratios ours / c10d.
     ratio: tuple[float, float, float] | None = None
+    #: The algorithm the backend chose for the timed calls ("" when it declares none).
+    algorithm: str = ""
 
 
 @dataclass

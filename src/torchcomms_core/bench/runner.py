@@ -241,7 +241,9 @@ class Runner:
             ours_us, theirs_us = self._interleaved(ours, None)
         else:
             ours_us, theirs_us = self._batch(ours), []
-        return self._gather(
+        # Read before _gather, whose own all_gather_single would overwrite it (#45).
+        algorithm = chosen_algorithm(comm, op.name)
+        result = self._gather(
             op,
             bufs.form,
             ours_us,
@@ -250,6 +252,8 @@ class Runner:
             c10d_wrong if checked else None,
             compare,
         )
+        result.algorithm = algorithm
+        return result
 
     def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool) -> int:
         op.fill(bufs, self.case)
@@ -369,7 +373,7 @@ class Runner:
                 busbw_factor=op.busbw_factor(case.nranks),
                 moves_data=op.moves_data,
                 passes=passes,
-                algorithm=chosen_algorithm(self.comm, op.name),
+                algorithm=passes[0].algorithm if passes else "",
             )
 
 
