@@ -197,7 +197,7 @@ def _sweep_op(
         if count == last_count:
             continue
         last_count = count
-        bufs = op.allocate(count, case, OUT_OF_PLACE)
+        bufs = op.allocate(count, case, OUT_OF_PLACE if OUT_OF_PLACE in op.forms else op.forms[0])
         measured: dict[str, float] = {}
         bucket = None
         for candidate in candidates(spec):

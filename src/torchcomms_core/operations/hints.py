@@ -24,8 +24,9 @@ __all__ = [
     "warn_unknown_hints",
 ]
 
-#: Hints the core reads for every backend: the tuner, and hints forcing an algorithm (#45).
-CORE_HINT_KEYS: tuple[str, ...] = ("tuner", "algorithm.*")
+#: Hints the core reads for every backend (#45): the tuner, the tuner's own settings
+#: (``tuner.<key>``, in ``TunerContext.hints``), and hints forcing an algorithm.
+CORE_HINT_KEYS: tuple[str, ...] = ("tuner", "tuner.*", "algorithm.*")
 
 
 def core_hint_keys(declared: Sequence[str] | None) -> tuple[str, ...] | None:

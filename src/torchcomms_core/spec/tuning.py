@@ -274,6 +274,12 @@ def report_once(key: tuple[str, ...], message: str, stacklevel: int = 3) -> bool
     return True
 
 
+def _reset_reported() -> None:
+    """Forget what was reported (tests)."""
+    with _report_lock:
+        _reported.clear()
+
+
 def _parse(raw: str, like: ParamValue) -> ParamValue:
     if isinstance(like, bool):
         low = raw.strip().lower()

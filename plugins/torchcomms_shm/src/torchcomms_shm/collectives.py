@@ -53,8 +53,9 @@ class ShmCollectives(ShmP2P):
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
         nbytes = total * es
-        if nbytes <= self._chunk and self.tuning.choose("all_reduce", nbytes, dtype).algorithm == (
-            "one_step"
+        # The tuner's choice (#45); one step holds at most a chunk.
+        if self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step" and (
+            nbytes <= self._chunk
         ):
             # One step: every rank stages its whole tensor and folds all of them itself.
             h = self._half()
