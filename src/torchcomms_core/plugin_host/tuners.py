@@ -177,7 +177,9 @@ def make_tuning(
         hints=hints,
     )
     tuning.shared = shared_store
-    if not cls.algorithms or not shared_store:
+    # A backend that does not communicate (``fake``) has no peers to agree with.
+    communicates = getattr(cls, "communicates", True)
+    if not cls.algorithms or (not shared_store and communicates):
         return tuning
     from torch._C._distributed_c10d import PrefixStore
 
@@ -185,7 +187,8 @@ def make_tuning(
     store = PrefixStore("tuning", options.store)
     timeout: timedelta = options.timeout
     host_key = "host/" + hashlib.sha256(host.encode()).hexdigest()[:16]
-    if size > 1:
+    agree = size > 1 and communicates
+    if agree:
         store.add(host_key, 1)
         join(PrefixStore("a", store), size, timeout, what, claim_key, claims, members)
         per_host = max(store.add(host_key, 0), 1)
@@ -193,7 +196,7 @@ def make_tuning(
         per_host = 1
     context = _context(cls, backend, size, per_host, host, device, hints)
     tuner, who, fingerprint = _load(selected_tuner(hints), context)
-    if size > 1:
+    if agree:
         mine = f"{fingerprint}|ranks_per_host={per_host}"
         first = _text(store.compare_set("fp", "", mine))
         if first != mine:
@@ -210,7 +213,7 @@ def agree_after_init(tuning: Tuning, instance: Any, backend: str, device: torch.
     """Agree on the tuner through the backend itself (two ``all_gather_single`` calls),
     for a communicator without a shared store; then let ``tuning`` ask it."""
     cls = type(instance)
-    if not cls.algorithms:
+    if not cls.algorithms or not getattr(cls, "communicates", True):
         return
     size = int(instance.get_size())
     host = _env.host_id()
