@@ -76,8 +76,11 @@ def _frozen(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
 class Algorithm:
     """One algorithm of an operation: its name, its parameters with defaults, a line of doc."""
 
+    #: The algorithm's name, unique among the operation's.
     name: str
+    #: Each parameter it takes, with its default (an int, float, str or bool).
     params: Mapping[str, ParamValue] = dataclasses.field(default_factory=dict)
+    #: One line saying what it does (``torchcomms backends --algorithms`` shows it).
     doc: str = ""
 
     def __post_init__(self) -> None:
@@ -138,19 +141,19 @@ DefaultRule = Callable[[Any, Query], "Choice | str"]
 class OpAlgorithms:
     """The algorithms of one operation and its default rule.
 
-    Fields:
-        algorithms: the algorithms the backend has for the operation.
-        default: the default rule: an algorithm name (always that one), or a function
-            ``rule(backend, query)`` returning a :class:`Choice` or a name; a backend
-            method written in the class body works (``default=_default_all_reduce``).
-        forced_by: backend hints that, when the communicator has them, decide this
-            operation instead of the tuner (the default rule reads them), e.g. shm's
-            ``cma_bytes``; an entry ``"$NAME"`` stands for the environment variable
-            ``NAME`` (set and not empty), e.g. ``"$TORCHCOMM_MPI_BLOCKING_BYTES"``.
+    ``default`` is an algorithm name (always that one), or a function ``rule(backend,
+    query)`` returning a :class:`Choice` or a name; a backend method written in the class
+    body works (``default=_default_all_reduce``). ``forced_by`` lists backend hints that,
+    when the communicator has them, decide this operation instead of the tuner (the
+    default rule reads them), e.g. shm's ``cma_bytes``; an entry ``"$NAME"`` stands for
+    the environment variable ``NAME`` (set and not empty).
     """
 
+    #: The algorithms the backend has for the operation.
     algorithms: tuple[Algorithm, ...]
+    #: The default rule: an algorithm name, or ``rule(backend, query)``.
     default: str | DefaultRule
+    #: Backend hints (``"$NAME"``: environment variables) that decide instead of a tuner.
     forced_by: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
