@@ -390,7 +390,9 @@ def test_tune_writes_a_table_that_later_communicators_use(pool, tmp_path: Path) 
     ops = {r["op"] for r in table["rules"]}
     assert ops == {"all_reduce", "all_to_all_single"}, table["rules"]
     ranges = [(r["min_bytes"], r["max_bytes"]) for r in table["rules"] if r["op"] == "all_reduce"]
-    assert ranges[0][0] == 0 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert ranges[0][0] == 0 and all(
+        a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False)
+    )
     for rule in table["rules"]:
         assert rule["algorithm"] in ("one_step", "chunked", "staged", "direct")
         assert all(v is None or v > 0 for v in rule["measured"].values())
