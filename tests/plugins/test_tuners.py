@@ -471,3 +471,31 @@ def test_method_support_and_the_command_line_list_the_algorithms(capsys) -> None
     rows = json.loads(capsys.readouterr().out)
     gloo = next(r for r in rows if r["name"] == "gloo")
     assert gloo["algorithms"]["all_gather_single"]["default"].startswith("pairwise from 8 MiB")
+
+
+def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
+    env.update(OMP_NUM_THREADS="1", TORCHCOMM_TUNER="none")
+    args = ["--backend", "shm", "--nproc", "2", "--ops", "all_reduce,broadcast", "-b", "8"]
+    args += ["-e", "1M", "-f", "128", "-n", "2", "-w", "1", "--inplace", "1", "--json", "-"]
+    res = subprocess.run(
+        [sys.executable, "-m", "torchcomms_core.cli", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = json.loads(res.stdout)["rows"]
+    chosen = {(r["op"], r["size"]): r["algorithm"] for r in rows}
+    assert chosen == {
+        ("all_reduce", 8): "one_step",
+        ("all_reduce", 1024): "one_step",
+        ("all_reduce", 131072): "chunked",
+        ("broadcast", 8): None,  # shm declares no algorithms for broadcast
+        ("broadcast", 1024): None,
+        ("broadcast", 131072): None,
+    }, chosen
+    lines = [line.split() for line in res.stderr.splitlines() if line.strip()]
+    assert any(line[-1] == "chunked" and line[0] == "131072" for line in lines)
+    assert sum("algorithm" in line for line in lines) == 1  # only all_reduce's table has it

@@ -377,6 +377,11 @@ class Runner:
             )
 
 
+def declared_algorithms(comm: Any) -> frozenset[str]:
+    """The operations ``comm``'s backend declares algorithms for (#45)."""
+    return frozenset(getattr(type(comm.get_backend_impl()), "algorithms", {}) or {})
+
+
 def chosen_algorithm(comm: Any, op: str) -> str:
     """The algorithm ``comm``'s backend last chose for ``op`` ("" when it chose none)."""
     try:
@@ -414,6 +419,8 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
                 if runner.c10d_backend is not None
                 else None
             )
+            # The algorithm column, for operations the backend chooses an algorithm for.
+            report.algorithm_column = name in declared_algorithms(runner.comm)
             report.begin_op(op, config, case.nranks, forms, c10d)
         op_rows = []
         for row in runner.sweep(op, forms):
