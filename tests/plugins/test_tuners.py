@@ -22,6 +22,7 @@ import torch
 
 import torchcomms
 from torchcomms_core.foundation import env as _env
+from torchcomms_core.plugin import Query, Tuner, register_tuner
 from torchcomms_core.plugin_host.backends import backend_version, get_backend_class
 from torchcomms_core.plugin_host.tuning_table import FORMAT, load_table, table_path, write_table
 from torchcomms_core.spec.tuning import (
@@ -499,3 +500,51 @@ def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
     lines = [line.split() for line in res.stderr.splitlines() if line.strip()]
     assert any(line[-1] == "chunked" and line[0] == "131072" for line in lines)
     assert sum("algorithm" in line for line in lines) == 1  # only all_reduce's table has it
+
+
+class _Nonblocking(Tuner):
+    """Answers ``nonblocking`` for mpi's all_reduce at every size."""
+
+    def choose(self, query: Query) -> Choice | None:
+        return Choice("nonblocking") if query.op == "all_reduce" else None
+
+
+def body_mpi(disagree: bool) -> dict[str, Any]:
+    register_tuner("test-nonblocking", _Nonblocking)
+    name = "test-nonblocking" if not disagree or current_rank() == 0 else "none"
+    with _setting(None, {"TORCHCOMM_TUNER": name}):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            comm = torchcomms.new_comm("mpi", "cpu", name=unique_name("mpi_tuned"))
+            r, n = comm.get_rank(), comm.get_size()
+            t = torch.full((4,), float(r + 1))
+            comm.all_reduce(t, torchcomms.ReduceOp.SUM)  # the lean lane
+            small = str(comm.get_backend_impl().tuning.last["all_reduce"])
+            big = torch.full((1 << 15,), float(r + 1))
+            comm.all_reduce(big, torchcomms.ReduceOp.SUM, async_op=True).wait()
+            tuning = comm.get_backend_impl().tuning
+            out = {
+                "ok": t.tolist() == [n * (n + 1) / 2] * 4 and bool((big == n * (n + 1) / 2).all()),
+                "chosen": str(tuning.last["all_reduce"]),
+                "small": small,
+                "status": tuning.status,
+                "warnings": [
+                    str(w.message) for w in caught if issubclass(w.category, TuningWarning)
+                ],
+            }
+            comm.finalize()
+    return out
+
+
+@pytest.mark.parametrize("disagree", [False, True], ids=["agree", "disagree"])
+def test_mpi_agrees_on_its_tuner_and_follows_it(mpi_pool, disagree: bool) -> None:
+    for res in mpi_pool.run(body_mpi, disagree, timeout=120):
+        assert res["ok"], res
+        if disagree:
+            assert res["chosen"] == "nonblocking"  # 128 KiB: the default above 64 KiB
+            assert res["small"] == "blocking"
+            assert res["status"] == "default rules" and len(res["warnings"]) == 1, res
+            assert "tuners differ" in res["warnings"][0]
+        else:
+            assert res["chosen"] == res["small"] == "nonblocking" and res["warnings"] == [], res
+            assert res["status"].startswith("tuner 'test-nonblocking'"), res
