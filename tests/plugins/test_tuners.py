@@ -119,12 +119,17 @@ def _exercise(comm: Any) -> dict[str, Any]:
     }
 
 
-def _run_shm(hints: dict[str, str] | None = None) -> dict[str, Any]:
+def _run_shm(hints: dict[str, str] | None = None, split: bool = False) -> dict[str, Any]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         comm = torchcomms.new_comm("shm", "cpu", name=unique_name("tuned"), hints=hints)
         try:
             out = _exercise(comm)
+            if split:  # a split's members agree on the child's tuner too
+                child = comm.split(list(range(comm.get_size())), name=unique_name("child"))
+                assert child is not None
+                out["child"] = _exercise(child)
+                child.finalize()
         finally:
             comm.finalize()
     out["warnings"] = [str(w.message) for w in caught if issubclass(w.category, TuningWarning)]
@@ -140,7 +145,7 @@ def _run_shm(hints: dict[str, str] | None = None) -> dict[str, Any]:
 def body_scoremap(path: str, how: str) -> dict[str, Any]:
     if how == "env":
         with _setting(path, {"TORCHCOMM_TUNER": "scoremap", "TORCHCOMM_SCOREMAP": SCOREMAP}):
-            return _run_shm()
+            return _run_shm(split=True)
     with _setting(path, {}):
         return _run_shm({"tuner": "scoremap", "tuner.scoremap": SCOREMAP})
 
@@ -222,6 +227,10 @@ def test_an_installed_tuner_changes_shms_choices_and_results_stay_exact(
         # The default would take one step up to 64 KiB; the tuner says chunked everywhere.
         assert set(v for k, v in res["chosen"].items() if k.startswith("all_reduce")) == {"chunked"}
         assert res["chosen"]["all_to_all_single"] == ("direct" if res["cma_ok"] else "staged")
+        if how == "env":
+            child = res["child"]
+            assert child["ok"] and child["status"] == res["status"], child
+            assert child["chosen"] == res["chosen"], child
 
 
 def test_without_a_tuner_the_default_rules_decide(pool) -> None:
