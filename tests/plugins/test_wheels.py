@@ -131,6 +131,32 @@ def test_conformance_suite_passes_on_the_installed_vendor_backend(fresh_env: Pat
     assert "native vs derived" in res.stdout
 
 
+def _names_test_module():
+    """tests/bridge/test_c10d_backend_names.py: its launcher and the gloo comparison."""
+    import importlib.util
+
+    path = ROOT / "tests" / "bridge" / "test_c10d_backend_names.py"
+    spec = importlib.util.spec_from_file_location("c10d_backend_names_for_wheels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switch", [False, True], ids=["plain", "switch"])
+def test_vendor_backend_from_its_wheel_is_a_torch_distributed_name(
+    fresh_env: Path, switch: bool
+) -> None:
+    # The unchanged script imports nothing of torchcomms: "examplevendor" is a c10d name
+    # because the core's wheel registered every installed backend at `import torch`.
+    names = _names_test_module()
+    python = str(fresh_env / "bin" / "python")
+    runs = names.launch([str(names.SCRIPT), "examplevendor"], 2, switch=switch, python=python)
+    got = names.results(runs)
+    names.check_against_gloo(got, 2, "examplevendor")
+
+
 @pytest.mark.slow
 def test_uninstalled_vendor_backend_gives_a_clear_error(fresh_env: Path) -> None:
     python = str(fresh_env / "bin" / "python")

@@ -85,7 +85,7 @@ def c10d_backend_names() -> dict[str, str]:
     process, the provider as ``"distribution version"`` (``"registered in-process"`` for a
     ``register_backend`` class)."""
     found = {name: entry.provider for name, entry in BACKENDS.entry_points().items()}
-    for name in BACKENDS.names():
+    for name in BACKENDS.in_process_names():
         found.setdefault(name, "registered in-process")
     return dict(sorted(found.items()))
 
