@@ -248,6 +248,37 @@ def test_timeout_and_pg_options_reach_the_communicator(tmp_path: Path) -> None:
         )
 
 
+_RECORDER = textwrap.dedent(
+    """
+    import json, torch, torch.distributed as dist
+    from torchcomms.hooks import FlightRecorderHook
+    dist.init_process_group("shm")
+    for _ in range(3):
+        dist.all_reduce(torch.ones(10))
+    hooks = FlightRecorderHook.attached_to(dist.group.WORLD.get_comm())
+    entries = hooks[0].dump_dict()["entries"] if hooks else []
+    print("RESULT " + json.dumps({"hooks": len(hooks),
+          "max": hooks[0].max_entries if hooks else 0,
+          "ops": [e["profiling_name"] for e in entries]}), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.parametrize("size", ["0", "50"])
+def test_flight_recorder_follows_c10d_buffer_size(size: str, tmp_path: Path) -> None:
+    script = tmp_path / "recorder.py"
+    script.write_text(_RECORDER)
+    got = results(launch([str(script)], 2, switch=False, extra={"TORCH_FR_BUFFER_SIZE": size}))
+    for rank in got:
+        if size == "0":
+            assert rank["hooks"] == 0  # nothing observes the calls: the lean lane
+        else:
+            # Not isolated: it records into the process-wide ring, as under the switch.
+            assert rank["hooks"] == 1
+            assert sum("all_reduce" in op for op in rank["ops"]) == 3, rank["ops"]
+
+
 _FABRIC = textwrap.dedent(
     """
     import json, torch
