@@ -143,8 +143,7 @@ def test_unchanged_script_by_name_matches_gloo(backend: str, switch: bool, world
     if backend == "hier":
         # Two hosts by TORCHCOMM_HOST_ID (one rank each at world size 2).
         per_rank = {
-            r: {"TORCHCOMM_HOST_ID": HIER_HOSTS[r] if world == 4 else "ab"[r]}
-            for r in range(world)
+            r: {"TORCHCOMM_HOST_ID": HIER_HOSTS[r] if world == 4 else "ab"[r]} for r in range(world)
         }
     got = results(launch([str(SCRIPT), backend], world, switch=switch, per_rank=per_rank))
     check_against_gloo(got, world, backend.split(":")[-1] if ":" not in backend else backend)
@@ -243,8 +242,8 @@ def test_timeout_and_pg_options_reach_the_communicator(tmp_path: Path) -> None:
         assert got["timeout"] == 77.0
         assert got["sum"] == 3.0
         assert got["hint"] == "65536"
-        assert "pg_options of type object do not apply to torchcomms backend 'shm'" in (
-            got["refused"]
+        assert (
+            "pg_options of type object do not apply to torchcomms backend 'shm'" in (got["refused"])
         )
 
 
