@@ -225,6 +225,12 @@ _PG_OPTIONS = textwrap.dedent(
     dist.all_reduce(t, group=g)
     out["sum"] = t[0].item()
     out["hint"] = g.get_comm().get_options().hints.get("arena_bytes")
+    from torch.distributed import ProcessGroupGloo
+    gloo_options = ProcessGroupGloo._Options()
+    gloo_options._timeout = datetime.timedelta(seconds=33)
+    # As in c10d, the timeout argument (not the options' _timeout) is the group's.
+    h = dist.new_group([0, 1], pg_options=gloo_options, timeout=datetime.timedelta(seconds=33))
+    out["gloo_options_timeout"] = h.get_comm().get_timeout().total_seconds()
     try:
         dist.new_group([0, 1], pg_options=object())
     except TypeError as exc:
@@ -235,13 +241,15 @@ _PG_OPTIONS = textwrap.dedent(
 )
 
 
-def test_timeout_and_pg_options_reach_the_communicator(tmp_path: Path) -> None:
+@pytest.mark.parametrize("switch", [False, True], ids=["plain", "switch"])
+def test_timeout_and_pg_options_reach_the_communicator(switch: bool, tmp_path: Path) -> None:
     script = tmp_path / "pg_options.py"
     script.write_text(_PG_OPTIONS)
-    for got in results(launch([str(script)], 2, switch=False)):
+    for got in results(launch([str(script)], 2, switch=switch)):
         assert got["timeout"] == 77.0
         assert got["sum"] == 3.0
         assert got["hint"] == "65536"
+        assert got["gloo_options_timeout"] == 33.0
         assert (
             "pg_options of type object do not apply to torchcomms backend 'shm'" in (got["refused"])
         )

@@ -228,13 +228,15 @@ def check_sizes(
             )
 
 
-def options_for_split(backend: str, pg_options: Any) -> tuple[dict[str, str], timedelta | None]:
-    """The hints and timeout that ``pg_options`` (of ``init_process_group``/``new_group``)
-    give a torchcomms backend: ``None``; a ``dict`` of hints (``{"arena_bytes": "1048576"}``);
-    or c10d's gloo options, whose ``_timeout`` maps (its other fields select gloo's own
-    devices and do not). Anything else is refused, saying what to pass instead."""
+def hints_from_pg_options(backend: str, pg_options: Any) -> dict[str, str]:
+    """The hints ``pg_options`` (of ``init_process_group``/``new_group``) give a torchcomms
+    backend: ``None`` gives none; a ``dict`` of hints (``{"arena_bytes": "1048576"}``) is
+    taken as is; c10d's gloo options are accepted and give none (their timeout is
+    overridden by the ``timeout`` argument in c10d too, which does reach the
+    communicator), unless they choose gloo devices, which torchcomms communicators do not
+    take. Anything else is refused, saying what to pass instead."""
     if pg_options is None:
-        return {}, None
+        return {}
     if isinstance(pg_options, dict):
         bad = [k for k, v in pg_options.items() if not isinstance(k, str) or not isinstance(v, str)]
         if bad:
@@ -243,7 +245,7 @@ def options_for_split(backend: str, pg_options: Any) -> tuple[dict[str, str], ti
                 f"str to str, got {pg_options!r}; write numbers as strings, e.g. "
                 "{'arena_bytes': '1048576'}"
             )
-        return dict(pg_options), None
+        return dict(pg_options)
     gloo = getattr(_c10d, "ProcessGroupGloo", None)
     gloo_options = getattr(gloo, "_Options", None) if gloo is not None else None
     if gloo_options is not None and isinstance(pg_options, gloo_options):
@@ -252,13 +254,13 @@ def options_for_split(backend: str, pg_options: Any) -> tuple[dict[str, str], ti
             raise CommInputError(
                 f"pg_options for torchcomms backend {backend!r}: gloo options that choose "
                 f"gloo devices ({len(devices)} given) do not apply to torchcomms "
-                "communicators; set GLOO_SOCKET_IFNAME (or TORCHCOMM_HOST_ID for hier) "
-                "instead, or pass a dict of hints"
+                "communicators; choose the interface with GLOO_SOCKET_IFNAME (the hier "
+                "backend's hosts with TORCHCOMM_HOST_ID), or pass a dict of hints"
             )
-        timeout = getattr(pg_options, "_timeout", None)
-        return {}, timeout if isinstance(timeout, timedelta) else None
+        return {}
     raise CommTypeError(
         f"pg_options of type {type(pg_options).__name__} do not apply to torchcomms backend "
-        f"{backend!r}; pass None, a dict of the backend's hints (`torchcomms backends` lists "
-        "each backend, its README lists its hints), or c10d's gloo options for a timeout"
+        f"{backend!r}; pass None or a dict of the backend's hints (each plugin's README "
+        "lists its hints; `torchcomms backends --json` lists every backend's), and the "
+        "timeout as timeout="
     )

@@ -23,7 +23,7 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
 from torchcomms_core.c10d import profiling
-from torchcomms_core.c10d.args import engine_label, options_for_split
+from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
     _backend_type,
@@ -319,11 +319,9 @@ class _BackendWrapper(ProcessGroup):
         """Split the communicator; every rank of this group calls, non-members get ``None``."""
         self.flush()
         ranks = sorted(int(r) for r in new_ranks)
-        # pg_options of new_group/split_group: a dict of hints, or gloo's options for a
-        # timeout; anything else is refused before any rank splits.
-        hints, options_timeout = options_for_split(self._comm.get_backend(), opts)
-        if timeout is None:
-            timeout = options_timeout
+        # pg_options of new_group/split_group: a dict of hints (gloo's options give none);
+        # anything else is refused before any rank splits.
+        hints = hints_from_pg_options(self._comm.get_backend(), opts)
         if group_name is None:
             from torch.distributed import distributed_c10d
 

@@ -34,7 +34,7 @@ from typing import Any, SupportsIndex, cast
 
 import torch
 
-from torchcomms_core.c10d.args import options_for_split
+from torchcomms_core.c10d.args import hints_from_pg_options
 from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
 from torchcomms_core.comm.create import new_comm
 from torchcomms_core.creation.group_record import GroupContext, creating_device, given_group
@@ -149,13 +149,11 @@ def _create(backend: str, opts: Any, pg_options: Any) -> _BackendWrapper:
     """c10d's extended-API creator for ``backend``: a communicator over c10d's store."""
     rank, size = int(opts.group_rank), int(opts.group_size)
     timeout = opts.timeout
-    hints, options_timeout = options_for_split(backend, pg_options)
+    hints = hints_from_pg_options(backend, pg_options)
     try:
         entries = _env.c10d_recorder_entries()
     except ValueError as exc:
         raise CommInputError(str(exc)) from None
-    if options_timeout is not None and timeout is None:
-        timeout = options_timeout
     device = creating_device()
     if device is None:
         devices = cast(Any, _c10d().Backend.backend_capability.get(backend, ["cpu"]))
