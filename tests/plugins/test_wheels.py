@@ -144,17 +144,20 @@ def _names_test_module():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("switch", [False, True], ids=["plain", "switch"])
+# The vendor backend moves every byte through store round trips: 4 ranks once, switch off.
+@pytest.mark.parametrize(
+    ("switch", "world"), [(False, 2), (True, 2), (False, 4)], ids=["plain-2", "switch-2", "plain-4"]
+)
 def test_vendor_backend_from_its_wheel_is_a_torch_distributed_name(
-    fresh_env: Path, switch: bool
+    fresh_env: Path, switch: bool, world: int
 ) -> None:
     # The unchanged script imports nothing of torchcomms: "examplevendor" is a c10d name
     # because the core's wheel registered every installed backend at `import torch`.
     names = _names_test_module()
     python = str(fresh_env / "bin" / "python")
-    runs = names.launch([str(names.SCRIPT), "examplevendor"], 2, switch=switch, python=python)
+    runs = names.launch([str(names.SCRIPT), "examplevendor"], world, switch=switch, python=python)
     got = names.results(runs)
-    names.check_against_gloo(got, 2, "examplevendor")
+    names.check_against_gloo(got, world, "examplevendor")
 
 
 @pytest.mark.slow
