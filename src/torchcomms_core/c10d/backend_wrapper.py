@@ -23,7 +23,7 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
 from torchcomms_core.c10d import profiling
-from torchcomms_core.c10d.args import engine_label
+from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
     _backend_type,
@@ -319,6 +319,9 @@ class _BackendWrapper(ProcessGroup):
         """Split the communicator; every rank of this group calls, non-members get ``None``."""
         self.flush()
         ranks = sorted(int(r) for r in new_ranks)
+        # pg_options of new_group/split_group: a dict of hints (gloo's options give none);
+        # anything else is refused before any rank splits.
+        hints = hints_from_pg_options(self._comm.get_backend(), opts)
         if group_name is None:
             from torch.distributed import distributed_c10d
 
@@ -332,7 +335,7 @@ class _BackendWrapper(ProcessGroup):
         seen = self._split_names.get(group_name, 0)
         self._split_names[group_name] = seen + 1
         comm_name = group_name if not seen else f"{group_name}.{seen}"
-        child = self._comm.split(ranks, comm_name, timeout=timeout)
+        child = self._comm.split(ranks, comm_name, hints=hints or None, timeout=timeout)
         assert child is not None  # members always get a communicator
         pg = _BackendWrapper(child)
         pg._set_group_name(group_name)

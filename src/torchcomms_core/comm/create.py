@@ -113,6 +113,8 @@ def new_comm(
             )
         hints.setdefault("is_high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
+    if store is not None:
+        backend = _c10d_alias(backend, store)
     cls = _backend_class(backend)
     warn_unknown_hints(backend, core_hint_keys(cls.hint_keys), hints)
     ok, reason = cls.is_available()
@@ -259,6 +261,19 @@ def new_member_comm(
             hints=hints,
             abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
         )
+
+
+def _c10d_alias(backend: str, store: Any) -> str:
+    """The torchcomms backend ``TORCHCOMM_C10D_ALIASES`` names for c10d's ``backend`` while
+    c10d creates a group (``gloo=shm``: code that hard-codes ``"gloo"``, such as
+    Accelerate on CPU, runs on shm under the switch); ``backend`` itself otherwise."""
+    try:
+        aliases = _env.c10d_aliases()
+    except ValueError as exc:
+        raise CommInputError(f"new_comm: {exc}") from None
+    if backend not in aliases or creating_group(store) is None:
+        return backend
+    return aliases[backend]
 
 
 def _backend_class(backend: str) -> type[TorchCommBackend]:

@@ -372,6 +372,51 @@ def fr_buffer_size() -> int:
     return max(0, _hook_int(FR_BUFFER_SIZE, DEFAULT_FR_BUFFER_SIZE, "2000 (0 disables)"))
 
 
+#: Register every installed torchcomms backend with ``torch.distributed`` at ``import torch``
+#: (torch's device-backend autoload); ``0`` opts out.
+C10D_AUTOLOAD = "TORCHCOMM_C10D_AUTOLOAD"
+
+
+def c10d_autoload() -> bool:
+    """Whether torch's autoload registers our backends with c10d (``TORCHCOMM_C10D_AUTOLOAD``,
+    true; an unreadable value counts as true, since ``import torch`` must not fail on it)."""
+    value = parse_bool(os.environ.get(C10D_AUTOLOAD, ""))
+    return value is not False
+
+
+#: c10d backend names served by another torchcomms backend while c10d creates a group
+#: (``gloo=shm``), for code that hard-codes its backend string.
+C10D_ALIASES = "TORCHCOMM_C10D_ALIASES"
+
+
+def c10d_aliases() -> dict[str, str]:
+    """``{c10d name: torchcomms backend}`` from ``TORCHCOMM_C10D_ALIASES`` (``gloo=shm``)."""
+    raw = os.environ.get(C10D_ALIASES, "")
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, sep, backend = item.partition("=")
+        if not sep or not name.strip() or not backend.strip():
+            raise ValueError(
+                f"{C10D_ALIASES}={raw!r}: {item.strip()!r} is not name=backend; write e.g. "
+                f"{C10D_ALIASES}=gloo=shm"
+            )
+        out[name.strip()] = backend.strip()
+    return out
+
+
+def c10d_recorder_entries() -> int:
+    """The flight recorder size c10d asks for: ``TORCH_FR_BUFFER_SIZE``, else
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (0: c10d records nothing)."""
+    name = (
+        "TORCH_FR_BUFFER_SIZE"
+        if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip()
+        else ("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    )
+    return max(0, _hook_int(name, 0, "2000 (0 records nothing)"))
+
+
 def fr_dump_dynamic_file_name() -> bool:
     """Whether ``TORCHCOMM_FR_DUMP_TEMP_FILE`` names the whole dump file (false)."""
     return flag(FR_DUMP_DYNAMIC_FILE_NAME, False)

@@ -15,6 +15,7 @@ from torchcomms_core.foundation.env import parse_bool
 from torchcomms_core.foundation.errors import CommInputError
 
 __all__ = [
+    "CORE_HINTS",
     "CORE_HINT_KEYS",
     "UnknownHintWarning",
     "bool_hint",
@@ -37,6 +38,11 @@ def core_hint_keys(declared: Sequence[str] | None) -> tuple[str, ...] | None:
 class UnknownHintWarning(UserWarning):
     """A hint was passed that the backend does not read."""
 
+
+#: Hints every communicator accepts, whatever its backend: ``persistent_store`` (PyTorch's
+#: switch and the c10d names pass it: the store given is used directly, which every
+#: backend does through the core).
+CORE_HINTS: tuple[str, ...] = ("persistent_store",)
 
 _lock = threading.Lock()
 # (backend name, key) pairs already reported in this process.
@@ -62,7 +68,7 @@ def warn_unknown_hints(backend: str, declared: Sequence[str] | None, hints: dict
     if declared is None:
         return
     for key in hints:
-        if key_known(key, declared):
+        if key_known(key, declared) or key in CORE_HINTS:
             continue
         with _lock:
             if (backend, key) in _reported:
