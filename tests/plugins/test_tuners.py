@@ -477,6 +477,9 @@ def test_method_support_and_the_command_line_list_the_algorithms(capsys) -> None
         ("hier", "all_reduce", "leaders"),
     ):
         assert backend in out and op in out and algorithm in out
+    assert main(["tuners"]) == 0
+    out = capsys.readouterr().out
+    assert "table" in out and "torchcomms-core" in out
     assert main(["backends", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     gloo = next(r for r in rows if r["name"] == "gloo")
