@@ -10,12 +10,12 @@ Tuners are found like backends and transports, on the plugin host's
 before the backend's ``init``: each rank counts itself on its host and publishes its
 tuner's fingerprint (distribution, version and the tuner's own :meth:`Tuner.fingerprint`,
 e.g. the table's digest, with the ranks per host) through the communicator's store in a
-fixed number of store operations (a ``compare_set`` against the first published one and
-two join barriers), whatever the size. If any rank's fingerprint differs, every rank uses
-the backend's default rules and warns once, naming the ranks that differ; creation never
-fails for it. A communicator whose store is local to each process (mpi without
-``MASTER_ADDR``) agrees the same way through two small ``all_gather_single`` calls of the
-backend right after ``init`` (:func:`agree_after_init`).
+fixed number of store operations (a ``compare_set`` against the first published one,
+two join barriers and two additions), whatever the size. If any rank's fingerprint
+differs, every rank uses the backend's default rules and warns once, naming the ranks
+that differ; creation never fails for it. A communicator whose store is local to each
+process (mpi without ``MASTER_ADDR``) agrees the same way through two small
+``all_gather_single`` calls of the backend right after ``init`` (:func:`agree_after_init`).
 
 Imports ``creation``, ``spec`` and ``foundation``.
 """
@@ -189,6 +189,11 @@ def make_tuning(
     host_key = "host/" + hashlib.sha256(host.encode()).hexdigest()[:16]
     agree = size > 1 and communicates
     if agree:
+        # A store seen again (a split's name and members reused once the first child is
+        # gone) gets keys of its own: every rank adds one, so all of one creation agree on
+        # the round, and no count or fingerprint of an earlier creation is read.
+        arrival = store.add("round", 1)
+        store = PrefixStore(str((arrival - 1) // size), store)
         store.add(host_key, 1)
         join(PrefixStore("a", store), size, timeout, what, claim_key, claims, members)
         per_host = max(store.add(host_key, 0), 1)
