@@ -30,7 +30,7 @@ from torchcomms_core.operations.options import CommOptions
 from torchcomms_core.operations.validation import check_hints, check_timeout
 from torchcomms_core.plugin_host.backends import get_backend_class
 from torchcomms_core.plugin_host.manager import call_lifecycle, load_plugins
-from torchcomms_core.plugin_host.tuners import agree_after_init, make_tuning
+from torchcomms_core.plugin_host.tuners import agree_after_init, confirm_tuning, make_tuning
 from torchcomms_core.spec import TorchCommBackend
 
 
@@ -201,7 +201,9 @@ def new_comm(
                 claim_key=lambda r: f"names/{name}/{r}",
                 claims=claims,
             )
-        if not shared:
+        if shared:
+            confirm_tuning(instance.tuning)
+        else:
             agree_after_init(instance.tuning, instance, backend, device)
     except TorchCommError:
         release_name(root, name, rank)

@@ -27,7 +27,7 @@ from torchcomms_core.operations.reduce_op import ReduceOp
 from torchcomms_core.operations.validation import check_hints, check_timeout, split_sizes
 from torchcomms_core.plugin_host.collective import Collective
 from torchcomms_core.plugin_host.manager import PluginError, attach_collective_host, call_lifecycle
-from torchcomms_core.plugin_host.tuners import agree_after_init, make_tuning
+from torchcomms_core.plugin_host.tuners import agree_after_init, confirm_tuning, make_tuning
 
 # all_reduce, broadcast and all_to_all_single open with the lean lane (``comm.lean``): a
 # plain synchronous call that qualifies is checked and issued there.
@@ -629,7 +629,9 @@ class TorchComm(CommBase):
                     claims=self._store,
                     members=members,
                 )
-            if not shared:
+            if shared:
+                confirm_tuning(child.tuning)
+            else:
                 agree_after_init(child.tuning, child, self._backend_name, self._device)
         except BaseException:
             release_name(self._store, f"split/{name}", self._rank)

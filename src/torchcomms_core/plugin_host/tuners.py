@@ -7,28 +7,31 @@ Tuners are found like backends and transports, on the plugin host's
 ``tuner``, else ``TORCHCOMM_TUNER``, else ``table``; ``none`` asks no tuner.
 
 **Every rank takes the same choice.** :func:`make_tuning` runs at communicator creation,
-before the backend's ``init``: each rank counts itself on its host and publishes its
-tuner's fingerprint (distribution, version and the tuner's own :meth:`Tuner.fingerprint`,
-e.g. the table's digest, with the ranks per host) through the communicator's store in a
-fixed number of store operations (a ``compare_set`` against the first published one,
-two join barriers and two additions), whatever the size. If any rank's fingerprint
-differs, every rank uses the backend's default rules and warns once, naming the ranks
-that differ; creation never fails for it. A communicator whose store is local to each
-process (mpi without ``MASTER_ADDR``) agrees the same way through two small
-``all_gather_single`` calls of the backend right after ``init`` (:func:`agree_after_init`).
+before the backend's ``init``. A rank whose tuner has nothing to say (``none``, or
+``table`` without a table for this host) does nothing, and uses the default rules. A rank
+with a tuner counts its fingerprint (the tuner's name, distribution and version and its
+own :meth:`Tuner.fingerprint`, e.g. the table's digest) and its host in the store: three
+store operations. Once the engine is up (its creation, or the core's join, waited until
+every rank had begun), :func:`confirm_tuning` reads the count (two more): the tuner is used
+only if every rank counted the same fingerprint; otherwise every rank with a tuner warns
+once, naming the ranks that differ, and every rank runs on the default rules. Until then
+(choices made inside ``init``) the default rules and hints decide. Creation never fails
+and never waits for it; a job without tuners pays no store operation at all.
 
-Imports ``creation``, ``spec`` and ``foundation``.
+A communicator whose store is local to each process (mpi without ``MASTER_ADDR``) agrees
+through two small ``all_gather_single`` calls of the backend right after ``init``
+(:func:`agree_after_init`).
+
+Imports ``spec`` and ``foundation``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import timedelta
 from typing import Any
 
 import torch
 
-from torchcomms_core.creation.join import join
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import TorchCommError
 from torchcomms_core.foundation.version import __version__
@@ -49,6 +52,7 @@ __all__ = [
     "TUNERS_GROUP",
     "agree_after_init",
     "available_tuners",
+    "confirm_tuning",
     "describe_tuners",
     "get_tuner_class",
     "make_tuning",
@@ -133,6 +137,8 @@ def _load(name: str, context: TunerContext) -> tuple[Tuner | None, str, str]:
         if not ok:
             raise RuntimeError(f"it cannot run here: {reason}")
         tuner = cls(context)
+        if isinstance(tuner, TableTuner) and not tuner.rules:
+            return None, "no tuner", NO_TUNER  # no table here: nothing to ask
         own = str(tuner.fingerprint())
     except Exception as exc:
         report_once(
@@ -159,59 +165,63 @@ def make_tuning(
 ) -> Tuning:
     """The :class:`Tuning` of a communicator about to be created (before ``init``).
 
-    With ``shared_store`` the ranks agree on the tuner through ``options.store`` now;
-    otherwise the tuning starts on the default rules and :func:`agree_after_init` agrees.
-
-    Raises:
-        CommTimeoutError: not every rank arrived within the timeout (naming the missing).
+    It answers the default rules (and forcing hints) until :func:`confirm_tuning`, called
+    once the engine is up, has checked that every rank has the same tuner. A rank whose
+    tuner answers nothing (``none``; ``table`` without a table) publishes nothing and uses
+    no store operation; a rank with a tuner counts its fingerprint (and its host) in the
+    store now. Without ``shared_store``, :func:`agree_after_init` agrees instead.
     """
+    del claim_key, claims, members  # the engine's creation is the barrier (see module doc)
     cls = type(instance)
     hints = dict(options.hints)
     size = max(int(options.size), 1)
     tuning = Tuning(
-        instance,
-        cls.algorithms,
-        backend=backend,
-        world_size=size,
-        device=device.type,
-        hints=hints,
+        instance, cls.algorithms, backend=backend, world_size=size, device=device.type, hints=hints
     )
     tuning.shared = shared_store
     # A backend that does not communicate (``fake``) has no peers to agree with.
     communicates = getattr(cls, "communicates", True)
     if not cls.algorithms or (not shared_store and communicates):
         return tuning
+    host = _env.host_id()
+    context = _context(cls, backend, size, size if size > 1 else 1, host, device, hints)
+    tuner, who, fingerprint = _load(selected_tuner(hints), context)
+    if tuner is None and fingerprint == NO_TUNER:
+        return tuning  # nothing to agree on: the default rules, as on a rank without tuner
+    if size == 1 or not communicates:
+        tuning.rebase(size, 1)
+        tuning.use(tuner, who)
+        return tuning
     from torch._C._distributed_c10d import PrefixStore
 
-    host = _env.host_id()
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
     store = PrefixStore("tuning", options.store)
-    timeout: timedelta = options.timeout
     host_key = "host/" + hashlib.sha256(host.encode()).hexdigest()[:16]
-    agree = size > 1 and communicates
-    if agree:
-        # A store seen again (a split's name and members reused once the first child is
-        # gone) gets keys of its own: every rank adds one, so all of one creation agree on
-        # the round, and no count or fingerprint of an earlier creation is read.
-        arrival = store.add("round", 1)
-        store = PrefixStore(str((arrival - 1) // size), store)
-        store.add(host_key, 1)
-        join(PrefixStore("a", store), size, timeout, what, claim_key, claims, members)
+    store.add(f"fp/{digest}", 1)
+    store.set(f"rank/{options.rank}", digest)
+    store.add(host_key, 1)
+
+    def confirm() -> None:
+        # Every rank's init has begun by now (the engine's creation, or the core's join,
+        # waited for it), so every rank with a tuner has counted itself.
+        agreed = store.add(f"fp/{digest}", 0)
         per_host = max(store.add(host_key, 0), 1)
-    else:
-        per_host = 1
-    context = _context(cls, backend, size, per_host, host, device, hints)
-    tuner, who, fingerprint = _load(selected_tuner(hints), context)
-    if agree:
-        mine = f"{fingerprint}|ranks_per_host={per_host}"
-        first = _text(store.compare_set("fp", "", mine))
-        if first != mine:
-            store.set(f"differ/{options.rank}", mine)
-            store.add("differ", 1)
-        join(PrefixStore("b", store), size, timeout, what, claim_key, claims, members)
-        if store.add("differ", 0):
-            _disagree(backend, what, first, _differing(store, size))
-            return _rebuilt(tuning, instance, backend, size, per_host, device, hints, None, "")
-    return _rebuilt(tuning, instance, backend, size, per_host, device, hints, tuner, who)
+        if agreed != size:
+            _disagree(backend, what, fingerprint, _differing(store, size, digest), agreed, size)
+            return
+        tuning.rebase(size, per_host)
+        tuning.use(tuner, who)
+
+    tuning.pending = confirm
+    return tuning
+
+
+def confirm_tuning(tuning: Tuning) -> None:
+    """Finish what :func:`make_tuning` started, once the engine is up (every rank)."""
+    confirm = tuning.pending
+    tuning.pending = None
+    if confirm is not None:
+        confirm()
 
 
 def agree_after_init(tuning: Tuning, instance: Any, backend: str, device: torch.device) -> None:
@@ -230,7 +240,10 @@ def agree_after_init(tuning: Tuning, instance: Any, backend: str, device: torch.
     digests = _gather(instance, hashlib.sha256(fingerprint.encode()).digest()[:16], size)
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
     if differ:
-        _disagree(backend, f"communicator {instance.options.name!r}", "rank 0's", differ)
+        agreed = size - len(differ)
+        _disagree(
+            backend, f"communicator {instance.options.name!r}", fingerprint, differ, agreed, size
+        )
         tuner, who = None, ""
     tuning.rebase(size, per_host)
     tuning.use(tuner, who)
@@ -268,30 +281,6 @@ def _context(
     )
 
 
-def _rebuilt(
-    tuning: Tuning,
-    instance: Any,
-    backend: str,
-    size: int,
-    per_host: int,
-    device: torch.device,
-    hints: dict[str, str],
-    tuner: Tuner | None,
-    who: str,
-) -> Tuning:
-    fresh = Tuning(
-        instance,
-        type(instance).algorithms,
-        backend=backend,
-        world_size=size,
-        ranks_per_host=per_host,
-        device=device.type,
-        hints=hints,
-    )
-    fresh.use(tuner, who)
-    return fresh
-
-
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
@@ -300,26 +289,29 @@ def _text(value: Any) -> str:
 NAMED = 16
 
 
-def _differing(store: Any, size: int) -> list[int]:
-    """The ranks (up to :data:`NAMED`) whose fingerprint differs from the first published."""
+def _differing(store: Any, size: int, digest: str) -> list[int]:
+    """The ranks (up to :data:`NAMED`) without this fingerprint (another one, or no tuner)."""
     found: list[int] = []
     for rank in range(size):
-        if store.check([f"differ/{rank}"]):
+        key = f"rank/{rank}"
+        if not store.check([key]) or _text(store.get(key)) != digest:
             found.append(rank)
             if len(found) >= NAMED:
                 break
     return found
 
 
-def _disagree(backend: str, what: str, first: str, ranks: list[int]) -> None:
+def _disagree(
+    backend: str, what: str, fingerprint: str, ranks: list[int], agreed: int, size: int
+) -> None:
     listing = ", ".join(str(r) for r in ranks) or "some ranks"
     report_once(
         ("disagree", backend, what),
-        f"{what} (backend {backend!r}): the ranks' tuners differ: rank(s) {listing} published "
-        f"another fingerprint than the first one published ({first}), so every rank uses the "
-        f"backend's default rules. Give every rank the "
-        f"same {_env.TUNER} (or hint 'tuner') and the same tuning table "
-        f"({_env.TUNING_DIR}), or run `torchcomms tune` again on each host",
+        f"{what} (backend {backend!r}): the ranks' tuners differ: {agreed} of {size} ranks "
+        f"have this one ({fingerprint}), rank(s) {listing} another or none, so every rank "
+        f"uses the backend's default rules. Give every rank the same {_env.TUNER} (or hint "
+        f"'tuner') and the same tuning table ({_env.TUNING_DIR}), or run `torchcomms tune` "
+        f"again on each host",
         stacklevel=5,
     )
 

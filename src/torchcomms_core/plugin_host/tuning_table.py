@@ -133,7 +133,6 @@ class TableTuner(Tuner):
             "backend": context.backend,
             "version": context.backend_version,
             "world_size": context.world_size,
-            "ranks_per_host": context.ranks_per_host,
         }
         stale = [
             f"{k} {table.get(k)!r} (here {v!r})" for k, v in expected.items() if table.get(k) != v
@@ -149,9 +148,20 @@ class TableTuner(Tuner):
             return
         self.rules = list(table["rules"])
         self.digest = digest
+        #: The ranks per host it was measured with (checked per query: counted at creation).
+        self.ranks_per_host = table.get("ranks_per_host")
 
     def choose(self, query: Query) -> Choice | None:
         """The first rule of the query's operation whose size range holds its bucket."""
+        if self.ranks_per_host is not None and query.ranks_per_host != self.ranks_per_host:
+            # The same on every rank of a host, and a table serves one host only.
+            report_once(
+                ("table", self.path, "per host"),
+                f"tuning table {self.path} was written for ranks_per_host "
+                f"{self.ranks_per_host} (here {query.ranks_per_host}); it is ignored and the "
+                f"default rules decide. Measure this layout with `torchcomms tune`",
+            )
+            return None
         for rule in self.rules:
             if (
                 rule["op"] == query.op

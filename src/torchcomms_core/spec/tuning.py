@@ -318,6 +318,7 @@ class Tuning:
         "last",
         "status",
         "shared",
+        "pending",
     )
 
     def __init__(
@@ -343,6 +344,8 @@ class Tuning:
         self.status = "default rules"
         #: Whether the ranks agreed through a shared store (else through the backend).
         self.shared = True
+        #: The agreement still to finish once the engine is up (the core's), or ``None``.
+        self.pending: Callable[[], None] | None = None
         hints = dict(hints or {})
         self._forced = self.forced_choices(hints, backend)
         # Operations a backend hint (or variable) decides through the default rule: the
