@@ -218,6 +218,8 @@ class TunerContext:
 
     ``algorithms`` is the backend's declaration; ``host`` this host's id
     (``TORCHCOMM_HOST_ID``, else the host name); ``hints`` the communicator's hints.
+    ``ranks_per_host`` is not counted yet when a tuner is made (it holds the world size);
+    each :class:`Query` carries the counted value.
     """
 
     backend: str

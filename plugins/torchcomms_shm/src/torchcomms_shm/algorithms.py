@@ -1,7 +1,8 @@
 """The shm backend's choices, declared for tuners (#45), and its default rules.
 
-- ``arena`` (asked once, at creation): the staging arena's bytes per rank
-  (``arena_bytes``; hint ``arena_bytes`` decides when given);
+- ``arena`` (asked once, inside ``init``, before the ranks agree on a tuner: the default
+  or a forcing hint decides): the staging arena's bytes per rank (hint ``arena_bytes``,
+  or ``algorithm.arena=arena`` with ``algorithm.arena.arena_bytes``);
 - ``all_reduce``: ``one_step`` (every rank stages its whole tensor and folds all of them;
   up to one chunk) or ``chunked`` (each rank reduces its part of each chunk, lockstep);
 - ``all_to_all_single`` (even splits): ``staged`` through the arena, or ``direct`` reads of
