@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -24,6 +25,10 @@ __all__ = ["mpi_ranks"]
 HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
 if HELPERS not in sys.path:
     sys.path.insert(0, HELPERS)
+
+# Tests run on the backends' default rules: a tuning table that `torchcomms tune` wrote on
+# this machine (#45) is read only where a test points at one (rank processes inherit this).
+os.environ.setdefault("TORCHCOMM_TUNING_DIR", tempfile.mkdtemp(prefix="torchcomms-no-tables-"))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -64,6 +64,8 @@ class Pass:
     c10d_note: str | None = None
     #: Quartiles ``(q1, median, q3)`` of the per-call ratios ours / c10d.
     ratio: tuple[float, float, float] | None = None
+    #: The algorithm the backend chose for the timed calls ("" when it declares none).
+    algorithm: str = ""
 
 
 @dataclass
@@ -81,6 +83,9 @@ class Row:
     #: ``False`` for operations without data (barrier): no bandwidth.
     moves_data: bool = True
     passes: list[Pass] = field(default_factory=list)
+    #: The algorithm the backend chose for this row (``Choice`` as text; "" when the
+    #: backend declares none for the operation, #45).
+    algorithm: str = ""
 
     def algbw(self, timing: Timing) -> float | None:
         """GB/s (10**9 bytes) of the largest buffer, or ``None`` without data."""
@@ -140,6 +145,7 @@ def row_dict(row: Row) -> dict[str, Any]:
         "nranks": row.nranks,
         "busbw_factor": row.busbw_factor,
         "moves_data": row.moves_data,
+        "algorithm": row.algorithm or None,
         "passes": passes,
     }
 

@@ -40,6 +40,7 @@ from torchcomms_core.plugin import (
 )
 
 from . import segment as seg
+from .algorithms import ALGORITHMS
 from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives
 from .comm import (
     ARENA_BYTES,
@@ -82,6 +83,8 @@ class ShmBackend(ShmCollectives):
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
     supported_reduce_ops = BASIC_REDUCE_OPS
+    #: The arena, all_reduce's and all_to_all's paths, for tuners (``algorithms``, #45).
+    algorithms = ALGORITHMS
     hint_keys: ClassVar[tuple[str, ...] | None] = (
         ARENA_BYTES,
         P2P_BYTES,

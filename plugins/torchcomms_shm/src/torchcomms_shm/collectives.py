@@ -52,7 +52,11 @@ class ShmCollectives(ShmP2P):
             return
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
-        if total * es <= min(SMALL_BYTES, self._chunk):
+        nbytes = total * es
+        # The tuner's choice (#45); one step holds at most a chunk.
+        if self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step" and (
+            nbytes <= self._chunk
+        ):
             # One step: every rank stages its whole tensor and folds all of them itself.
             h = self._half()
             key = (dtype, total, h)
@@ -175,7 +179,12 @@ class ShmCollectives(ShmP2P):
         if n == 1:
             _copy(outs[me], ins[me])
             return
-        if uniform and self._cma and outs[me].numel() >= self._cma:
+        if (
+            uniform
+            and self._cma_ok
+            and self.tuning.choose("all_to_all_single", outs[me].numel(), torch.uint8).algorithm
+            == "direct"
+        ):
             # Peer ``p`` reads entry ``p`` of this rank's table (its block of ``ins``).
             self._direct(
                 {p: (outs[p], me) for p in self._peers}, ins, local_copy=(outs[me], ins[me])
