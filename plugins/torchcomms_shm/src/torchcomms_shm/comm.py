@@ -340,10 +340,14 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             self._mapping = None
             self._slots = []
             self._views = {}
+            self._drop_views()
             mapping.close()
         finally:
             if abort:
                 self._lock.release()
+
+    def _drop_views(self) -> None:
+        """Let go of the memoryviews over the segment (the small collectives' layer)."""
 
     def get_backend_name(self) -> str:
         return "shm"
