@@ -50,6 +50,7 @@ from .comm import (
     HOST_ID,
     HOST_ID_ENV,
     P2P_BYTES,
+    SMALL_PATH_BYTES,
     SPIN_US,
     YIELD_US,
     _u8,
@@ -69,6 +70,7 @@ __all__ = [
     "HOST_ID_ENV",
     "P2P_BYTES",
     "SMALL_BYTES",
+    "SMALL_PATH_BYTES",
     "SPIN_US",
     "YIELD_US",
     "ShmBackend",
@@ -90,6 +92,7 @@ class ShmBackend(ShmSmall):
         YIELD_US,
         CMA_BYTES,
         HOST_ID,
+        SMALL_PATH_BYTES,
     )
 
     @classmethod
@@ -276,7 +279,7 @@ class ShmBackend(ShmSmall):
             output.is_contiguous()
             and input.is_contiguous()
             and self._size > 1
-            and 0 < input.nbytes <= self._chunk
+            and 0 < input.nbytes <= self._small
             and output.nbytes == input.nbytes * self._size
         ):
             return self._run(

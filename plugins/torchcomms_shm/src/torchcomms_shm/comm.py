@@ -58,6 +58,11 @@ YIELD_US = "yield_us"
 #: else 0 (staging is faster there; see docs/benchmarks.md).
 CMA_BYTES = "cma_bytes"
 DEFAULT_CMA_BYTES = 1 << 20
+#: Hint: bytes up to which all_reduce, broadcast and all_gather take the memoryview path
+#: (``torchcomms_shm.small``; at most half a slot); ``0``: never. Each rank may choose
+#: alone: both paths stage the same bytes in the same place in one step.
+SMALL_PATH_BYTES = "small_bytes"
+DEFAULT_SMALL_PATH_BYTES = 64 << 10
 
 
 def _cores() -> int:
@@ -146,6 +151,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
         cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > _cores() else 0)
+        self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size

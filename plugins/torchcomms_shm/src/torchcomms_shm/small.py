@@ -108,6 +108,8 @@ class ShmSmall(ShmCollectives):
         mapping = self._mapping
         assert mapping is not None
         lay = self._layout
+        #: Bytes up to which the memoryview path runs (the hint, at most half a slot).
+        self._small = min(getattr(self, "_small_limit", SMALL_BYTES), lay.half)
         whole = memoryview(mapping.map)
         self._slot_bytes = [
             [
@@ -171,7 +173,7 @@ class ShmSmall(ShmCollectives):
             fmt is None
             or not nbytes
             or nbytes > SMALL_BYTES
-            or nbytes > self._chunk
+            or nbytes > self._small
             or self._size == 1
         ):
             return False
@@ -202,7 +204,7 @@ class ShmSmall(ShmCollectives):
     def _small_broadcast(self, tensor: torch.Tensor, root: int) -> bool:
         """Broadcast a contiguous ``tensor`` of at most half a slot in one step."""
         nbytes = tensor.nbytes
-        if nbytes > self._chunk or self._size == 1 or not nbytes:
+        if nbytes > self._small or self._size == 1 or not nbytes:
             return False
         user = self._user_view(tensor, "B")
         slot = self._slot_bytes[root][self._half()]
@@ -218,7 +220,7 @@ class ShmSmall(ShmCollectives):
         """All-gather contiguous blocks of at most half a slot each in one step; ``outs``
         are the output blocks (rank order), ``mine`` this rank's input (it may overlap
         them: it is staged before any block is written)."""
-        c = self._chunk
+        c = self._small
         if self._size == 1 or any(o.nbytes > c for o in outs) or not any(o.nbytes for o in outs):
             return False
         h = self._half()
@@ -241,7 +243,7 @@ class ShmSmall(ShmCollectives):
     def _small_all_gather_single(self, output: torch.Tensor, mine: torch.Tensor) -> bool:
         """``_small_all_gather`` into one contiguous ``output`` of ``size`` equal blocks."""
         nbytes = mine.nbytes
-        if self._size == 1 or not nbytes or nbytes > self._chunk:
+        if self._size == 1 or not nbytes or nbytes > self._small:
             return False
         h = self._half()
         me = self._rank
