@@ -81,6 +81,8 @@ class Row:
     #: ``False`` for operations without data (barrier): no bandwidth.
     moves_data: bool = True
     passes: list[Pass] = field(default_factory=list)
+    #: Calls timed per pass (see ``BenchConfig.timed_calls``).
+    timed: int = 0
 
     def algbw(self, timing: Timing) -> float | None:
         """GB/s (10**9 bytes) of the largest buffer, or ``None`` without data."""
@@ -140,6 +142,7 @@ def row_dict(row: Row) -> dict[str, Any]:
         "nranks": row.nranks,
         "busbw_factor": row.busbw_factor,
         "moves_data": row.moves_data,
+        "timed_calls": row.timed,
         "passes": passes,
     }
 
@@ -168,6 +171,7 @@ def header_dict(
         "maxbytes": config.maxbytes,
         "stepfactor": config.stepfactor,
         "iters": config.iters,
+        "small_iters": getattr(config, "small_iters", config.iters),
         "warmup_iters": config.warmup,
         "check": config.check,
         "inplace": config.inplace,

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from torchcomms_core.c10d import profiling
-from torchcomms_core.c10d import comm_lane
+from torchcomms_core.c10d import comm_lane, profiling
 from torchcomms_core.c10d.args import engine_label
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,

@@ -282,12 +282,11 @@ class ShmBackend(ShmSmall):
             and 0 < input.nbytes <= self._small
             and output.nbytes == input.nbytes * self._size
         ):
-            return self._run(
-                "all_gather",
-                timeout,
-                async_op,
-                lambda: self._small_all_gather_single(output, input),
-            )
+
+            def body() -> None:
+                self._small_all_gather_single(output, input)
+
+            return self._run("all_gather", timeout, async_op, body)
         flat = output.view(-1)
         outs = list(flat.chunk(self._size)) if flat.numel() else [flat] * self._size
         return self.all_gather_v(outs, input, async_op, timeout=timeout, hints=hints)

@@ -149,7 +149,7 @@ class ShmSmall(ShmCollectives):
             views = {}
             self._user_views[id(tensor)] = (tensor, ptr, nbytes, views)
         raw = memoryview((ctypes.c_char * nbytes).from_address(ptr)).cast("B")
-        view = views[fmt] = raw.cast(fmt) if fmt != "B" else raw
+        view = views[fmt] = raw.cast(fmt) if fmt != "B" else raw  # type: ignore[call-overload]
         return view
 
     def _slots_as(self, fmt: str, nbytes: int, h: int) -> list[memoryview]:
@@ -159,7 +159,7 @@ class ShmSmall(ShmCollectives):
             if len(self._slot_views) > 64:
                 self._slot_views.clear()
             views = self._slot_views[key] = [
-                (s[h][:nbytes].cast(fmt) if fmt != "B" else s[h][:nbytes])
+                (s[h][:nbytes].cast(fmt) if fmt != "B" else s[h][:nbytes])  # type: ignore[call-overload]
                 for s in self._slot_bytes
             ]
         return views
@@ -195,9 +195,7 @@ class ShmSmall(ShmCollectives):
         if staged is None:
             if len(self._views) > 64:
                 self._views.clear()
-            staged = self._views[key] = [
-                self._slots[r][h][:nbytes].view(dtype) for r in range(n)
-            ]
+            staged = self._views[key] = [self._slots[r][h][:nbytes].view(dtype) for r in range(n)]
         _fold(_REDUCE[op], staged, tensor.view(-1))
         return True
 
