@@ -201,3 +201,56 @@ def test_torch_distributed_under_the_switch_takes_the_communicator_lane(pool2: R
         assert out["async work"] == "CommWork"
         assert out["after async"] == [4.0, 4.0, 4.0]
         assert out["broadcast"] == [1.0, 1.0]
+
+
+def body_direct_copies() -> list[str]:
+    """Broadcast and all-gather read straight from the owners' tensors when the choice is
+    ``direct`` (forced by hint): the same bytes as staging, uneven and in place too."""
+    direct = _comm("direct", **{"algorithm.broadcast": "direct", "algorithm.all_gather": "direct"})
+    staged = _comm("staged", **{"algorithm.broadcast": "staged", "algorithm.all_gather": "staged"})
+    impl = direct.get_backend_impl()
+    r, n = direct.get_rank(), direct.get_size()
+    bad: list[str] = []
+    if not impl._cma_ok:
+        return ["skip: cross-memory reads not permitted here"]
+    for count in (1, 1000, (3 << 20) + 5):
+        for root in range(n):
+            a = _inputs(r, count, torch.float32, root)
+            b = a.clone()
+            direct.broadcast(a, root)
+            staged.broadcast(b, root)
+            if (
+                not torch.equal(_bits(a), _bits(b))
+                or direct.get_backend_impl().tuning.last["broadcast"].algorithm != "direct"
+            ):
+                bad.append(f"broadcast {count} root {root}")
+        mine = _inputs(r, count, torch.float32, 9)
+        outs = [torch.empty(n * count) for _ in range(2)]
+        direct.all_gather_single(outs[0], mine)
+        staged.all_gather_single(outs[1], mine)
+        if not torch.equal(_bits(outs[0]), _bits(outs[1])):
+            bad.append(f"all_gather_single {count}")
+        inplace = outs[1].clone()
+        inplace[r * count : (r + 1) * count] = mine
+        direct.all_gather_single(inplace, inplace[r * count : (r + 1) * count])
+        if not torch.equal(_bits(inplace), _bits(outs[1])):
+            bad.append(f"all_gather_single in place {count}")
+        lists = [[torch.empty(count + k) for k in range(n)] for _ in range(2)]
+        own = _inputs(r, count + r, torch.float32, 4)
+        direct.all_gather_v(lists[0], own)
+        staged.all_gather_v(lists[1], own)
+        for k in range(n):
+            if not torch.equal(_bits(lists[0][k]), _bits(lists[1][k])):
+                bad.append(f"all_gather_v {count} block {k}")
+    direct.finalize()
+    staged.finalize()
+    return bad
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_direct_broadcast_and_all_gather_give_stagings_bytes(world_size: int) -> None:
+    with RankPool(world_size) as pool:
+        for bad in pool.run(body_direct_copies, timeout=300):
+            assert bad in ([], ["skip: cross-memory reads not permitted here"])
+            if bad:
+                pytest.skip(bad[0])

@@ -64,6 +64,8 @@ class Pass:
     c10d_note: str | None = None
     #: Quartiles ``(q1, median, q3)`` of the per-call ratios ours / c10d.
     ratio: tuple[float, float, float] | None = None
+    #: The algorithm the backend chose for the timed calls ("" when it declares none).
+    algorithm: str = ""
 
 
 @dataclass
@@ -83,6 +85,9 @@ class Row:
     passes: list[Pass] = field(default_factory=list)
     #: Calls timed per pass (see ``BenchConfig.timed_calls``).
     timed: int = 0
+    #: The algorithm the backend chose for this row (``Choice`` as text; "" when the
+    #: backend declares none for the operation, #45).
+    algorithm: str = ""
 
     def algbw(self, timing: Timing) -> float | None:
         """GB/s (10**9 bytes) of the largest buffer, or ``None`` without data."""
@@ -143,6 +148,7 @@ def row_dict(row: Row) -> dict[str, Any]:
         "busbw_factor": row.busbw_factor,
         "moves_data": row.moves_data,
         "timed_calls": row.timed,
+        "algorithm": row.algorithm or None,
         "passes": passes,
     }
 

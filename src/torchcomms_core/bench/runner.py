@@ -250,7 +250,9 @@ class Runner:
             ours_us, theirs_us = self._interleaved(ours, None)
         else:
             ours_us, theirs_us = self._batch(ours), []
-        return self._gather(
+        # Read before _gather, whose own all_gather_single would overwrite it (#45).
+        algorithm = chosen_algorithm(comm, op.name)
+        result = self._gather(
             op,
             bufs.form,
             ours_us,
@@ -259,6 +261,8 @@ class Runner:
             c10d_wrong if checked else None,
             compare,
         )
+        result.algorithm = algorithm
+        return result
 
     def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool) -> int:
         op.fill(bufs, self.case)
@@ -380,7 +384,22 @@ class Runner:
                 moves_data=op.moves_data,
                 passes=passes,
                 timed=calls,
+                algorithm=passes[0].algorithm if passes else "",
             )
+
+
+def declared_algorithms(comm: Any) -> frozenset[str]:
+    """The operations ``comm``'s backend declares algorithms for (#45)."""
+    return frozenset(getattr(type(comm.get_backend_impl()), "algorithms", {}) or {})
+
+
+def chosen_algorithm(comm: Any, op: str) -> str:
+    """The algorithm ``comm``'s backend last chose for ``op`` ("" when it chose none)."""
+    try:
+        choice = comm.get_backend_impl().tuning.last.get(op)
+    except Exception:  # a backend without tuning (duck-typed)
+        return ""
+    return "" if choice is None else str(choice)
 
 
 def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:
@@ -411,6 +430,8 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
                 if runner.c10d_backend is not None
                 else None
             )
+            # The algorithm column, for operations the backend chooses an algorithm for.
+            report.algorithm_column = name in declared_algorithms(runner.comm)
             report.begin_op(op, config, case.nranks, forms, c10d)
         op_rows = []
         for row in runner.sweep(op, forms):

@@ -44,6 +44,12 @@ GLOO_HOSTNAME = "TORCHCOMM_GLOO_HOSTNAME"
 GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
 #: gloo connects lazily (on first use) in communicators larger than this; default 64.
 GLOO_LAZY_ABOVE = "TORCHCOMM_GLOO_LAZY_ABOVE"
+#: The tuner plugin that chooses algorithms (``torchcomms.tuners``); ``none``: default rules.
+TUNER = "TORCHCOMM_TUNER"
+#: Where ``torchcomms tune`` writes, and communicators read, the tuning tables.
+TUNING_DIR = "TORCHCOMM_TUNING_DIR"
+#: This host's id (ranks with the same id share a host); unset: the host name.
+HOST_ID = "TORCHCOMM_HOST_ID"
 #: torchrun sets this when its agent hosts the rendezvous store.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -389,3 +395,25 @@ TRANSPORT = "TORCHCOMM_TRANSPORT"
 def transport_choice() -> str | None:
     """The transport named by ``TORCHCOMM_TRANSPORT``, or ``None`` when unset."""
     return os.environ.get(TRANSPORT, "").strip() or None
+
+
+def tuner_choice() -> str | None:
+    """``TORCHCOMM_TUNER``, stripped; ``None`` when unset or empty."""
+    raw = os.environ.get(TUNER, "").strip()
+    return raw or None
+
+
+def tuning_dir() -> str:
+    """``TORCHCOMM_TUNING_DIR``, else ``~/.cache/torchcomms/tuning`` (``XDG_CACHE_HOME``)."""
+    raw = os.environ.get(TUNING_DIR, "").strip()
+    if raw:
+        return os.path.expanduser(raw)
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(cache), "torchcomms", "tuning")
+
+
+def host_id() -> str:
+    """``TORCHCOMM_HOST_ID``, else this machine's host name."""
+    import socket
+
+    return os.environ.get(HOST_ID, "").strip() or socket.gethostname()

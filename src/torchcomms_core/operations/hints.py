@@ -14,7 +14,24 @@ from collections.abc import Iterable, Sequence
 from torchcomms_core.foundation.env import parse_bool
 from torchcomms_core.foundation.errors import CommInputError
 
-__all__ = ["UnknownHintWarning", "bool_hint", "int_hint", "key_known", "warn_unknown_hints"]
+__all__ = [
+    "CORE_HINT_KEYS",
+    "UnknownHintWarning",
+    "bool_hint",
+    "core_hint_keys",
+    "int_hint",
+    "key_known",
+    "warn_unknown_hints",
+]
+
+#: Hints the core reads for every backend (#45): the tuner, the tuner's own settings
+#: (``tuner.<key>``, in ``TunerContext.hints``), and hints forcing an algorithm.
+CORE_HINT_KEYS: tuple[str, ...] = ("tuner", "tuner.*", "algorithm.*")
+
+
+def core_hint_keys(declared: Sequence[str] | None) -> tuple[str, ...] | None:
+    """A backend's declared ``hint_keys`` plus :data:`CORE_HINT_KEYS` (``None`` stays)."""
+    return None if declared is None else (*declared, *CORE_HINT_KEYS)
 
 
 class UnknownHintWarning(UserWarning):

@@ -40,6 +40,7 @@ from torchcomms_core.plugin import (
 )
 
 from . import segment as seg
+from .algorithms import ALGORITHMS
 from .collectives import _REDUCE, SMALL_BYTES
 from .comm import (
     ARENA_BYTES,
@@ -85,6 +86,8 @@ class ShmBackend(ShmSmall):
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
     supported_reduce_ops = BASIC_REDUCE_OPS
+    #: The arena, all_reduce's and all_to_all's paths, for tuners (``algorithms``, #45).
+    algorithms = ALGORITHMS
     hint_keys: ClassVar[tuple[str, ...] | None] = (
         ARENA_BYTES,
         P2P_BYTES,
@@ -201,8 +204,7 @@ class ShmBackend(ShmSmall):
                     self._begin("broadcast", timeout)
                 self._op, self._seconds = "broadcast", seconds
                 self._deadline = monotonic() + seconds
-                if not self._small_broadcast(tensor, root):
-                    self._broadcast(_u8(tensor), root)
+                self._any_broadcast(tensor, root)
             return None
 
         return {"all_reduce": all_reduce, "broadcast": broadcast}
@@ -281,6 +283,7 @@ class ShmBackend(ShmSmall):
             and self._size > 1
             and 0 < input.nbytes <= self._small
             and output.nbytes == input.nbytes * self._size
+            and not self._wants_direct("all_gather", output.nbytes)
         ):
 
             def body() -> None:
@@ -302,6 +305,12 @@ class ShmBackend(ShmSmall):
     ) -> Any:
         outs = [_u8(t) for t in tensor_list]
         mine = _u8(tensor)
+        if self._wants_direct("all_gather", sum(t.nbytes for t in tensor_list)):
+            if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
+                mine = mine.clone()
+            return self._run(
+                "all_gather", timeout, async_op, lambda: self._all_gather_direct(outs, mine)
+            )
         if all(t.is_contiguous() for t in tensor_list) and tensor.is_contiguous():
             users = [*tensor_list]
 
@@ -327,13 +336,14 @@ class ShmBackend(ShmSmall):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        data = _u8(tensor)
+        return self._run("broadcast", timeout, async_op, lambda: self._any_broadcast(tensor, root))
 
-        def body() -> None:
-            if not (tensor.is_contiguous() and self._small_broadcast(tensor, root)):
-                self._broadcast(data, root)
-
-        return self._run("broadcast", timeout, async_op, body)
+    def _any_broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        """Broadcast by the path chosen for its size (one place: ``_wants_direct``)."""
+        if self._wants_direct("broadcast", tensor.nbytes):
+            self._broadcast_direct(_u8(tensor), root)
+        elif not (tensor.is_contiguous() and self._small_broadcast(tensor, root)):
+            self._broadcast(_u8(tensor), root)
 
     def all_to_all(
         self,

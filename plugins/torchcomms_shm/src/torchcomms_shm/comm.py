@@ -145,7 +145,8 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
 
     def _setup(self, store: Any, rank: int, size: int, options: CommOptions) -> None:
         hints = options.hints or {}
-        arena = int_hint(hints, ARENA_BYTES, DEFAULT_ARENA_BYTES, minimum=2 * seg.PAGE)
+        tuned = self.tuning.choose("arena", 0, torch.uint8).params["arena_bytes"]  # (#45)
+        arena = int_hint(hints, ARENA_BYTES, max(int(tuned), 2 * seg.PAGE), minimum=2 * seg.PAGE)
         p2p = int_hint(hints, P2P_BYTES, DEFAULT_P2P_BYTES, minimum=seg.PAGE)
         spin0, yield0 = default_wait(size)
         spin = int_hint(hints, SPIN_US, spin0)
@@ -253,7 +254,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             self._op = "init"
             self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
             self._pids = [int(info["pid"]) for info in everyone]
-            self._cma = self._agree_cma(min(int(info["cma"]) for info in everyone), probe.raw)
+            # Probed whatever the threshold, so a tuner may choose direct reads (#45).
+            self._cma_ok = self._agree_cma(1, probe.raw) > 0
+            self._cma = min(int(info["cma"]) for info in everyone) if self._cma_ok else 0
             del probe
         finally:
             seg.unlink_quietly(name)

@@ -169,6 +169,8 @@ class ShmSmall(ShmCollectives):
         (nothing done) when it is not small or its dtype has no memoryview format."""
         nbytes = tensor.nbytes
         fmt = _FORMATS.get(tensor.dtype)
+        if self.tuning.choose("all_reduce", nbytes, tensor.dtype).algorithm != "one_step":
+            return False
         if (
             fmt is None
             or not nbytes
