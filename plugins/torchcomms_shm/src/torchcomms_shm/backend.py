@@ -178,8 +178,8 @@ class ShmBackend(ShmSmall):
         return self._run("all_reduce", timeout, async_op, body)
 
     def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
-        """The synchronous ``all_reduce`` and ``broadcast`` for the core's lean lane (they
-        skip the keyword handling of the methods; the work is the same)."""
+        """The synchronous ``all_reduce``, ``broadcast`` and ``barrier`` for the core's lean
+        lane (they skip the keyword handling of the methods; the work is the same)."""
         seconds = timeout.total_seconds()
         monotonic = time.monotonic
 
@@ -207,7 +207,18 @@ class ShmBackend(ShmSmall):
                 self._any_broadcast(tensor, root)
             return None
 
-        return {"all_reduce": all_reduce, "broadcast": broadcast}
+        def barrier() -> Any:
+            if self._jobs:
+                return self.barrier(False, timeout=timeout, hints=hints)
+            with self._lock:
+                if self._aborted or self._broken is not None or self._mapping is None:
+                    self._begin("barrier", timeout)
+                self._op, self._seconds = "barrier", seconds
+                self._deadline = monotonic() + seconds
+                self._sync()
+            return None
+
+        return {"all_reduce": all_reduce, "broadcast": broadcast, "barrier": barrier}
 
     def reduce_scatter(
         self,
