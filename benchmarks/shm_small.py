@@ -7,7 +7,8 @@ interleaved round by round (wall clock, the slowest rank's mean per call, median
 rounds):
 
 - ``comm.all_reduce`` (the lean lane), ``comm.broadcast``, ``comm.all_gather_single`` and
-  ``comm.barrier`` of ``--bytes`` (8: two float32) on the shm communicator;
+  ``comm.barrier`` of ``--bytes`` (8: two float32) on the shm communicator, and the first
+  three again on one with ``small_bytes=0`` (without the memoryview path);
 - ``dist.all_reduce`` and ``dist.barrier`` on the bridged world group;
 - ``dist.all_reduce`` on the fake group.
 
@@ -59,6 +60,10 @@ def _rank(rank: int, size: int, port: int, args: argparse.Namespace, out: str) -
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(size)
     )
     comm = torchcomms.new_comm("shm", torch.device("cpu"), name="small", store=store)
+    # The same calls without the memoryview path (torch operators), for the threshold.
+    general = torchcomms.new_comm(
+        "shm", torch.device("cpu"), name="general", store=store, hints={"small_bytes": "0"}
+    )
     n = max(1, args.bytes // 4)
     t = torch.ones(n)
     out_t = torch.empty(n * size)
@@ -67,6 +72,9 @@ def _rank(rank: int, size: int, port: int, args: argparse.Namespace, out: str) -
         "comm.broadcast": lambda: comm.broadcast(t, 0),
         "comm.all_gather_single": lambda: comm.all_gather_single(out_t, t),
         "comm.barrier": lambda: comm.barrier(),
+        "comm.all_reduce (small_bytes=0)": lambda: general.all_reduce(t, ReduceOp.SUM),
+        "comm.broadcast (small_bytes=0)": lambda: general.broadcast(t, 0),
+        "comm.all_gather_single (small_bytes=0)": lambda: general.all_gather_single(out_t, t),
         "dist.all_reduce": lambda: dist.all_reduce(t, group=world),
         "dist.barrier": lambda: dist.barrier(group=world),
     }
@@ -86,6 +94,7 @@ def _rank(rank: int, size: int, port: int, args: argparse.Namespace, out: str) -
             if r:
                 samples[name].append(worst.item() * 1e6)
     result = {k: statistics.median(v) for k, v in samples.items()}
+    general.finalize()
     comm.finalize()
     dist.destroy_process_group()
     if rank == 0:
