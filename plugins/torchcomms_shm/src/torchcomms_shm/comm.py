@@ -173,6 +173,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         # none with more ranks than cores, where polling keeps a core from a peer.
         self._fast_polls = 1 if size > _cores() else 200
         self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
+        if SPIN_US not in hints and YIELD_US not in hints:
+            # Other jobs keep every core busy: sleep at once (docs/benchmarks.md).
+            self._waiter.busy = seg.BusyMachine(size, _cores())
         timeout = options.timeout or timedelta(seconds=600)
         self._default_s = timeout.total_seconds()
 
