@@ -12,6 +12,7 @@ from torchcomms_core.bench.base import BenchOp
 from torchcomms_core.bench.compare import COMPARE_WITH
 from torchcomms_core.bench.data import IN_PLACE
 from torchcomms_core.bench.results import Pass, Row, Timing
+from torchcomms_core.bench.sizes import SMALL_SIZE
 
 _KEY = (
     ("size", "(B)", 12),
@@ -85,6 +86,14 @@ class TextReport:
         self._line(
             "# time: the slowest rank's mean per call; min/avg/max: over ranks of each rank's mean"
         )
+        small = getattr(config, "small_iters", config.iters)
+        if small != config.iters and config.minbytes < SMALL_SIZE:
+            self._line(
+                f"# timed calls (mean): {small} per size below {SMALL_SIZE} bytes, "
+                f"{config.iters} from there"
+            )
+        else:
+            self._line(f"# timed calls (mean): {config.iters} per size")
         self._them = config.compare or "c10d"
         if config.compare == "mpi4py":
             self._line(

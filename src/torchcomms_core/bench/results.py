@@ -83,6 +83,8 @@ class Row:
     #: ``False`` for operations without data (barrier): no bandwidth.
     moves_data: bool = True
     passes: list[Pass] = field(default_factory=list)
+    #: Calls timed per pass (see ``BenchConfig.timed_calls``).
+    timed: int = 0
     #: The algorithm the backend chose for this row (``Choice`` as text; "" when the
     #: backend declares none for the operation, #45).
     algorithm: str = ""
@@ -145,6 +147,7 @@ def row_dict(row: Row) -> dict[str, Any]:
         "nranks": row.nranks,
         "busbw_factor": row.busbw_factor,
         "moves_data": row.moves_data,
+        "timed_calls": row.timed,
         "algorithm": row.algorithm or None,
         "passes": passes,
     }
@@ -174,6 +177,7 @@ def header_dict(
         "maxbytes": config.maxbytes,
         "stepfactor": config.stepfactor,
         "iters": config.iters,
+        "small_iters": getattr(config, "small_iters", config.iters),
         "warmup_iters": config.warmup,
         "check": config.check,
         "inplace": config.inplace,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from torchcomms_core.c10d import profiling
+from torchcomms_core.c10d import comm_lane, profiling
 from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
@@ -120,6 +120,7 @@ class _BackendWrapper(ProcessGroup):
         # timeout recorded calls are recorded with: recomputed when the communicator says
         # they may have changed, rather than asked on every call.
         self._lane_now: Any = None
+        self._comm_calls: dict[str, Any] | None = None
         self._lane_timeout = comm.get_timeout()
         # The names c10d's records of the engine carry (see _name_engine), and whether
         # the last one is this engine's alone.
@@ -399,6 +400,10 @@ class _BackendWrapper(ProcessGroup):
                         lane = engine_lane(track, self._engine, self._engine_tags)
         self._lane_timeout = comm.get_timeout()
         self._lane_now = lane
+        # Without an engine, plain calls go straight into the communicator's lean lane.
+        lean = getattr(comm, "_lane", None)
+        engineless = self._engine is None and self._group_engine is None and not self._stale
+        self._comm_calls = comm_lane.calls(lean) if engineless and lean is not None else None
 
     def _follow(self, comm: TorchComm) -> None:
         """Follow ``comm.reconfigure``: once the communicator is bound again, take its new
@@ -569,6 +574,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
     engine_name, accept, recorded_as = op.engine, op.engine_ok, op.recorded_as
     # The name a call logs when c10d's recorder records it (see recorder_lane._Lane).
     kind = getattr(recorded_as, "kind", None)
+    c10d_name = op.names[0]
 
     if engine_name is None:
 
@@ -581,6 +587,19 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
 
     def call(self: _BackendWrapper, *args: Any, **kwargs: Any) -> Any:
         lane = self._lane_now  # _BackendWrapper._lane, written out: every call runs it
+        if lane is None:
+            direct = self._comm_calls
+            if (
+                direct is not None
+                and not kwargs
+                and self.coalescing is None
+                and self.pending is None
+                and (fn := direct.get(c10d_name)) is not None
+                and not _profiler_enabled()
+                and (work := fn(*args)) is not None
+            ):
+                return work
+            return self._general(op, args, kwargs)
         if (
             lane is not None
             and self.coalescing is None

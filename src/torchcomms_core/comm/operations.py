@@ -219,6 +219,11 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``input`` into ``output`` (size x input's elements, rank order)."""
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.all_gather_single(output, input)
+            if work is not None:
+                return work
         call = self._guard("all_gather_single", timeout, hints)
         self._check.pair("all_gather_single", output, input)
         self._check.times_size("all_gather_single", "output", output, "input", input)
@@ -403,6 +408,11 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Complete once every rank has called ``barrier``."""
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.barrier()
+            if work is not None:
+                return work
         call = self._guard("barrier", timeout, hints)
         return self._issue(call, (), async_op, ())
 

@@ -9,8 +9,20 @@
   each block from its owner's tensor (cross-memory attach; when every rank can read its
   peers). Hint ``cma_bytes`` decides when given.
 
-``nbytes`` of a query: the tensor's bytes (all_reduce), one block's bytes
-(all_to_all_single).
+- ``broadcast`` and ``all_gather``: ``staged`` through the arena (the owner copies each
+  chunk in, every reader copies it out: two copies, a step per chunk) or ``direct``: each
+  reader copies straight from the owner's tensor (``process_vm_readv``: one copy, two
+  lockstep steps in all; when every rank can read its peers). Staged by default: a
+  kernel copy ran at about half a ``memmove`` on the machine the defaults were measured
+  on, where staging through the shared cache won; ``torchcomms tune`` measures both on
+  the machine at hand, and ``algorithm.broadcast=direct`` (or ``staged``) forces one.
+
+Messages of at most ``small_bytes`` that stay ``one_step``/``staged`` run through
+memoryviews (``torchcomms_shm.small``): the same bytes in the same places, without torch
+operators.
+
+``nbytes`` of a query: the tensor's bytes (all_reduce, broadcast), the output's bytes
+(all_gather), one block's bytes (all_to_all_single).
 """
 
 from __future__ import annotations
@@ -40,6 +52,16 @@ def _all_to_all_rule(backend: Any, query: Query) -> str:
     return "direct" if cma and query.nbytes >= cma else "staged"
 
 
+def _copy_once_algorithms(what: str) -> OpAlgorithms:
+    return OpAlgorithms(
+        (
+            Algorithm("staged", doc=f"{what} through the arena, a step per chunk"),
+            Algorithm("direct", doc="readers copy from the owner's tensor (cross-memory attach)"),
+        ),
+        default="staged",
+    )
+
+
 #: ``ShmBackend.algorithms``.
 ALGORITHMS = {
     "arena": OpAlgorithms(
@@ -62,4 +84,6 @@ ALGORITHMS = {
         default=_all_to_all_rule,
         forced_by=("cma_bytes",),
     ),
+    "broadcast": _copy_once_algorithms("the root's tensor"),
+    "all_gather": _copy_once_algorithms("every rank's block"),
 }

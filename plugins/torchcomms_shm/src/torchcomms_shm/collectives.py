@@ -170,6 +170,25 @@ class ShmCollectives(ShmP2P):
             if me != root:
                 _copy(data[lo : lo + m], slot)
 
+    def _wants_direct(self, op: str, nbytes: int) -> bool:
+        """Whether ``op`` (``broadcast`` or ``all_gather``) of ``nbytes`` reads the owners'
+        tensors directly: the tuner's (or the ``algorithm.<op>`` hint's) choice, where every
+        rank can read its peers. Every rank decides alike (agreed choices, equal sizes)."""
+        choice = self.tuning.choose(op, nbytes, torch.uint8).algorithm
+        return choice == "direct" and self._cma_ok and self._size > 1 and nbytes > 0
+
+    def _broadcast_direct(self, data: torch.Tensor, root: int) -> None:
+        """Every rank but ``root`` copies ``root``'s tensor straight into its own."""
+        if self._rank == root:
+            self._direct({}, [data])
+        else:
+            self._direct({root: (data, 0)}, [])
+
+    def _all_gather_direct(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
+        """Every rank copies each peer's block straight from the peer's input."""
+        me = self._rank
+        self._direct({p: (outs[p], 0) for p in self._peers}, [mine], local_copy=(outs[me], mine))
+
     def _all_to_all(
         self, outs: list[torch.Tensor], ins: list[torch.Tensor], uniform: bool = False
     ) -> None:
