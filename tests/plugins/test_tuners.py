@@ -198,7 +198,8 @@ def body_flight_recorder(path: str) -> dict[str, Any]:
 
     with _setting(path, {"TORCHCOMM_TUNER": "scoremap", "TORCHCOMM_SCOREMAP": SCOREMAP}):
         comm = torchcomms.new_comm("shm", "cpu", name=unique_name("fr"))
-        hook = FlightRecorderHook(max_entries=16)
+        # Isolated: the process-wide ring also holds what earlier tests' communicators ran.
+        hook = FlightRecorderHook(max_entries=16, isolated=True)
         hook.register_with_comm(comm)
         comm.all_reduce(torch.ones(4), torchcomms.ReduceOp.SUM)
         comm.barrier()
