@@ -1,0 +1,133 @@
+"""hier's declared all_reduce algorithms, the size rule that picks one, and the algorithm of
+its own between hosts (recursive doubling).
+
+The algorithms (:data:`ALL_REDUCE_ALGORITHMS`):
+
+- ``flat``: one all_reduce on the global level, which joins every rank (the global
+  backend's own algorithm: gloo's ring, ``O(ranks)`` steps). One call, no local steps.
+- ``recursive_doubling``: local reduce, recursive doubling between the hosts' leaders
+  (``ceil(log2 H)`` exchanges, plus one before and one after when ``H`` is not a power of
+  two), local broadcast. Exact, and bit-identical on every rank.
+- ``levels``: local reduce, all_reduce of the leaders on the global backend, local broadcast.
+- ``pipelined``: (even hosts, several ranks per host) local reduce_scatter, rail
+  all_reduce, local all_gather, in pieces that overlap (see ``pipeline``).
+
+:func:`choose_all_reduce` is the one place that maps a message to an algorithm; the hint
+``hier::all_reduce_algorithm`` forces one (``auto``, the default, applies the rule).
+
+May import: torch, the standard library and ``torchcomms_core.plugin``; no other module of
+the plugin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import torch
+
+from torchcomms_core.plugin import ELEMENTWISE_REDUCE, CommInputError, ReduceOp, TorchComm
+
+#: Every all_reduce algorithm hier declares, by name.
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("flat", "recursive_doubling", "levels", "pipelined")
+#: The hint that forces one of :data:`ALL_REDUCE_ALGORITHMS` (or ``auto``: the size rule).
+ALGORITHM_HINT = "hier::all_reduce_algorithm"
+
+#: all_reduce messages of at least this many bytes take local reduce_scatter, rail
+#: all_reduce, local all_gather (when hosts are even); smaller ones reduce to the leaders.
+#: Hint ``hier::rs_min_bytes`` changes it.
+RS_MIN_BYTES_DEFAULT = 64 << 10
+
+#: all_reduce messages of at most this many bytes are "small": at a few bytes a call's cost
+#: is its round trips, so they take ``flat`` (one call on the global level, which already
+#: connects every rank) on up to :data:`RD_MIN_HOSTS` - 1 hosts, and ``recursive_doubling``
+#: from :data:`RD_MIN_HOSTS` hosts on, where a ring's steps grow with the hosts.
+#: Hint ``hier::flat_max_bytes`` changes it (0: no message is small).
+FLAT_MAX_BYTES_DEFAULT = 4 << 10
+
+#: Small messages take ``recursive_doubling`` from this many hosts on.
+RD_MIN_HOSTS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceRule:
+    """What :func:`choose_all_reduce` reads besides the message: the size limits and the
+    forced algorithm (``None``: the size rule)."""
+
+    flat_max_bytes: int
+    rs_min_bytes: int
+    forced: str | None
+
+
+def parse_algorithm(value: str | None) -> str | None:
+    """The algorithm hint ``hier::all_reduce_algorithm`` names (``None`` for ``auto``).
+
+    Raises:
+        CommInputError: the value names no declared algorithm.
+    """
+    name = (value or "auto").strip().lower()
+    if name == "auto":
+        return None
+    if name not in ALL_REDUCE_ALGORITHMS:
+        raise CommInputError(
+            f"hint {ALGORITHM_HINT}={value!r} names no hier all_reduce algorithm; use auto "
+            f"or one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
+        )
+    return name
+
+
+def choose_all_reduce(
+    nbytes: int, count: int, nhosts: int, local_size: int, even: bool, rule: AllReduceRule
+) -> str:
+    """The algorithm of an all_reduce of ``count`` elements (``nbytes`` bytes) over
+    ``nhosts`` hosts, this rank's holding ``local_size`` ranks (``even``: every host holds
+    as many). ``pipelined`` needs even hosts of more than one rank and ``count >=
+    local_size``; when forced where it cannot run, ``levels`` runs instead."""
+    can_pipeline = even and local_size > 1 and count >= local_size
+    forced = rule.forced
+    if forced is not None:
+        return "levels" if forced == "pipelined" and not can_pipeline else forced
+    if nbytes <= rule.flat_max_bytes:
+        return "recursive_doubling" if nhosts >= RD_MIN_HOSTS else "flat"
+    if can_pipeline and nbytes >= rule.rs_min_bytes:
+        return "pipelined"
+    return "levels"
+
+
+def recursive_doubling_all_reduce(
+    comm: TorchComm, tensor: torch.Tensor, op: ReduceOp, timeout: timedelta | None
+) -> None:
+    """All-reduce ``tensor`` in place over ``comm`` by recursive doubling, with its
+    point-to-point calls.
+
+    With ``p`` the largest power of two up to the size ``n``: ranks ``p .. n-1`` first hand
+    their data to rank ``r - p``; ranks ``0 .. p-1`` then exchange with the rank whose index
+    differs in bit ``k``, for ``k = 0 .. log2(p) - 1``, each reducing what it holds with what
+    it receives; ranks ``r - p`` finally send the result back. The two partners of an
+    exchange compute ``a op b`` and ``b op a``, equal bit for bit for every reduction
+    (IEEE addition and multiplication commute), so every rank ends with the same bits.
+    """
+    n, me = comm.get_size(), comm.get_rank()
+    if n == 1:
+        return
+    combine = ELEMENTWISE_REDUCE[op.type]
+    p = 1 << (n.bit_length() - 1)
+    if me >= p:  # folded into rank me - p: hand over, wait for the result
+        comm.send(tensor, me - p, timeout=timeout)
+        comm.recv(tensor, me - p, timeout=timeout)
+        return
+    incoming = torch.empty_like(tensor)
+    if me + p < n:
+        comm.recv(incoming, me + p, timeout=timeout)
+        combine(tensor, incoming, out=tensor)
+    mask = 1
+    while mask < p:
+        partner = me ^ mask
+        sent = comm.send(tensor, partner, True, timeout=timeout)
+        comm.recv(incoming, partner, timeout=timeout)
+        if sent is not None:
+            sent.wait()  # the outgoing data must leave before it is overwritten
+        combine(tensor, incoming, out=tensor)
+        mask <<= 1
+    if me + p < n:
+        comm.send(tensor, me + p, timeout=timeout)
