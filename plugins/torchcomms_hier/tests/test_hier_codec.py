@@ -105,7 +105,8 @@ def test_codec_all_reduce_is_within_the_bound_everywhere(
         assert res["max_error"] > 0, "the result is exact: the hop did not quantize"
         assert res["ints_exact"] and res["max_exact"]
         # The hop between hosts ran the quantized collective, on the level between hosts.
-        if r == 0 or layout == "2x2":
+        leader = LAYOUTS[layout].index(LAYOUTS[layout][r]) == r  # local rank 0
+        if leader or (layout == "2x2" and count * 4 >= 64 << 10):  # pipelined: every rail
             assert "quantized_all_reduce" in res["cross_ops"], res["cross_ops"]
             assert "all_reduce" not in res["cross_ops"][:2]
     # Every rank holds the same bits.
