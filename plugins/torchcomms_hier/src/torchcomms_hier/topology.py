@@ -50,14 +50,15 @@ class Settings:
 
 
 def default_local_backend(device: torch.device) -> str:
-    """``shm`` for cpu when installed, else ``gloo``; ``rccl``/``ncclx`` for cuda by the build."""
+    """``shm`` for cpu when installed and able to run here (its ``is_available``), else
+    ``gloo``; ``rccl``/``ncclx`` for cuda by the build."""
     if device.type == "cuda":
         return "rccl" if getattr(torch.version, "hip", None) else "ncclx"
     try:
-        get_backend_class("shm")
+        shm = get_backend_class("shm")
     except (BackendNotFoundError, BackendLoadError):
         return "gloo"
-    return "shm"
+    return "shm" if shm.is_available()[0] else "gloo"
 
 
 def resolve_settings(hints: dict[str, str], device: torch.device) -> Settings:
