@@ -266,14 +266,17 @@ def test_recursive_doubling_is_exact_and_identical_on_every_rank(
         assert any("send" in ops and "recv" in ops for ops in leaders), leaders
 
 
-def test_the_size_rule_picks_recursive_doubling_from_three_hosts() -> None:
+def test_the_size_rule_and_the_forcing_hint() -> None:
     from torchcomms_hier import choose_all_reduce
-    from torchcomms_hier.algorithms import AllReduceRule, parse_algorithm
+    from torchcomms_hier.algorithms import RD_MIN_HOSTS, AllReduceRule, parse_algorithm
 
     rule = AllReduceRule(4096, 65536, None)
     assert choose_all_reduce(8, 2, 2, 1, True, rule) == "flat"
-    assert choose_all_reduce(8, 2, 3, 1, True, rule) == "recursive_doubling"
-    assert choose_all_reduce(8, 2, 8, 2, True, rule) == "recursive_doubling"
+    small_many = "flat" if RD_MIN_HOSTS is None or RD_MIN_HOSTS > 8 else "recursive_doubling"
+    assert choose_all_reduce(8, 2, 8, 2, True, rule) == small_many
+    rd = AllReduceRule(4096, 65536, parse_algorithm("recursive_doubling"))
+    assert choose_all_reduce(8, 2, 8, 1, True, rd) == "recursive_doubling"
+    assert choose_all_reduce(4097, 1025, 2, 2, True, rule) == "levels"
     assert choose_all_reduce(1 << 20, 1 << 18, 8, 2, True, rule) == "pipelined"
     assert choose_all_reduce(1 << 20, 1 << 18, 3, 2, False, rule) == "levels"
     forced = AllReduceRule(4096, 65536, "pipelined")

@@ -40,13 +40,15 @@ RS_MIN_BYTES_DEFAULT = 64 << 10
 
 #: all_reduce messages of at most this many bytes are "small": at a few bytes a call's cost
 #: is its round trips, so they take ``flat`` (one call on the global level, which already
-#: connects every rank) on up to :data:`RD_MIN_HOSTS` - 1 hosts, and ``recursive_doubling``
-#: from :data:`RD_MIN_HOSTS` hosts on, where a ring's steps grow with the hosts.
+#: connects every rank), or ``recursive_doubling`` from :data:`RD_MIN_HOSTS` hosts on.
 #: Hint ``hier::flat_max_bytes`` changes it (0: no message is small).
 FLAT_MAX_BYTES_DEFAULT = 4 << 10
 
-#: Small messages take ``recursive_doubling`` from this many hosts on.
-RD_MIN_HOSTS = 3
+#: Small messages take ``recursive_doubling`` from this many hosts on; ``None``: the rule
+#: never picks it. Over gloo its point-to-point steps, each a send and a receive through
+#: the level, measured slower than gloo's own all_reduce at 4 and 8 hosts of one rank
+#: (docs/benchmarks.md), so it is chosen by the hint (or a tuner) only.
+RD_MIN_HOSTS: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +90,9 @@ def choose_all_reduce(
     if forced is not None:
         return "levels" if forced == "pipelined" and not can_pipeline else forced
     if nbytes <= rule.flat_max_bytes:
-        return "recursive_doubling" if nhosts >= RD_MIN_HOSTS else "flat"
+        if RD_MIN_HOSTS is not None and nhosts >= RD_MIN_HOSTS:
+            return "recursive_doubling"
+        return "flat"
     if can_pipeline and nbytes >= rule.rs_min_bytes:
         return "pipelined"
     return "levels"

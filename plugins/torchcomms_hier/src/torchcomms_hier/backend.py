@@ -278,7 +278,7 @@ class HierBackend(HierCollectives):
 
         None with a single host, a global level on another device than host memory,
         ``hier::flat_max_bytes=0``, or when small messages take another algorithm than
-        ``flat`` (``recursive_doubling`` from three hosts on, or a forced one).
+        ``flat`` (a forced one).
         """
         glob = self.global_comm
         rule, topo = self._rule, self._topo
