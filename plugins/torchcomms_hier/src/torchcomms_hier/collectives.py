@@ -10,7 +10,6 @@ here natively and take the same path.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -21,7 +20,7 @@ from torchcomms_core.plugin import CommInputError, RedOpType, ReduceOp
 from .algorithms import choose_all_reduce, recursive_doubling_all_reduce
 from .base import HierBase, done
 from .codec import CODEC_BLOCK_SIZE, CODEC_INT8, codec_applies, codec_unavailable_reason
-from .pipeline import FutureWork, pipelined_all_reduce
+from .pipeline import pipelined_all_reduce
 
 _SUM = ReduceOp.SUM
 
@@ -102,21 +101,16 @@ class HierCollectives(HierBase):
 
         if algorithm == "pipelined":
             assert cross is not None
-            # The hop runs in a thread of its own, piece after piece in order (the level
-            # is used by that thread only), so that quantizing and the transfers between
-            # hosts overlap the local steps of the next and the previous pieces: the
-            # quantized collective returns only once its all-to-all is done.
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="hier-hop") as hops:
-                pipelined_all_reduce(
-                    local,
-                    cross,
-                    work,
-                    _SUM,
-                    self._cross_device,
-                    timeout,
-                    align=block_size,
-                    cross_all_reduce=lambda t: FutureWork(hops.submit(hop, t, False)),
-                )
+            pipelined_all_reduce(
+                local,
+                cross,
+                work,
+                _SUM,
+                self._cross_device,
+                timeout,
+                align=block_size,
+                cross_all_reduce=lambda t: hop(t, True),
+            )
         else:
             local.reduce(work, 0, _SUM, timeout=timeout)
             if topo.local_rank == 0:

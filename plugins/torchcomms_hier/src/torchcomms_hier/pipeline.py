@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -25,25 +24,6 @@ from torchcomms_core.plugin import ReduceOp, TorchComm
 #: ``PIPELINE_MAX_PIECES``), so that local steps overlap the transfers between hosts.
 PIECE_BYTES = 4 << 20
 PIPELINE_MAX_PIECES = 8
-
-
-class FutureWork:
-    """A step running in another thread, as a work: ``wait()`` returns once it is done and
-    raises what it raised."""
-
-    __slots__ = ("_future",)
-
-    def __init__(self, future: Future[Any]) -> None:
-        self._future = future
-
-    def wait(self) -> bool:
-        """Block until the step is done; raise its error."""
-        self._future.result()
-        return True
-
-    def is_completed(self) -> bool:
-        """Whether the step has finished (successfully or not)."""
-        return self._future.done()
 
 
 def piece_count(flat: torch.Tensor) -> int:
