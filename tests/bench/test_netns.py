@@ -228,3 +228,26 @@ def test_ranks_per_host_share_a_namespace_and_hier_crosses_the_link_once(tmp_pat
     assert flat["busbw_gbps"] <= 1.2 * link_gbps, output
     assert hier["busbw_gbps"] <= 1.5 * 1.2 * link_gbps, output
     assert "hier / gloo" in output
+
+
+@pytest.mark.netns
+@needs_netns
+def test_eight_namespaces_each_behind_a_shaped_link() -> None:
+    """The largest network the bench builds for hier (``--netns 8``): eight namespaces, each
+    link shaped both ways, distinct addresses, and nothing left after."""
+    prefix = f"{netns.PREFIX}{os.getpid()}"
+    with netns.shaped_network(8, "1gbit", ranks_per_host=2) as net:
+        assert net.nranks == 16 and net.host_of(15) == 7
+        assert len({net.address(h) for h in range(8)}) == 8
+        for h, ns in enumerate(net.namespaces):
+            inside = subprocess.run(
+                ["tc", "-n", ns, "qdisc", "show", "dev", netns.INTERFACE],
+                capture_output=True,
+                text=True,
+            ).stdout
+            outside = subprocess.run(
+                ["tc", "qdisc", "show", "dev", f"{prefix}h{h}"], capture_output=True, text=True
+            ).stdout
+            assert "tbf" in inside and "1Gbit" in inside, (ns, inside)
+            assert "tbf" in outside and "1Gbit" in outside, (ns, outside)
+    assert _leftovers(prefix) == []

@@ -479,7 +479,7 @@ def test_method_support_and_the_command_line_list_the_algorithms(capsys) -> None
         ("shm", "all_to_all_single", "direct"),
         ("gloo", "reduce_scatter_single", "pairwise"),
         ("mpi", "all_reduce", "nonblocking"),
-        ("hier", "all_reduce", "leaders"),
+        ("hier", "all_reduce", "recursive_doubling"),
     ):
         assert backend in out and op in out and algorithm in out
     assert main(["tuners"]) == 0

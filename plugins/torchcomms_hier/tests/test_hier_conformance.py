@@ -1,5 +1,8 @@
-"""The shipped conformance suite passes for ``hier`` at 4 ranks on simulated hosts, run as a
-vendor runs it, with each rank's host and local backend set by ``--torchcomms-rank-env``."""
+"""The shipped conformance suite passes for ``hier`` at 4 and 8 ranks on simulated hosts, run
+as a vendor runs it, with each rank's host and local backend set by ``--torchcomms-rank-env``.
+
+The 8-rank layouts (4 x 2 and 3 + 3 + 2) carry the marker ``ranks8``: they run in CI, and
+``-m "not ranks8"`` leaves them out of a quick local run."""
 
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ CONFIGURATIONS = {
         "aabc",
         {"a": "shm", "b": "gloo", "c": "examplevendor"},
     ),
+    "8 ranks, 4 hosts x 2 on shm": ("aabbccdd", {h: "shm" for h in "abcd"}),
+    "8 ranks, 3 + 3 + 2, shm, gloo and examplevendor": (
+        "aaabbbcc",
+        {"a": "shm", "b": "gloo", "c": "examplevendor"},
+    ),
 }
 
 
@@ -41,7 +49,13 @@ def _vendor_entry_point(folder: Path) -> str:
     return os.pathsep.join([str(folder), str(VENDOR_SRC)])
 
 
-@pytest.mark.parametrize("configuration", list(CONFIGURATIONS))
+@pytest.mark.parametrize(
+    "configuration",
+    [
+        pytest.param(name, marks=[pytest.mark.ranks8] if len(hosts) == 8 else [])
+        for name, (hosts, _) in CONFIGURATIONS.items()
+    ],
+)
 def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -> None:
     hosts, backends = CONFIGURATIONS[configuration]
     if SHM_MISSING and "shm" in backends.values():
@@ -61,7 +75,7 @@ def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     summary = res.stdout.strip().splitlines()[-1]
     assert "passed" in summary and "failed" not in summary and "skipped" not in summary
-    assert "'hier', 4 ranks" in res.stdout
+    assert f"'hier', {len(hosts)} ranks" in res.stdout
     for host in sorted(set(hosts)):  # the header lists each rank's environment
         assert f"TORCHCOMM_LOCAL_BACKEND={backends[host]}" in res.stdout
 

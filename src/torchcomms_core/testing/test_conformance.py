@@ -175,7 +175,10 @@ def test_point_to_point_above_socket_buffers(
     received = contract(
         "large_p2p", contracts.body_large_p2p, torchcomms_backend, torchcomms_device
     )
-    assert all(b > 2 * contracts.LARGE_MESSAGE_BYTES for b in received), received
+    # Two messages of LARGE_MESSAGE_BYTES plus a few elements, less one element per rank of
+    # distance (uneven sizes): at 8 ranks some are a few bytes short of 16 MiB each.
+    slack = 2 * 8 * len(received)  # two messages, (ranks - 1) elements of at most 8 bytes
+    assert all(b > 2 * contracts.LARGE_MESSAGE_BYTES - slack for b in received), received
 
 
 @pytest.mark.usefixtures("numerical")

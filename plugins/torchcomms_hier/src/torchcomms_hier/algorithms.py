@@ -1,56 +1,179 @@
-"""The algorithms of hier's all_reduce and its default rule (#45).
+"""hier's declared all_reduce algorithms, the size rule that picks one, and the algorithm of
+its own between hosts (recursive doubling).
 
-- ``flat``: one all_reduce on the global level (every rank already connected): at a few
-  bytes a call's cost is its round trips;
-- ``reduce_scatter``: local reduce_scatter, rail all_reduce, local all_gather, pipelined
-  (hosts with the same number of ranks; otherwise ``leaders`` runs);
-- ``leaders``: local reduce, all_reduce among the hosts' leaders, local broadcast.
+The algorithms (:data:`ALL_REDUCE_ALGORITHMS`):
 
-The default rule keeps the hints ``hier::flat_max_bytes`` and ``hier::rs_min_bytes``;
-when a communicator has either, it decides instead of the tuner.
+- ``flat``: one all_reduce on the global level, which joins every rank (the global
+  backend's own algorithm: gloo's ring, ``O(ranks)`` steps). One call, no local steps.
+- ``recursive_doubling``: local reduce, recursive doubling between the hosts' leaders
+  (``ceil(log2 H)`` exchanges, plus one before and one after when ``H`` is not a power of
+  two), local broadcast. Exact, and bit-identical on every rank.
+- ``levels``: local reduce, all_reduce of the leaders on the global backend, local broadcast.
+- ``pipelined``: (even hosts, several ranks per host) local reduce_scatter, rail
+  all_reduce, local all_gather, in pieces that overlap (see ``pipeline``).
+
+:func:`choose_all_reduce` is the one place that maps a message to an algorithm; the hint
+``hier::all_reduce_algorithm`` forces one (``auto``, the default, applies the rule).
+
+May import: torch, the standard library and ``torchcomms_core.plugin``; no other module of
+the plugin.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import timedelta
 from typing import Any
 
-from torchcomms_core.plugin import Algorithm, OpAlgorithms, Query
+import torch
 
-__all__ = ["ALGORITHMS", "FLAT_MAX_BYTES_DEFAULT", "RS_MIN_BYTES_DEFAULT"]
+from torchcomms_core.plugin import (
+    ELEMENTWISE_REDUCE,
+    Algorithm,
+    CommInputError,
+    OpAlgorithms,
+    Query,
+    ReduceOp,
+    TorchComm,
+)
+
+#: Every all_reduce algorithm hier declares, by name.
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("flat", "recursive_doubling", "levels", "pipelined")
+#: The hint that forces one of :data:`ALL_REDUCE_ALGORITHMS` (or ``auto``: the size rule).
+ALGORITHM_HINT = "hier::all_reduce_algorithm"
 
 #: all_reduce messages of at least this many bytes take local reduce_scatter, rail
 #: all_reduce, local all_gather (when hosts are even); smaller ones reduce to the leaders.
 #: Hint ``hier::rs_min_bytes`` changes it.
 RS_MIN_BYTES_DEFAULT = 64 << 10
 
-#: all_reduce messages of at most this many bytes run in one step on the global level,
-#: which already connects every rank: at a few bytes a call's cost is its round trips, and
-#: three levels in turn cost three. Hint ``hier::flat_max_bytes`` changes it (0: never).
+#: all_reduce messages of at most this many bytes are "small": at a few bytes a call's cost
+#: is its round trips, so they take ``flat`` (one call on the global level, which already
+#: connects every rank), or ``recursive_doubling`` from :data:`RD_MIN_HOSTS` hosts on.
+#: Hint ``hier::flat_max_bytes`` changes it (0: no message is small).
 FLAT_MAX_BYTES_DEFAULT = 4 << 10
+
+#: Small messages take ``recursive_doubling`` from this many hosts on; ``None``: the rule
+#: never picks it. Over gloo its point-to-point steps, each a send and a receive through
+#: the level, measured slower than gloo's own all_reduce at 4 and 8 hosts of one rank
+#: (docs/benchmarks.md), so it is chosen by the hint (or a tuner) only.
+RD_MIN_HOSTS: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceRule:
+    """What :func:`choose_all_reduce` reads besides the message: the size limits and the
+    forced algorithm (``None``: the size rule)."""
+
+    flat_max_bytes: int
+    rs_min_bytes: int
+    forced: str | None
+
+
+def parse_algorithm(value: str | None) -> str | None:
+    """The algorithm hint ``hier::all_reduce_algorithm`` names (``None`` for ``auto``).
+
+    Raises:
+        CommInputError: the value names no declared algorithm.
+    """
+    name = (value or "auto").strip().lower()
+    if name == "auto":
+        return None
+    if name not in ALL_REDUCE_ALGORITHMS:
+        raise CommInputError(
+            f"hint {ALGORITHM_HINT}={value!r} names no hier all_reduce algorithm; use auto "
+            f"or one of {', '.join(ALL_REDUCE_ALGORITHMS)}"
+        )
+    return name
+
+
+def choose_all_reduce(
+    nbytes: int, count: int, nhosts: int, local_size: int, even: bool, rule: AllReduceRule
+) -> str:
+    """The algorithm of an all_reduce of ``count`` elements (``nbytes`` bytes) over
+    ``nhosts`` hosts, this rank's holding ``local_size`` ranks (``even``: every host holds
+    as many). ``pipelined`` needs even hosts of more than one rank and ``count >=
+    local_size``; when forced where it cannot run, ``levels`` runs instead."""
+    can_pipeline = even and local_size > 1 and count >= local_size
+    forced = rule.forced
+    if forced is not None:
+        return "levels" if forced == "pipelined" and not can_pipeline else forced
+    if nbytes <= rule.flat_max_bytes:
+        if RD_MIN_HOSTS is not None and nhosts >= RD_MIN_HOSTS:
+            return "recursive_doubling"
+        return "flat"
+    if can_pipeline and nbytes >= rule.rs_min_bytes:
+        return "pipelined"
+    return "levels"
 
 
 def _all_reduce_rule(backend: Any, query: Query) -> str:
-    """flat up to hier::flat_max_bytes (4 KiB), reduce_scatter from hier::rs_min_bytes
-    (64 KiB), leaders between"""
-    if query.nbytes <= getattr(backend, "_flat_max_bytes", FLAT_MAX_BYTES_DEFAULT):
-        return "flat"
-    if query.nbytes >= getattr(backend, "_rs_min_bytes", RS_MIN_BYTES_DEFAULT):
-        return "reduce_scatter"
-    return "leaders"
+    """flat up to hier::flat_max_bytes (4 KiB), pipelined from hier::rs_min_bytes (64 KiB)
+    on even hosts, levels otherwise; hier::all_reduce_algorithm forces one"""
+    topo = backend._topo
+    count = max(1, query.nbytes // max(1, query.dtype.itemsize))
+    return choose_all_reduce(
+        query.nbytes, count, topo.nhosts, topo.local_size, topo.even, backend._rule
+    )
 
 
-#: ``HierBackend.algorithms``.
+#: ``HierBackend.algorithms``: what a tuner may choose between for all_reduce (#45). The
+#: default rule is :func:`choose_all_reduce`'s; any of hier's own size or algorithm hints
+#: decides instead of the tuner.
 ALGORITHMS = {
     "all_reduce": OpAlgorithms(
         (
             Algorithm("flat", doc="one all_reduce on the global level"),
             Algorithm(
-                "reduce_scatter",
+                "recursive_doubling",
+                doc="local reduce, recursive doubling between the hosts' leaders, local broadcast",
+            ),
+            Algorithm("levels", doc="local reduce, leaders' all_reduce, local broadcast"),
+            Algorithm(
+                "pipelined",
                 doc="local reduce_scatter, rail all_reduce, local all_gather (even hosts)",
             ),
-            Algorithm("leaders", doc="local reduce, leaders' all_reduce, local broadcast"),
         ),
         default=_all_reduce_rule,
-        forced_by=("hier::flat_max_bytes", "hier::rs_min_bytes"),
+        forced_by=("hier::flat_max_bytes", "hier::rs_min_bytes", ALGORITHM_HINT),
     )
 }
+
+
+def recursive_doubling_all_reduce(
+    comm: TorchComm, tensor: torch.Tensor, op: ReduceOp, timeout: timedelta | None
+) -> None:
+    """All-reduce ``tensor`` in place over ``comm`` by recursive doubling, with its
+    point-to-point calls.
+
+    With ``p`` the largest power of two up to the size ``n``: ranks ``p .. n-1`` first hand
+    their data to rank ``r - p``; ranks ``0 .. p-1`` then exchange with the rank whose index
+    differs in bit ``k``, for ``k = 0 .. log2(p) - 1``, each reducing what it holds with what
+    it receives; ranks ``r - p`` finally send the result back. The two partners of an
+    exchange compute ``a op b`` and ``b op a``, equal bit for bit for every reduction
+    (IEEE addition and multiplication commute), so every rank ends with the same bits.
+    """
+    n, me = comm.get_size(), comm.get_rank()
+    if n == 1:
+        return
+    combine = ELEMENTWISE_REDUCE[op.type]
+    p = 1 << (n.bit_length() - 1)
+    if me >= p:  # folded into rank me - p: hand over, wait for the result
+        comm.send(tensor, me - p, timeout=timeout)
+        comm.recv(tensor, me - p, timeout=timeout)
+        return
+    incoming = torch.empty_like(tensor)
+    if me + p < n:
+        comm.recv(incoming, me + p, timeout=timeout)
+        combine(tensor, incoming, out=tensor)
+    mask = 1
+    while mask < p:
+        partner = me ^ mask
+        sent = comm.send(tensor, partner, True, timeout=timeout)
+        comm.recv(incoming, partner, timeout=timeout)
+        if sent is not None:
+            sent.wait()  # the outgoing data must leave before it is overwritten
+        combine(tensor, incoming, out=tensor)
+        mask <<= 1
+    if me + p < n:
+        comm.send(tensor, me + p, timeout=timeout)

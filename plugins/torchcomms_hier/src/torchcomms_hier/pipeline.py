@@ -12,6 +12,7 @@ May import: torch, the standard library and ``torchcomms_core.plugin``; never th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -42,11 +43,19 @@ def pipelined_all_reduce(
     op: ReduceOp,
     cross_device: torch.device,
     timeout: timedelta | None,
+    *,
+    align: int = 1,
+    cross_all_reduce: Callable[[torch.Tensor], Any] | None = None,
 ) -> None:
     """Local reduce_scatter, rail all_reduce, local all_gather, piece by piece: while a
-    piece crosses between hosts, the host reduces the next one and gathers the last."""
+    piece crosses between hosts, the host reduces the next one and gathers the last.
+
+    Each rank's part of a piece starts at a multiple of ``align`` elements of ``flat``.
+    ``cross_all_reduce(part)`` replaces the rail's all_reduce (``op``, asynchronous): it
+    starts the hop between hosts and returns a work (or ``None`` when done)."""
     lsize, count = local.get_size(), flat.numel()
-    per = math.ceil(count / (lsize * piece_count(flat))) * lsize  # a multiple of lsize
+    unit = lsize * align
+    per = math.ceil(count / (unit * piece_count(flat))) * unit  # a multiple of lsize * align
     total = per * math.ceil(count / per)
     if total == count:
         buf = flat
@@ -56,7 +65,8 @@ def pipelined_all_reduce(
     inflight: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = []
 
     def finish(piece: torch.Tensor, part: torch.Tensor, work: Any, crossed: torch.Tensor) -> None:
-        work.wait()
+        if work is not None:
+            work.wait()
         if crossed is not part:
             part.copy_(crossed)  # back from host memory
         local.all_gather_single(piece, part, timeout=timeout)
@@ -65,7 +75,10 @@ def pipelined_all_reduce(
         part = torch.empty(per // lsize, dtype=flat.dtype, device=flat.device)
         local.reduce_scatter_single(part, piece, op, timeout=timeout)
         crossed = _crossing(part, cross_device)
-        work = cross.all_reduce(crossed, op, True, timeout=timeout)
+        if cross_all_reduce is None:
+            work = cross.all_reduce(crossed, op, True, timeout=timeout)
+        else:
+            work = cross_all_reduce(crossed)
         inflight.append((piece, part, work, crossed))
         if len(inflight) > 1:
             finish(*inflight.pop(0))

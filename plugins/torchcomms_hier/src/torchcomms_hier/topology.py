@@ -28,6 +28,8 @@ from torchcomms_core.plugin import (
     get_backend_class,
 )
 
+from .codec import CODEC_HINT, CODEC_NONE, codec_unavailable_reason, parse_codec
+
 #: Environment variable naming this process's host (default: the host name).
 HOST_ID_ENV = "TORCHCOMM_HOST_ID"
 #: Environment variable naming this host's local backend (the hint ``local_backend`` wins).
@@ -43,17 +45,20 @@ class Settings:
     host_id: str
     local_backend: str
     global_backend: str
+    #: What crosses between hosts (hint ``global_codec``; see ``codec``).
+    codec: str = CODEC_NONE
 
 
 def default_local_backend(device: torch.device) -> str:
-    """``shm`` for cpu when installed, else ``gloo``; ``rccl``/``ncclx`` for cuda by the build."""
+    """``shm`` for cpu when installed and able to run here (its ``is_available``), else
+    ``gloo``; ``rccl``/``ncclx`` for cuda by the build."""
     if device.type == "cuda":
         return "rccl" if getattr(torch.version, "hip", None) else "ncclx"
     try:
-        get_backend_class("shm")
+        shm = get_backend_class("shm")
     except (BackendNotFoundError, BackendLoadError):
         return "gloo"
-    return "shm"
+    return "shm" if shm.is_available()[0] else "gloo"
 
 
 def resolve_settings(hints: dict[str, str], device: torch.device) -> Settings:
@@ -64,7 +69,8 @@ def resolve_settings(hints: dict[str, str], device: torch.device) -> Settings:
         or os.environ.get(LOCAL_BACKEND_ENV, "").strip()
         or default_local_backend(device)
     )
-    return Settings(host, local, hints.get("global_backend") or DEFAULT_GLOBAL_BACKEND)
+    codec = parse_codec(hints.get(CODEC_HINT))
+    return Settings(host, local, hints.get("global_backend") or DEFAULT_GLOBAL_BACKEND, codec)
 
 
 def _check_backend(name: str, device: torch.device, level: str) -> tuple[str, str, Any]:
@@ -155,10 +161,12 @@ def exchange(
     """Publish this rank's settings, read everyone's, refuse inconsistent or missing backends.
 
     Raises:
-        CommInputError: ranks name different global backends, or ranks of one host name
-            different local backends (on every rank, naming both values).
+        CommInputError: ranks name different global backends or codecs, ranks of one host
+            name different local backends (on every rank, naming both values), or this
+            rank cannot run the codec (saying what to install).
         BackendNotFoundError, BackendLoadError: this rank's own backend cannot be loaded.
-        CommOperationError: another host cannot load its backend (naming host and backend).
+        CommOperationError: another host cannot load its backend or run the codec (naming
+            host and backend or codec).
         CommTimeoutError: some rank did not publish its settings within ``timeout``.
     """
     local_kind, local_msg, local_err = _check_backend(settings.local_backend, device, "local")
@@ -171,6 +179,8 @@ def exchange(
         "local_msg": local_msg,
         "global_kind": global_kind,
         "global_msg": global_msg,
+        "codec": settings.codec,
+        "codec_msg": codec_unavailable_reason(settings.codec) or "",
     }
     store.set(f"hier/status/{rank}", json.dumps(mine))
     keys = [f"hier/status/{r}" for r in range(size)]
@@ -199,6 +209,21 @@ def exchange(
                 f"rank {rank} names {settings.local_backend!r}, rank {r} names "
                 f"{other['local']!r}; every rank of a host must use one local backend "
                 f"(hint local_backend or {LOCAL_BACKEND_ENV})"
+            )
+    for r, other in enumerate(everyone):
+        if other.get("codec") != settings.codec:
+            raise CommInputError(
+                f"{where}: {CODEC_HINT} differs between ranks: rank {rank} names "
+                f"{settings.codec!r}, rank {r} names {other.get('codec')!r}; pass the same "
+                f"hint {CODEC_HINT} on every rank"
+            )
+    if mine["codec_msg"]:
+        raise CommInputError(f"{where}: {mine['codec_msg']}")
+    for r, other in enumerate(everyone):
+        if other["codec_msg"]:
+            raise CommOperationError(
+                f"{where}: host {other['host']!r} (rank {r}) cannot run the codec between "
+                f"hosts: {other['codec_msg']}"
             )
     if local_err is not None:
         raise type(local_err)(
