@@ -54,6 +54,7 @@ from torchcomms_core.creation.rendezvous import (
     new_token,
     parse_handle,
 )
+from torchcomms_core.creation.signing import sign_like
 from torchcomms_core.foundation.errors import (
     CommInputError,
     CommOperationError,
@@ -497,7 +498,8 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
         membership.clients[first] = cached
     cached.set_timeout(timeout)  # gloo's rendezvous waits use the store's own timeout
     token = first.split(":", 3)[2]
-    return PrefixStore(f"rendezvous/{token}", cached)
+    # Signed as this member's own rendezvous is, with the job token (docs/security.md).
+    return PrefixStore(f"rendezvous/{token}", sign_like(membership.root_store, cached))
 
 
 def _store_failure(comm: TorchComm, handles: list[str], exc: BaseException) -> CommOperationError:

@@ -1,0 +1,206 @@
+"""The job token (docs/security.md): store entries only this job's ranks can write.
+
+Real ranks over gloo: with a token every value in the store is signed and stored under a
+name only members can compute; an entry that does not verify fails the rank that reads it
+with a ``CommStateError`` naming the key; the token shows nowhere.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+from torch._C._distributed_c10d import HashStore, PrefixStore
+
+import torchcomms
+from torchcomms_core.creation import signing
+from torchcomms_core.creation.signing import SigningStore, derive_key
+from torchcomms_core.foundation.errors import CommInputError, CommStateError
+from torchcomms_core.testing import unique_name
+
+TOKEN = "job-token-0123456789abcdef-secret"
+OTHER = "another-job-token-fedcba9876543210"
+
+
+def _store(token: str = TOKEN, attempt: int = 0) -> tuple[SigningStore, HashStore]:
+    inner = HashStore()
+    return SigningStore(inner, derive_key(token.encode(), "", attempt)), inner
+
+
+# -- the signing store, in one process ------------------------------------------------------
+
+
+def test_values_round_trip_and_are_stored_signed_under_hidden_names() -> None:
+    store, inner = _store()
+    top = PrefixStore("comm/x", store)
+    top.set("k", b"value")
+    assert top.get("k") == b"value"
+    assert not inner.check(["comm/x/k"])  # the plain name holds nothing
+    raw = inner.get(store.physical("comm/x/k"))
+    assert raw.endswith(b"value") and raw != b"value"
+    assert top.add("n", 2) == 2 and top.add("n", 1) == 3
+    top.append("a", b"x")
+    top.append("a", b"yz")
+    assert top.get("a") == b"xyz"
+    assert top.compare_set("c", "", "one") == b"one"
+    assert top.compare_set("c", "one", "two") == b"two"
+    assert top.compare_set("c", "wrong", "three") == b"two"
+    assert top.multi_get(["k", "c"]) == [b"value", b"two"]
+    top.multi_set(["m1", "m2"], [b"1", b"2"])
+    assert top.get("m2") == b"2"
+    assert top.check(["k", "n"]) and not top.check(["absent"])
+    top.wait(["k"], timedelta(seconds=1))
+    assert store.delete_key("comm/x/k") and not top.check(["k"])
+
+
+@pytest.mark.parametrize("kind", ["unsigned", "corrupted", "other job", "earlier attempt", "moved"])
+def test_an_entry_not_written_by_this_job_is_refused_naming_the_key(kind: str) -> None:
+    store, inner = _store(attempt=1)
+    store.set("comm/x/peer", b"10.0.0.1:1234")
+    name = store.physical("comm/x/peer")
+    good = inner.get(name)
+    if kind == "unsigned":
+        forged = b"10.6.6.6:666"
+    elif kind == "corrupted":
+        forged = good[:-1] + bytes([good[-1] ^ 1])
+    elif kind == "other job":
+        other, _ = _store(OTHER, attempt=1)
+        forged = signing.signed(derive_key(OTHER.encode(), "", 1), "comm/x/peer", b"10.6.6.6:1")
+        del other
+    elif kind == "earlier attempt":
+        forged = signing.signed(derive_key(TOKEN.encode(), "", 0), "comm/x/peer", b"10.6.6.6:1")
+    else:  # a genuine value of another key, copied here
+        store.set("comm/x/other", b"10.6.6.6:1")
+        forged = inner.get(store.physical("comm/x/other"))
+    inner.set(name, forged)
+    with pytest.raises(CommStateError, match=r"'comm/x/peer' was not written by a member"):
+        store.get("comm/x/peer")
+    assert store.failure is not None
+    with pytest.raises(CommStateError):
+        store.multi_get(["comm/x/peer"])
+
+
+def test_appended_chunks_verify_one_by_one() -> None:
+    store, inner = _store()
+    store.append("d", b"a,")
+    inner.append(store.physical("d"), b"b,")  # a stranger's chunk after a member's
+    with pytest.raises(CommStateError, match="appended chunk at byte"):
+        store.get("d")
+
+
+def test_the_token_shows_nowhere(caplog: pytest.LogCaptureFixture) -> None:
+    store, _ = _store()
+    assert TOKEN not in repr(store) and TOKEN not in str(store)
+    with pytest.raises(TypeError):
+        import pickle
+
+        pickle.dumps(store)
+    with pytest.raises(CommInputError) as short:
+        signing.job_token({"job_token": "short-secret"})
+    assert "short-secret" not in str(short.value)
+
+
+def test_no_token_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHCOMM_JOB_TOKEN", raising=False)
+    plain = HashStore()
+    assert signing.signing_store(plain, {}) is plain
+    monkeypatch.setenv("TORCHCOMM_JOB_TOKEN", TOKEN)
+    wrapped = signing.signing_store(plain, {})
+    assert isinstance(wrapped, SigningStore)
+    assert signing.signing_store(PrefixStore("p", wrapped), {}).underlying_store is wrapped
+
+
+# -- real ranks --------------------------------------------------------------------------
+
+
+def body_signed_job(token: str, lazy: bool) -> dict:
+    log = io.StringIO()
+    handler = logging.StreamHandler(log)
+    logging.getLogger().addHandler(handler)
+    hints = {"job_token": token, "lazy": "true" if lazy else "false"}
+    try:
+        comm = torchcomms.new_comm("gloo", "cpu", name=unique_name("signed"), hints=hints)
+        rank, size = comm.get_rank(), comm.get_size()
+        t = torch.full((1000,), float(rank + 1))
+        comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+        child = comm.split(list(range(size)), unique_name("signedsplit"))
+        assert child is not None
+        c = torch.full((4,), float(rank))
+        child.all_reduce(c, torchcomms.ReduceOp.MAX)
+        seen = " ".join([repr(comm), str(comm._options), repr(comm._options.hints), log.getvalue()])
+        signed = signing.is_signed(comm._options.store)
+        child.finalize()
+        comm.finalize()
+    finally:
+        logging.getLogger().removeHandler(handler)
+    return {
+        "sum": t.tolist(),
+        "max": c.tolist(),
+        "signed": signed,
+        "leak": token in seen,
+        "size": size,
+    }
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_a_signed_job_computes_exact_results(pool4, lazy: bool) -> None:
+    results = pool4.run(body_signed_job, TOKEN, lazy, timeout=120)
+    size = results[0]["size"]
+    expected = float(size * (size + 1) // 2)
+    for r in results:
+        assert r["signed"] and not r["leak"]
+        assert r["sum"] == [expected] * 1000
+        assert r["max"] == [float(size - 1)] * 4
+
+
+def body_forged_peer_entry(token: str) -> dict:
+    """Rank 0 reads rank 1's gloo address after a stranger who learnt the key's name put a
+    forged value there; rank 1 starts late, so the forged one is what rank 0 reads."""
+    from torchcomms_core.creation.bootstrap import default_store, resolve_rank_size
+
+    rank = resolve_rank_size()[0]
+    name = unique_name("forged")
+    root = default_store(rank, 2, timedelta(seconds=30))
+    signer = SigningStore(root, derive_key(token.encode()))
+    if rank == 1:
+        # The stranger: gloo's address key of rank 1.
+        for key in _gloo_address_keys(name, 1):
+            root.set(signer.physical(key), b"\x00" * 64)
+        root.set(f"test/{name}/forged", b"1")
+        time.sleep(3.0)
+    else:
+        root.wait([f"test/{name}/forged"], timedelta(seconds=30))
+    start = time.monotonic()
+    try:
+        torchcomms.new_comm(
+            "gloo",
+            "cpu",
+            name=name,
+            timeout=timedelta(seconds=20),
+            abort_process_on_timeout_or_error=False,
+            hints={"job_token": token},
+        )
+    except Exception as exc:
+        return {"error": type(exc).__name__, "message": str(exc), "s": time.monotonic() - start}
+    return {"error": None, "s": time.monotonic() - start}
+
+
+def _gloo_address_keys(name: str, rank: int) -> list[str]:
+    # gloo (torch 2.13) publishes rank r's address of its first device as "0/<r>".
+    return [f"comm/{name}/0/{rank}"]
+
+
+def test_a_forged_entry_fails_the_rank_that_reads_it(pool2) -> None:
+    outcomes = pool2.run_outcomes(body_forged_peer_entry, TOKEN, timeout=90)
+    assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+    first = outcomes[0].value
+    assert first["error"] == "CommStateError", first
+    assert "was not written by a member of this job" in first["message"]
+    assert first["s"] < 10.0, first
+    assert TOKEN not in first["message"]
+    late = outcomes[1].value
+    assert late["error"] is not None  # never a communicator built on a stranger's entry
