@@ -131,7 +131,9 @@ class JobResult:
     def refused(self) -> bool:
         """Every rank failed, none computed, at least one naming an untrusted entry."""
         untrusted = [
-            r for r in self.ranks if r is not None and "not written by a member" in r.get("message", "")
+            r
+            for r in self.ranks
+            if r is not None and "not written by a member" in r.get("message", "")
         ]
         return bool(untrusted) and all(r is not None and "error" in r for r in self.ranks)
 
@@ -184,7 +186,15 @@ def run_job(
         names = hidden if kind == "eavesdropper" else plain if kind == "forger" else []
         others.append(
             subprocess.Popen(
-                [sys.executable, "-c", stranger_code, kind, str(port), str(limit_s), ",".join(names)],
+                [
+                    sys.executable,
+                    "-c",
+                    stranger_code,
+                    kind,
+                    str(port),
+                    str(limit_s),
+                    ",".join(names),
+                ],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
