@@ -33,6 +33,7 @@ from torchcomms_core.plugin import (
     StoredRankAndSize,
     TorchCommBackend,
     int_hint,
+    read_record,
 )
 
 from . import cma
@@ -58,6 +59,16 @@ YIELD_US = "yield_us"
 #: else 0 (staging is faster there; see docs/benchmarks.md).
 CMA_BYTES = "cma_bytes"
 DEFAULT_CMA_BYTES = 1 << 20
+
+
+#: The fields of a rank's hello and of the segment record that the ranks read.
+_HELLO = {"host": str, "arena": int, "p2p": int}
+_SEGMENT = {"name": str, "token": str}
+
+
+def _hello(store: Any, rank: int) -> dict[str, Any]:
+    key = f"shm/hello/{rank}"
+    return read_record(store.get(key), key, _HELLO)
 
 
 def _cores() -> int:
@@ -178,7 +189,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             "cma": cma_bytes,
         }
         store.set(f"shm/hello/{rank}", json.dumps(me))
-        everyone = [json.loads(store.get(f"shm/hello/{r}")) for r in range(size)]
+        everyone = [_hello(store, r) for r in range(size)]
         hosts: dict[str, list[int]] = {}
         for r, info in enumerate(everyone):
             hosts.setdefault(info["host"], []).append(r)
@@ -205,7 +216,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             token = os.urandom(16).hex()
             store.set("shm/segment", json.dumps({"name": name, "token": token}))
         else:
-            info = json.loads(store.get("shm/segment"))
+            info = read_record(store.get("shm/segment"), "shm/segment", _SEGMENT)
             name, token = info["name"], info["token"]
         self._segname = name
         try:
