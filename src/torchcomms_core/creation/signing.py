@@ -18,7 +18,8 @@ it hands the communicator and its backend in a :class:`SigningStore`, once. It i
   the value), which can make a barrier release early or time out, but never makes a rank
   use a value that a member did not write.
 - **Appends** are signed chunk by chunk (each chunk is a record of its own length, MAC and
-  bytes), so a read verifies every chunk.
+  bytes), so a read verifies every chunk: a stranger who learnt the key's name can repeat,
+  drop or reorder the chunks members appended, never add one of its own.
 
 The token itself is kept nowhere: only the derived key is, and ``repr`` shows neither.
 """
