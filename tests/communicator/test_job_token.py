@@ -123,7 +123,10 @@ def body_signed_job(token: str, lazy: bool) -> dict:
     logging.getLogger().addHandler(handler)
     hints = {"job_token": token, "lazy": "true" if lazy else "false"}
     try:
+        from torchcomms.hooks import FlightRecorderHook
+
         comm = torchcomms.new_comm("gloo", "cpu", name=unique_name("signed"), hints=hints)
+        recorder = FlightRecorderHook(16, isolated=True).register_with_comm(comm)
         rank, size = comm.get_rank(), comm.get_size()
         t = torch.full((1000,), float(rank + 1))
         comm.all_reduce(t, torchcomms.ReduceOp.SUM)
@@ -131,7 +134,16 @@ def body_signed_job(token: str, lazy: bool) -> dict:
         assert child is not None
         c = torch.full((4,), float(rank))
         child.all_reduce(c, torchcomms.ReduceOp.MAX)
-        seen = " ".join([repr(comm), str(comm._options), repr(comm._options.hints), log.getvalue()])
+        seen = " ".join(
+            [
+                repr(comm),
+                str(comm._options),
+                repr(comm._options.hints),
+                repr(comm.get_backend_impl().options),
+                recorder.dump_json(),
+                log.getvalue(),
+            ]
+        )
         signed = signing.is_signed(comm._options.store)
         child.finalize()
         comm.finalize()
