@@ -181,7 +181,7 @@ def run_job(
     plain += [f"{prefix}names/{NAME}/{r}" for r in range(size)]
     hidden = [prefix + n for n in _physical_names(token, size)] if token else plain
     stranger_code = _STRANGER % {"silent": SILENT_CONNECTIONS, "flood": FLOOD_ATTEMPTS}
-    others = []
+    others: list[subprocess.Popen[bytes]] = []
     for kind in strangers:
         names = hidden if kind == "eavesdropper" else plain if kind == "forger" else []
         others.append(
@@ -202,7 +202,7 @@ def run_job(
         )
     code = _RANK % {"name": NAME, "timeout": timeout_s, "numel": NUMEL}
     start = time.monotonic()
-    procs = []
+    procs: list[subprocess.Popen[str]] = []
     for rank in range(size):
         renv = dict(env, RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank))
         procs.append(
@@ -232,8 +232,9 @@ def run_job(
             errors.append(err[-2000:])
         wall = time.monotonic() - start
     finally:
-        for proc in procs + others:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        for group in (procs, others):
+            for child in group:
+                if child.poll() is None:
+                    child.kill()
+                child.wait()
     return JobResult(results, wall, tuple(strangers), errors)

@@ -95,8 +95,8 @@ def _host() -> str:
 
 
 #: The fields of a rank's segment and mode records (read_record checks their types).
-_SEGMENT = {"path": str, "numel": int}
-_MODE = {"mode": str, "host": str, "probe": (list, type(None))}
+_SEGMENT: dict[str, type | tuple[type, ...]] = {"path": str, "numel": int}
+_MODE: dict[str, type | tuple[type, ...]] = {"mode": str, "host": str, "probe": (list, type(None))}
 
 
 class GlooWindowEngine:
