@@ -167,3 +167,83 @@ def test_a_signed_job_computes_exact_results(pool4, lazy: bool) -> None:
         assert r["signed"] and not r["leak"]
         assert r["sum"] == [expected] * 1000
         assert r["max"] == [float(size - 1)] * 4
+
+
+def body_reconfigure_with_a_token(token: str) -> dict:
+    """Self-hosted rendezvous: members connect to the first handle's store, signed with
+    the same token as the rendezvous its owner hosts."""
+    from torch.distributed import TCPStore
+
+    from torchcomms_core.testing import current_rank
+
+    name = unique_name("signedft")
+    comm = torchcomms.new_comm(
+        "gloo",
+        "cpu",
+        name=name,
+        enable_reconfigure=True,
+        timeout=timedelta(seconds=30),
+        hints={"job_token": token},
+    )
+    rank = current_rank()
+    size = int(__import__("os").environ["TORCHCOMM_SIZE"])
+    store = TCPStore(
+        __import__("os").environ["MASTER_ADDR"],
+        int(__import__("os").environ["MASTER_PORT"]),
+        is_master=False,
+    )
+    store.set(f"{name}/{rank}", comm.get_init_handle())
+    handles = [store.get(f"{name}/{r}").decode() for r in range(size)]
+    comm.reconfigure(1, handles, timedelta(seconds=30))
+    t = torch.full((8,), float(rank + 1))
+    comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    out = {
+        "sum": t.tolist(),
+        "size": comm.get_size(),
+        "signed": [signing.is_signed(comm._store), signing.is_signed(comm._membership.root_store)],
+    }
+    comm.finalize()
+    return out
+
+
+def test_reconfigure_with_a_token_meets_in_signed_rendezvous(pool4) -> None:
+    results = pool4.run(body_reconfigure_with_a_token, TOKEN, timeout=120)
+    for r in results:
+        assert r["signed"] == [True, True] and r["size"] == 4, results
+        assert r["sum"] == [10.0] * 8
+
+
+def test_a_mismatched_token_times_out_saying_to_check_the_token() -> None:
+    """Ranks with different tokens never see each other's entries: the creation timeout
+    says to check the token (two ranks as threads of one process, one store)."""
+    import threading
+
+    from torchcomms_core.testing import simulated_rank
+
+    root = HashStore()
+    errors: list[BaseException | None] = [None, None]
+
+    def rank(r: int) -> None:
+        with simulated_rank(r, 2):
+            try:
+                torchcomms.new_comm(
+                    "gloo",
+                    "cpu",
+                    name="mismatch",
+                    store=root,
+                    timeout=timedelta(seconds=3),
+                    abort_process_on_timeout_or_error=False,
+                    hints={"job_token": TOKEN if r == 0 else OTHER},
+                )
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for exc in errors:
+        assert exc is not None
+        assert "TORCHCOMM_JOB_TOKEN" in str(exc), exc
+        assert TOKEN not in str(exc) and OTHER not in str(exc)

@@ -16,13 +16,20 @@ from torchcomms_core.creation.group_record import GroupContext, creating_group, 
 from torchcomms_core.creation.join import join_or_finalize
 from torchcomms_core.creation.names import auto_name, check_name, claim_name, release_name
 from torchcomms_core.creation.signing import HINT as _TOKEN_HINT
-from torchcomms_core.creation.signing import job_token, signing_failure, signing_store
+from torchcomms_core.creation.signing import (
+    TOKEN_ADVICE,
+    is_signed,
+    job_token,
+    signing_failure,
+    signing_store,
+)
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import (
     BackendLoadError,
     BackendNotFoundError,
     CommInputError,
     CommOperationError,
+    CommTimeoutError,
     CommTypeError,
     TorchCommError,
 )
@@ -193,6 +200,8 @@ def new_comm(
         refused = signing_failure(root)
         if refused is not None and refused is not exc:
             raise refused from exc
+        if isinstance(exc, CommTimeoutError) and is_signed(root):
+            raise CommTimeoutError(f"{exc}. {TOKEN_ADVICE}") from exc
         raise
     except Exception as exc:
         release_name(root, name, rank)
@@ -207,6 +216,8 @@ def new_comm(
             f". Every rank must call new_comm with the same name; check that all {size} "
             f"ranks are running and can reach each other"
         )
+        if is_signed(root):
+            advice += f". {TOKEN_ADVICE}"
         raise engine_start_error(what, timeout, exc, advice) from exc
     # A backend may pin the device further (cuda -> cuda:<local rank>).
     bound = getattr(instance, "device", None)
@@ -304,9 +315,9 @@ def new_reconfigurable_comm(
                 f"new_comm: could not host the rendezvous of communicator {name!r} ({where}): {exc}"
             ) from exc
         handle = make_handle(backend, (host, port))
-        store = PrefixStore(
-            f"rendezvous/{handle.split(':', 3)[2]}", signing_store(rendezvous, trust)
-        )
+        # A local name keeps the signing store alive until the communicator holds it.
+        signer = signing_store(rendezvous, trust)
+        store = PrefixStore(f"rendezvous/{handle.split(':', 3)[2]}", signer)
     else:
         handle = make_handle(backend, None)
         store = signing_store(store, trust)

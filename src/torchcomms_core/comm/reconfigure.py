@@ -495,11 +495,13 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
         membership.clients.clear()  # one live connection: to the current first member
         where = "reconfigure"
         cached = connect(parse_handle(first, comm.get_backend(), True, where), timeout, where)
+        # Signed as this member's own rendezvous is, with the job token (docs/security.md);
+        # kept here, since the prefix below does not keep a Python store alive.
+        cached = sign_like(membership.root_store, cached)
         membership.clients[first] = cached
     cached.set_timeout(timeout)  # gloo's rendezvous waits use the store's own timeout
     token = first.split(":", 3)[2]
-    # Signed as this member's own rendezvous is, with the job token (docs/security.md).
-    return PrefixStore(f"rendezvous/{token}", sign_like(membership.root_store, cached))
+    return PrefixStore(f"rendezvous/{token}", cached)
 
 
 def _store_failure(comm: TorchComm, handles: list[str], exc: BaseException) -> CommOperationError:

@@ -274,9 +274,17 @@ class SigningStore(Store):
         return True
 
 
+#: Added to a creation timeout when this rank signs its entries.
+TOKEN_ADVICE = (
+    f"With {_env.JOB_TOKEN} set, ranks whose token, job id or attempt differ never see each "
+    f"other's store entries: check that every rank has the same {_env.JOB_TOKEN}, "
+    f"{_env.RESTART_COUNT} and job id ({' / '.join(JOB_ID_VARS)})"
+)
+
+
 def is_signed(store: Any) -> bool:
     """Whether ``store`` is a :class:`SigningStore` or a ``PrefixStore`` chain over one."""
-    return _signer(store) is not None
+    return find_signer(store) is not None
 
 
 def signing_store(store: Any, hints: dict[str, str] | None) -> Any:
@@ -290,7 +298,8 @@ def signing_store(store: Any, hints: dict[str, str] | None) -> Any:
     return SigningStore(store, derive_key(token))
 
 
-def _signer(store: Any) -> SigningStore | None:
+def find_signer(store: Any) -> SigningStore | None:
+    """The :class:`SigningStore` under ``store``'s prefixes, or ``None``."""
     for _ in range(64):
         if isinstance(store, SigningStore):
             return store
@@ -302,12 +311,12 @@ def _signer(store: Any) -> SigningStore | None:
 
 def signing_failure(store: Any) -> CommStateError | None:
     """The first entry ``store`` (or the signing store under its prefixes) refused."""
-    signer = _signer(store)
+    signer = find_signer(store)
     return signer.failure if signer is not None else None
 
 
 def sign_like(reference: Any, inner: Any) -> Any:
     """``inner`` signed as ``reference`` is (with the same key), or ``inner`` itself when
     ``reference`` is not signed."""
-    signer = _signer(reference)
+    signer = find_signer(reference)
     return signer.over(inner) if signer is not None else inner
