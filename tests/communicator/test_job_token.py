@@ -247,3 +247,62 @@ def test_a_mismatched_token_times_out_saying_to_check_the_token() -> None:
         assert exc is not None
         assert "TORCHCOMM_JOB_TOKEN" in str(exc), exc
         assert TOKEN not in str(exc) and OTHER not in str(exc)
+
+
+_BRIDGE = """
+import torch, torch.distributed as dist
+from torchcomms_core.creation import signing
+signed = []
+plain_set = signing.SigningStore.set
+def counting_set(self, key, value):
+    signed.append(key)
+    plain_set(self, key, value)
+signing.SigningStore.set = counting_set
+dist.init_process_group("gloo")
+t = torch.ones(4) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+sub = dist.new_group([0, 1])
+u = torch.ones(2)
+dist.all_reduce(u, group=sub)
+print("RESULT", dist.get_rank(), t.tolist(), u.tolist(), bool(signed), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_the_c10d_bridge_signs_with_the_token_from_the_environment(tmp_path) -> None:
+    """Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, torchrun's ranks pass the token as an
+    ordinary environment variable; the groups c10d creates sign their entries."""
+    import subprocess
+    import sys
+
+    from torchcomms_core.bench.launch import free_port
+
+    script = tmp_path / "bridge.py"
+    script.write_text(_BRIDGE)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TORCHCOMM_")}
+    env.update(TORCH_DISTRIBUTED_USE_TORCHCOMMS="1", TORCHCOMM_JOB_TOKEN=TOKEN)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("RESULT"))
+    assert lines == [
+        "RESULT 0 [3.0, 3.0, 3.0, 3.0] [2.0, 2.0] True",
+        "RESULT 1 [3.0, 3.0, 3.0, 3.0] [2.0, 2.0] True",
+    ], res.stdout
+    assert TOKEN not in res.stdout + res.stderr
