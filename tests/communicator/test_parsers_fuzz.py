@@ -17,9 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from torchcomms_core.comm import reconfigure
 from torchcomms_core.creation import signing
 from torchcomms_core.creation.rendezvous import Handle, parse_handle
-from torchcomms_core.foundation.errors import CommInputError, CommStateError
+from torchcomms_core.foundation.errors import (
+    CommInputError,
+    CommOperationError,
+    CommStateError,
+    CommTimeoutError,
+)
 from torchcomms_core.foundation.records import MAX_RECORD_BYTES, read_record
 
 EXAMPLES = int(os.environ.get("TORCHCOMM_FUZZ_EXAMPLES", "300"))
@@ -146,6 +152,27 @@ SCHEMAS = {
         {"numel": 1, "data": [1, 2, "DRAM"], "counters": [3, 4, "DRAM"], "urls": {"1": "eA=="}},
     ),
 }
+
+
+SCHEMAS.update(
+    {
+        "reconfigure member": (reconfigure._MEMBER, {"rank": 0, "digest": "ab"}),
+        "reconfigure list": (reconfigure._LIST, {"rank": 0, "handles": ["gloo:0:t"]}),
+        "reconfigure announcement": (
+            reconfigure._ANNOUNCEMENT,
+            {"uuid": "u", "state": "pending", "seq": 1, "against": ""},
+        ),
+    }
+)
+
+
+@fuzz
+@given(raw=st.binary(max_size=100) | json_values().map(lambda v: json.dumps(v).encode()))
+def test_reconfigure_outcomes(raw: bytes) -> None:
+    try:
+        reconfigure._raise_outcome(raw)
+    except (CommStateError, CommInputError, CommTimeoutError, CommOperationError):
+        pass
 
 
 @pytest.mark.parametrize("schema", list(SCHEMAS))
