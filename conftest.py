@@ -62,11 +62,29 @@ def _shm_listing() -> dict[str, float]:
     return found
 
 
+def _mapped_shm() -> set[str]:
+    """Names in /dev/shm that a live process maps (a job still running, ours or not)."""
+    mapped: set[str] = set()
+    prefix = SHM_DIR + "/"
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        mapped.add(line[at + len(prefix) :].split()[0])
+        except OSError:
+            continue
+    return mapped
+
+
 def shm_leftovers(before: dict[str, float], since: float) -> list[str]:
-    """Entries of /dev/shm made since ``since`` that ``before`` did not list."""
-    return sorted(
-        n for n, made in _shm_listing().items() if n not in before and made >= since - 1.0
-    )
+    """Entries of /dev/shm made since ``since`` that ``before`` did not list and that no
+    live process maps (those belong to a job still running, on a shared machine)."""
+    new = {n for n, made in _shm_listing().items() if n not in before and made >= since - 1.0}
+    return sorted(new - _mapped_shm()) if new else []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
