@@ -15,8 +15,15 @@ Figures (nccl-tests conventions, ``size`` = the largest buffer of the call):
 - a one-thread memcpy (``Tensor.copy_``, what ``torchcomms bench --probe`` reports), and
   the fraction of it each shm busbw reaches.
 
+- latency of a barrier, the same way;
+- with ``--hog``: the same while one bounded busy loop per core runs (started before the
+  ranks, stopped after them; each ends by itself after ``--hog-seconds`` at the latest),
+  as on a machine other jobs keep busy.
+
     python benchmarks/shm_compare.py                 # 2 and 4 ranks
     python benchmarks/shm_compare.py --ranks 2 --rounds 3
+    python benchmarks/shm_compare.py --ranks 2 --hog # a busy loop on every core
+    python benchmarks/shm_compare.py --ranks 8       # 8 ranks (on however many cores)
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ def main() -> None:
         action="store_true",
         help="compare shm wait policies instead (spin, yield, sleep, spin+yield+sleep, default)",
     )
+    parser.add_argument(
+        "--hog", action="store_true", help="run a bounded busy loop on every core meanwhile"
+    )
+    parser.add_argument(
+        "--hog-seconds", type=float, default=1800, help="each busy loop ends after this at most"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -68,6 +81,43 @@ def main() -> None:
     )
     print(f"# load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"# memcpy (copy_, 1 thread, 64 MiB): {copy:.2f} GB/s")
+    hogs = start_hogs(args.hog_seconds) if args.hog else []
+    if hogs:
+        print(f"# {len(hogs)} busy loops running (one per core), at most {args.hog_seconds:g} s")
+    try:
+        run_all(args, copy)
+    finally:
+        stop_hogs(hogs)
+    load = os.getloadavg()
+    print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+def start_hogs(seconds: float) -> list[subprocess.Popen[bytes]]:
+    """One busy loop per core this process may use, each ending by itself after
+    ``seconds`` (so none outlives a killed benchmark for long)."""
+    loop = (
+        "import time\n"
+        f"end = time.monotonic() + {seconds!r}\n"
+        "while time.monotonic() < end:\n"
+        "    sum(range(1000))\n"
+    )
+    cores = len(os.sched_getaffinity(0))
+    return [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(cores)]
+
+
+def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
+    """End the busy loops (each by its own pid) and reap them."""
+    for proc in hogs:
+        proc.terminate()
+    for proc in hogs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_all(args: argparse.Namespace, copy: float) -> None:
     for n in args.ranks:
         cmd = ["mpiexec", "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker"]
         cmd += ["--bytes", str(args.bytes), "--iters", str(args.iters)]
@@ -87,8 +137,6 @@ def main() -> None:
             report_policies(n, json.loads(line[7:]), args.bytes)
         else:
             report(n, json.loads(line[7:]), copy, args.bytes)
-    load = os.getloadavg()
-    print(f"# load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
@@ -100,11 +148,11 @@ def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
         print(
             f"| {op} | {s:.2f} | {g:.2f} | {m:.2f} | {s / m:.2f} | {s / g:.2f} | {s / copy:.2f} |"
         )
-    s, g, m = (res["latency"].get(i, float("nan")) for i in IMPLS)
-    print(
-        f"| all_reduce 8 B latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | "
-        f"{s / g:.3f} | |"
-    )
+    for key, label in (("latency", "all_reduce 8 B"), ("barrier", "barrier")):
+        s, g, m = (res[key].get(i, float("nan")) for i in IMPLS)
+        print(
+            f"| {label} latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | {s / g:.3f} | |"
+        )
 
 
 #: Wait policies compared by ``--policies``: shm hints (microseconds).
@@ -184,6 +232,7 @@ def worker(args: argparse.Namespace) -> None:
                 "broadcast": lambda: mpi.Bcast(np_(big), 0),
                 "all_to_all": lambda: mpi.Alltoall(np_(big), np_(big_out)),
                 "latency": lambda: mpi.Allreduce(MPI.IN_PLACE, np_(tiny), MPI.SUM),
+                "barrier": lambda: mpi.Barrier(),
             }
         c = comms[impl]
         return {
@@ -193,6 +242,7 @@ def worker(args: argparse.Namespace) -> None:
             "broadcast": lambda: c.broadcast(big, 0, False),
             "all_to_all": lambda: c.all_to_all_single(big_out, big, False),
             "latency": lambda: c.all_reduce(tiny, ReduceOp.SUM, False),
+            "barrier": lambda: c.barrier(False),
         }
 
     ops: tuple[str, ...] = OPS
@@ -214,7 +264,7 @@ def worker(args: argparse.Namespace) -> None:
         "all_to_all": (n - 1) / n,
     }
     samples: dict[str, dict[str, list[float]]] = {
-        op: {i: [] for i in impls} for op in (*ops, "latency")
+        op: {i: [] for i in impls} for op in (*ops, "latency", "barrier")
     }
 
     def timed(fn: Callable[[], None], iters: int) -> float:
@@ -226,16 +276,17 @@ def worker(args: argparse.Namespace) -> None:
         return world.allreduce(dt, MPI.MAX)
 
     for impl in impls:  # warm up: pages, connections
-        for op in (*ops, "latency"):
+        for op in (*ops, "latency", "barrier"):
             timed(table[impl][op], 2)
     for _ in range(args.rounds):
         for op in ops:
             for impl in impls:
                 t = timed(table[impl][op], args.iters)
                 samples[op][impl].append(args.bytes / t * factor[op] / 1e9)
-        for impl in impls:
-            t = timed(table[impl]["latency"], args.lat_iters)
-            samples["latency"][impl].append(t * 1e6)
+        for key in ("latency", "barrier"):
+            for impl in impls:
+                t = timed(table[impl][key], args.lat_iters)
+                samples[key][impl].append(t * 1e6)
     result = {op: {i: statistics.median(v) for i, v in d.items()} for op, d in samples.items()}
     for c in comms.values():
         c.finalize()

@@ -14,6 +14,16 @@ for dir in plugins/*/; do
 done
 python -m pip install --quiet torch==2.13.0 -e ".[test,docs]" "${plugins[@]}"
 
+# Lightning Fabric and Accelerate (tests/bridge/test_c10d_backend_names.py: their DDP steps
+# on a torchcomms backend by name), with --no-deps so their torch requirement cannot move the
+# pinned torch, then their small dependencies. Those tests skip, saying why, without them.
+if ! python -m pip install --quiet --no-deps "lightning-fabric==2.6.6" "accelerate==1.16.0" ||
+    ! python -m pip install --quiet "lightning-utilities>=0.10" psutil pyyaml \
+        "huggingface_hub>=0.21" "safetensors>=0.4.3"; then
+    echo "install-dev.sh: lightning-fabric or accelerate could not be installed;" \
+         "their tests in tests/bridge/test_c10d_backend_names.py will be skipped" >&2
+fi
+
 # torchft (tests/fault_tolerance/test_torchft.py, examples/torchft_training.py,
 # benchmarks/chaos.py): the nightly wheel, pinned, with --no-deps so its loose torch
 # requirement can never move the pinned torch, then its small dependencies. Its tests skip,

@@ -6,6 +6,7 @@ Importing this package touches no ``torch.distributed`` attribute and loads no p
 
 from __future__ import annotations
 
+from torchcomms_core.c10d.context import register_c10d_backends
 from torchcomms_core.comm.batch import BatchSendRecv, P2POp, P2POpType
 from torchcomms_core.comm.create import new_comm
 from torchcomms_core.comm.handles import RemovableHandle
@@ -189,6 +190,7 @@ __all__ = [
     "method_support",
     "new_comm",
     "register_backend",
+    "register_c10d_backends",
     "register_plugin",
     "register_transport",
     "unregister_backend",

@@ -6,7 +6,10 @@ works the core can wait on (its engine's own, :class:`C10dWork`, :class:`MultiWo
 :class:`ThenWork`), and may return a :class:`WindowEngine` from ``new_window()``. A
 collective plugin implements the hooks of :mod:`torchcomms_core.plugin_host.hookspecs` with
 :data:`hookimpl` and describes its operation with :class:`Collective`. A transport plugin
-implements :class:`TransportProvider`. A backend built of other backends' communicators
+implements :class:`TransportProvider`. A tuner plugin (``torchcomms.tuners``) subclasses
+:class:`Tuner` and answers a :class:`Query` with a :class:`Choice`; a backend declares its
+:class:`Algorithm` s per operation in ``algorithms`` (:class:`OpAlgorithms`) and asks
+``self.tuning.choose(op, nbytes, dtype)``. A backend built of other backends' communicators
 (``torchcomms-hier``) creates them with :func:`new_member_comm` and looks backends up with
 :func:`get_backend_class`. A collective declares its benchmark with the
 toolkit ``bench`` (``torchcomms_core.bench.kit``, imported on first use). The
@@ -56,6 +59,7 @@ from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 from torchcomms_core.plugin_host.backends import available_backends, get_backend_class
 from torchcomms_core.plugin_host.collective import Collective
 from torchcomms_core.plugin_host.hookspecs import hookimpl, hookspec
+from torchcomms_core.plugin_host.tuners import register_tuner, unregister_tuner
 from torchcomms_core.spec import (
     BASIC_REDUCE_OPS,
     DEFAULT_DTYPES,
@@ -63,12 +67,21 @@ from torchcomms_core.spec import (
     OPTIONAL_METHODS,
     REQUIRED_METHODS,
     SPEC_VERSION,
+    TUNER_SPEC_VERSION,
+    Algorithm,
     BatchOp,
+    Choice,
     MultiWork,
+    OpAlgorithms,
     PortableDefaults,
+    Query,
     ThenWork,
     TorchCommBackend,
     TorchCommWinAccessType,
+    Tuner,
+    TunerContext,
+    Tuning,
+    TuningWarning,
     WindowEngine,
     check_spec_version,
     flat_chunks,
@@ -76,6 +89,7 @@ from torchcomms_core.spec import (
     overlaps,
     reduce_rows,
     settle,
+    size_bucket,
     split_dim0,
     then,
     unflatten_into,
@@ -128,6 +142,19 @@ __all__ = [
     "PortableDefaults",
     "overlaps",
     "settle",
+    # algorithms and tuners (torchcomms_core.spec.tuning)
+    "TUNER_SPEC_VERSION",
+    "Algorithm",
+    "Choice",
+    "OpAlgorithms",
+    "Query",
+    "Tuner",
+    "TunerContext",
+    "Tuning",
+    "TuningWarning",
+    "register_tuner",
+    "size_bucket",
+    "unregister_tuner",
     # the rest
     "BASIC_REDUCE_OPS",
     "DEFAULT_DTYPES",

@@ -56,7 +56,12 @@ def test_every_operation_of_the_table_is_a_c10d_method_and_a_wrapper_method() ->
 # -- on real ranks ----------------------------------------------------------------------
 
 
-def _world() -> Any:
+def _world(fr_size: str | None = None) -> Any:
+    """The switch's world group; ``fr_size``: ``TORCH_FR_BUFFER_SIZE`` while it is made
+    (PyTorch's switch registers a flight recorder of that size: none when unset)."""
+    saved_size = os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    if fr_size is not None:
+        os.environ["TORCH_FR_BUFFER_SIZE"] = fr_size
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
@@ -74,13 +79,16 @@ def _world() -> Any:
         )
     finally:
         dist.config.use_torchcomms = saved
+        os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+        if saved_size is not None:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = saved_size
     return dist.group.WORLD
 
 
 def body_lanes() -> dict[str, Any]:
     from torchcomms_core.hooks.flight_recorder import global_recorder
 
-    pg = _world()
+    pg = _world("2000")
     out: dict[str, Any] = {}
     try:
         assert isinstance(pg, _BackendWrapper)
@@ -151,3 +159,34 @@ def test_calls_take_the_engine_lane_unless_a_hook_observes_them(pool) -> None:
         assert out["recorded again"] is True
         assert out["extra wrapper freed"] is True
         assert out["result"] == [float(n * n)] * 4
+
+
+def body_switch_default() -> dict[str, Any]:
+    """The switch's world group with ``TORCH_FR_BUFFER_SIZE`` unset: its recorder of 0
+    entries observes nothing, so calls keep the lean lanes."""
+    from torchcomms.hooks import FlightRecorderHook
+
+    pg = _world(None)
+    try:
+        comm = pg.get_comm()
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        return {
+            "recorders": len(FlightRecorderHook.attached_to(comm)),
+            "comm lane": comm.takes_lean_calls(),
+            "engine lane": pg._engine_for_call() is not None,
+            "result": t.tolist(),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_switchs_recorder_of_zero_entries_keeps_the_lean_lanes(pool) -> None:
+    n = pool.world_size
+    for out in pool.run(body_switch_default, timeout=120):
+        assert out == {
+            "recorders": 0,
+            "comm lane": True,
+            "engine lane": True,
+            "result": [float(n)] * 4,
+        }

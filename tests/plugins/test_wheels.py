@@ -131,6 +131,35 @@ def test_conformance_suite_passes_on_the_installed_vendor_backend(fresh_env: Pat
     assert "native vs derived" in res.stdout
 
 
+def _names_test_module():
+    """tests/bridge/test_c10d_backend_names.py: its launcher and the gloo comparison."""
+    import importlib.util
+
+    path = ROOT / "tests" / "bridge" / "test_c10d_backend_names.py"
+    spec = importlib.util.spec_from_file_location("c10d_backend_names_for_wheels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+# The vendor backend moves every byte through store round trips: 4 ranks once, switch off.
+@pytest.mark.parametrize(
+    ("switch", "world"), [(False, 2), (True, 2), (False, 4)], ids=["plain-2", "switch-2", "plain-4"]
+)
+def test_vendor_backend_from_its_wheel_is_a_torch_distributed_name(
+    fresh_env: Path, switch: bool, world: int
+) -> None:
+    # The unchanged script imports nothing of torchcomms: "examplevendor" is a c10d name
+    # because the core's wheel registered every installed backend at `import torch`.
+    names = _names_test_module()
+    python = str(fresh_env / "bin" / "python")
+    runs = names.launch([str(names.SCRIPT), "examplevendor"], world, switch=switch, python=python)
+    got = names.results(runs)
+    names.check_against_gloo(got, world, "examplevendor")
+
+
 @pytest.mark.slow
 def test_uninstalled_vendor_backend_gives_a_clear_error(fresh_env: Path) -> None:
     python = str(fresh_env / "bin" / "python")

@@ -354,6 +354,8 @@ def body_killed(victim: int, op: str = "all_reduce") -> dict:
         if op == "all_to_all":
             n = comm.get_size()
             comm.all_to_all_single(torch.empty(n << 20), torch.ones(n << 20))
+        elif op == "small":  # the memoryview path (8 bytes)
+            comm.all_reduce(torch.ones(2), ReduceOp.SUM)
         else:
             comm.all_reduce(torch.ones(1 << 20), ReduceOp.SUM)
         out["pending"] = "completed"
@@ -372,7 +374,13 @@ def body_killed(victim: int, op: str = "all_reduce") -> dict:
 
 @pytest.mark.parametrize(
     ("world_size", "victim", "op"),
-    [(2, 1, "all_reduce"), (4, 0, "all_reduce"), (4, 2, "all_to_all")],
+    [
+        (2, 1, "all_reduce"),
+        (4, 0, "all_reduce"),
+        (4, 2, "all_to_all"),
+        (2, 1, "small"),
+        (4, 3, "small"),
+    ],
 )
 def test_sigkill_during_a_collective_fails_the_survivors(
     world_size: int, victim: int, op: str

@@ -12,6 +12,7 @@ from torchcomms_core.bench.base import BenchOp
 from torchcomms_core.bench.compare import COMPARE_WITH
 from torchcomms_core.bench.data import IN_PLACE
 from torchcomms_core.bench.results import Pass, Row, Timing
+from torchcomms_core.bench.sizes import SMALL_SIZE
 
 _KEY = (
     ("size", "(B)", 12),
@@ -56,6 +57,9 @@ class TextReport:
         self._compare = False
         self._passes = 1
         self._them = "c10d"
+        #: Whether the next table has the ``algorithm`` column (the backend declares
+        #: algorithms for its operation; other tables keep nccl-tests' columns).
+        self.algorithm_column = False
 
     def _line(self, text: str = "") -> None:
         print(text.rstrip(), file=self._out, flush=True)
@@ -82,6 +86,14 @@ class TextReport:
         self._line(
             "# time: the slowest rank's mean per call; min/avg/max: over ranks of each rank's mean"
         )
+        small = getattr(config, "small_iters", config.iters)
+        if small != config.iters and config.minbytes < SMALL_SIZE:
+            self._line(
+                f"# timed calls (mean): {small} per size below {SMALL_SIZE} bytes, "
+                f"{config.iters} from there"
+            )
+        else:
+            self._line(f"# timed calls (mean): {config.iters} per size")
         self._them = config.compare or "c10d"
         if config.compare == "mpi4py":
             self._line(
@@ -125,7 +137,7 @@ class TextReport:
             )
         names = [n for n, _u, _w in _KEY] + [n for n, _u, _w in group] * self._passes
         units = [u for _n, u, _w in _KEY] + [u for _n, u, _w in group] * self._passes
-        self._line("#" + self._cells(names)[1:])
+        self._line("#" + self._cells(names)[1:] + ("  algorithm" if self.algorithm_column else ""))
         self._line("#" + self._cells(units)[1:])
 
     def _timing_cells(self, row: Row, timing: Timing) -> list[str]:
@@ -152,7 +164,9 @@ class TextReport:
             cells += self._timing_cells(row, p.ours)
             if self._compare:
                 cells += self._compare_cells(p)
-        self._line(self._cells(cells))
+        # The backend's chosen algorithm (#45).
+        chosen = "  " + (row.algorithm or "-") if self.algorithm_column else ""
+        self._line(self._cells(cells) + chosen)
 
     def end_op(self, rows: list[Row]) -> None:
         ours = [p.ours for r in rows for p in r.passes]

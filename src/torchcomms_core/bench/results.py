@@ -64,6 +64,8 @@ class Pass:
     c10d_note: str | None = None
     #: Quartiles ``(q1, median, q3)`` of the per-call ratios ours / c10d.
     ratio: tuple[float, float, float] | None = None
+    #: The algorithm the backend chose for the timed calls ("" when it declares none).
+    algorithm: str = ""
 
 
 @dataclass
@@ -81,6 +83,11 @@ class Row:
     #: ``False`` for operations without data (barrier): no bandwidth.
     moves_data: bool = True
     passes: list[Pass] = field(default_factory=list)
+    #: Calls timed per pass (see ``BenchConfig.timed_calls``).
+    timed: int = 0
+    #: The algorithm the backend chose for this row (``Choice`` as text; "" when the
+    #: backend declares none for the operation, #45).
+    algorithm: str = ""
 
     def algbw(self, timing: Timing) -> float | None:
         """GB/s (10**9 bytes) of the largest buffer, or ``None`` without data."""
@@ -140,6 +147,8 @@ def row_dict(row: Row) -> dict[str, Any]:
         "nranks": row.nranks,
         "busbw_factor": row.busbw_factor,
         "moves_data": row.moves_data,
+        "timed_calls": row.timed,
+        "algorithm": row.algorithm or None,
         "passes": passes,
     }
 
@@ -168,6 +177,7 @@ def header_dict(
         "maxbytes": config.maxbytes,
         "stepfactor": config.stepfactor,
         "iters": config.iters,
+        "small_iters": getattr(config, "small_iters", config.iters),
         "warmup_iters": config.warmup,
         "check": config.check,
         "inplace": config.inplace,

@@ -28,7 +28,7 @@ from torchcomms_core.bench.data import DTYPES, REDOPS, Buffers, Case, dtype_name
 from torchcomms_core.bench.ops import DEFAULT_OPS, available_ops, unknown_ops_message
 from torchcomms_core.bench.report import TextReport
 from torchcomms_core.bench.results import Pass, Row, Timing, header_dict, row_dict, write_json
-from torchcomms_core.bench.sizes import size_sweep
+from torchcomms_core.bench.sizes import DEFAULT_ITERS, SMALL_MIN_CALLS, SMALL_SIZE, size_sweep
 from torchcomms_core.comm.create import new_comm
 from torchcomms_core.creation.bootstrap import resolve_rank_size
 from torchcomms_core.foundation import env as _env
@@ -50,7 +50,9 @@ class BenchConfig:
     minbytes: int = 8
     maxbytes: int = 64 << 20
     stepfactor: int = 2
-    iters: int = 20
+    iters: int = DEFAULT_ITERS
+    #: Calls timed per size below ``SMALL_SIZE`` (``--iters`` when given).
+    small_iters: int = SMALL_MIN_CALLS
     warmup: int = 5
     dtype: str = "float32"
     redop: str = "sum"
@@ -69,6 +71,10 @@ class BenchConfig:
     @property
     def sizes(self) -> list[int]:
         return size_sweep(self.minbytes, self.maxbytes, self.stepfactor)
+
+    def timed_calls(self, nbytes: int) -> int:
+        """Calls timed at a size of ``nbytes``."""
+        return self.small_iters if nbytes < SMALL_SIZE else self.iters
 
 
 def runnable_ops(config: BenchConfig, nranks: int) -> tuple[list[str], list[str]]:
@@ -98,8 +104,8 @@ def validate_config(config: BenchConfig, nranks: int | None = None) -> None:
         raise ValueError(f"unknown datatype {config.dtype!r}; choose from {', '.join(DTYPES)}")
     if config.redop not in REDOPS:
         raise ValueError(f"unknown reduction {config.redop!r}; choose from {', '.join(REDOPS)}")
-    if config.iters < 1:
-        raise ValueError(f"iters must be at least 1, got {config.iters}")
+    if config.iters < 1 or config.small_iters < 1:
+        raise ValueError(f"iters must be at least 1, got {min(config.iters, config.small_iters)}")
     if config.warmup < 0:
         raise ValueError(f"warmup_iters must not be negative, got {config.warmup}")
     if config.timeout_s is not None and config.timeout_s <= 0:
@@ -206,6 +212,7 @@ class Runner:
 
     def __post_init__(self) -> None:
         self._sync = _synchronizer(self.case.device)
+        self._calls = self.config.iters
 
     def c10d_note(self, op: BenchOp) -> str | None:
         """Why ``op`` is not compared, or ``None`` when it is (or no comparison was asked)."""
@@ -217,9 +224,11 @@ class Runner:
             return note
         return op.c10d_refuses(self.case, self.c10d_backend)
 
-    def measure(self, op: BenchOp, bufs: Buffers) -> Pass:
-        """Check, warm up and time ``op`` on ``bufs``; collective, so every rank calls it."""
+    def measure(self, op: BenchOp, bufs: Buffers, calls: int | None = None) -> Pass:
+        """Check, warm up and time ``op`` on ``bufs`` (``calls`` timed calls, by default
+        ``--iters``); collective, so every rank calls it."""
         comm, case, config = self.comm, self.case, self.config
+        self._calls = config.iters if calls is None else calls
         compare = self.dist is not None and self.c10d_note(op) is None
         ours = functools.partial(op.run, comm, bufs, case)
         theirs = functools.partial(op.run_c10d, self.dist, bufs, case)
@@ -241,7 +250,9 @@ class Runner:
             ours_us, theirs_us = self._interleaved(ours, None)
         else:
             ours_us, theirs_us = self._batch(ours), []
-        return self._gather(
+        # Read before _gather, whose own all_gather_single would overwrite it (#45).
+        algorithm = chosen_algorithm(comm, op.name)
+        result = self._gather(
             op,
             bufs.form,
             ours_us,
@@ -250,6 +261,8 @@ class Runner:
             c10d_wrong if checked else None,
             compare,
         )
+        result.algorithm = algorithm
+        return result
 
     def _check(self, op: BenchOp, bufs: Buffers, call: Callable[[], None], checked: bool) -> int:
         op.fill(bufs, self.case)
@@ -261,7 +274,7 @@ class Runner:
 
     def _batch(self, call: Callable[[], None]) -> list[float]:
         """One mean over all iterations, timed as a block (no per-call synchronisation)."""
-        iters = self.config.iters
+        iters = self._calls
         start = time.perf_counter()
         for _ in range(iters):
             call()
@@ -279,7 +292,7 @@ class Runner:
         sync, clock = self._sync, time.perf_counter
         ours_us: list[float] = []
         theirs_us: list[float] = []
-        for i in range(self.config.iters):
+        for i in range(self._calls):
             if theirs is not None and i % 2:
                 t0 = clock()
                 theirs()
@@ -357,7 +370,8 @@ class Runner:
             if count == last_count:
                 continue
             last_count = count
-            passes = [self.measure(op, op.allocate(count, case, form)) for form in forms]
+            calls = self.config.timed_calls(count * case.itemsize)
+            passes = [self.measure(op, op.allocate(count, case, form), calls) for form in forms]
             yield Row(
                 op=op.name,
                 size=count * case.itemsize,
@@ -369,7 +383,23 @@ class Runner:
                 busbw_factor=op.busbw_factor(case.nranks),
                 moves_data=op.moves_data,
                 passes=passes,
+                timed=calls,
+                algorithm=passes[0].algorithm if passes else "",
             )
+
+
+def declared_algorithms(comm: Any) -> frozenset[str]:
+    """The operations ``comm``'s backend declares algorithms for (#45)."""
+    return frozenset(getattr(type(comm.get_backend_impl()), "algorithms", {}) or {})
+
+
+def chosen_algorithm(comm: Any, op: str) -> str:
+    """The algorithm ``comm``'s backend last chose for ``op`` ("" when it chose none)."""
+    try:
+        choice = comm.get_backend_impl().tuning.last.get(op)
+    except Exception:  # a backend without tuning (duck-typed)
+        return ""
+    return "" if choice is None else str(choice)
 
 
 def c10d_description(op: BenchOp, case: Case, dist: Any, c10d_backend: str) -> str:
@@ -400,6 +430,8 @@ def run_benchmarks(runner: Runner, report: TextReport | None) -> list[Row]:
                 if runner.c10d_backend is not None
                 else None
             )
+            # The algorithm column, for operations the backend chooses an algorithm for.
+            report.algorithm_column = name in declared_algorithms(runner.comm)
             report.begin_op(op, config, case.nranks, forms, c10d)
         op_rows = []
         for row in runner.sweep(op, forms):

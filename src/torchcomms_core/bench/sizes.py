@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import re
 
+#: Sizes below this are timed over ``SMALL_MIN_CALLS`` calls unless ``--iters`` is given:
+#: one late call (a scheduler tick, another process) in 20 would set the mean of a call
+#: that takes microseconds. nccl-tests reports the mean too, over its ``-n`` calls.
+SMALL_SIZE = 64 << 10
+SMALL_MIN_CALLS = 200
+#: Calls timed per size from ``SMALL_SIZE`` on, unless ``--iters`` is given.
+DEFAULT_ITERS = 20
+
+
 _SUFFIXES = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 _SIZE_RE = re.compile(r"\s*(\d+)\s*([KMG]?)\s*", re.IGNORECASE)
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from torchcomms_core.c10d import profiling
-from torchcomms_core.c10d.args import engine_label
+from torchcomms_core.c10d import comm_lane, profiling
+from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
     _backend_type,
@@ -120,6 +120,7 @@ class _BackendWrapper(ProcessGroup):
         # timeout recorded calls are recorded with: recomputed when the communicator says
         # they may have changed, rather than asked on every call.
         self._lane_now: Any = None
+        self._comm_calls: dict[str, Any] | None = None
         self._lane_timeout = comm.get_timeout()
         # The names c10d's records of the engine carry (see _name_engine), and whether
         # the last one is this engine's alone.
@@ -319,6 +320,9 @@ class _BackendWrapper(ProcessGroup):
         """Split the communicator; every rank of this group calls, non-members get ``None``."""
         self.flush()
         ranks = sorted(int(r) for r in new_ranks)
+        # pg_options of new_group/split_group: a dict of hints (gloo's options give none);
+        # anything else is refused before any rank splits.
+        hints = hints_from_pg_options(self._comm.get_backend(), opts)
         if group_name is None:
             from torch.distributed import distributed_c10d
 
@@ -332,7 +336,7 @@ class _BackendWrapper(ProcessGroup):
         seen = self._split_names.get(group_name, 0)
         self._split_names[group_name] = seen + 1
         comm_name = group_name if not seen else f"{group_name}.{seen}"
-        child = self._comm.split(ranks, comm_name, timeout=timeout)
+        child = self._comm.split(ranks, comm_name, hints=hints or None, timeout=timeout)
         assert child is not None  # members always get a communicator
         pg = _BackendWrapper(child)
         pg._set_group_name(group_name)
@@ -396,6 +400,10 @@ class _BackendWrapper(ProcessGroup):
                         lane = engine_lane(track, self._engine, self._engine_tags)
         self._lane_timeout = comm.get_timeout()
         self._lane_now = lane
+        # Without an engine, plain calls go straight into the communicator's lean lane.
+        lean = getattr(comm, "_lane", None)
+        engineless = self._engine is None and self._group_engine is None and not self._stale
+        self._comm_calls = comm_lane.calls(lean) if engineless and lean is not None else None
 
     def _follow(self, comm: TorchComm) -> None:
         """Follow ``comm.reconfigure``: once the communicator is bound again, take its new
@@ -566,6 +574,7 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
     engine_name, accept, recorded_as = op.engine, op.engine_ok, op.recorded_as
     # The name a call logs when c10d's recorder records it (see recorder_lane._Lane).
     kind = getattr(recorded_as, "kind", None)
+    c10d_name = op.names[0]
 
     if engine_name is None:
 
@@ -578,6 +587,19 @@ def _method(op: BridgeOp) -> Callable[..., Any]:
 
     def call(self: _BackendWrapper, *args: Any, **kwargs: Any) -> Any:
         lane = self._lane_now  # _BackendWrapper._lane, written out: every call runs it
+        if lane is None:
+            direct = self._comm_calls
+            if (
+                direct is not None
+                and not kwargs
+                and self.coalescing is None
+                and self.pending is None
+                and (fn := direct.get(c10d_name)) is not None
+                and not _profiler_enabled()
+                and (work := fn(*args)) is not None
+            ):
+                return work
+            return self._general(op, args, kwargs)
         if (
             lane is not None
             and self.coalescing is None

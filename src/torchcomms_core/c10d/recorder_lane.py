@@ -180,6 +180,7 @@ def _lane_entries(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
                     names.get(thread_id, record.get("thread_name") or ""),
                     (_RENDERED, record.get("frames") or []),
                     None,
+                    None,  # no algorithm: c10d's engine chose how to run it (#45)
                 ]
             )
     return out

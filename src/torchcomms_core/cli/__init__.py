@@ -15,6 +15,8 @@ SUBCOMMANDS: tuple[str, ...] = (
     "backends",
     "plugins",
     "transports",
+    "tuners",
+    "tune",
 )
 
 

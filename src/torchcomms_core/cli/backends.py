@@ -15,6 +15,11 @@ HELP = "list installed backends and whether they can run on this machine"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.add_argument(
+        "--algorithms",
+        action="store_true",
+        help="also list each backend's declared algorithms per operation and default rules",
+    )
 
 
 def describe_backends() -> list[dict[str, Any]]:
@@ -60,6 +65,7 @@ def describe_backends() -> list[dict[str, Any]]:
                 derived=[],
                 plugin_collectives={},
                 hint_keys=None,
+                algorithms={},
             )
             rows.append(row)
             continue
@@ -77,6 +83,12 @@ def describe_backends() -> list[dict[str, Any]]:
             plugin_collectives={m: v for m, v in support.items() if m not in spec_ops},
             # The hint keys the backend reads (``None``: it does not declare them).
             hint_keys=list(cls.hint_keys) if cls.hint_keys is not None else None,
+            # The algorithms it declares per operation, with their default rule (#45).
+            algorithms={
+                op: {k: v for k, v in entry.items() if k != "support"}
+                for op, entry in method_support(cls, algorithms=True).items()
+                if isinstance(entry, dict)
+            },
         )
         rows.append(row)
     return rows
@@ -119,4 +131,35 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         if r["conflict"]:
             print(f"\nconflict: {r['conflict']}")
+    if getattr(args, "algorithms", False):
+        print_algorithms(rows)
     return 0
+
+
+def print_algorithms(rows: list[dict[str, Any]]) -> None:
+    """One table of every backend's declared algorithms (``--algorithms``)."""
+    table = [("backend", "operation", "algorithm", "parameters", "default rule", "what it does")]
+    for r in rows:
+        for op, spec in sorted(r.get("algorithms", {}).items()):
+            for i, a in enumerate(spec["algorithms"]):
+                params = ",".join(f"{k}={v}" for k, v in a["params"].items()) or "-"
+                forced = (
+                    f"; {', '.join(spec['forced_by'])} overrides the tuner"
+                    if spec["forced_by"]
+                    else ""
+                )
+                table.append(
+                    (
+                        r["name"] if i == 0 else "",
+                        op if i == 0 else "",
+                        a["name"],
+                        params,
+                        spec["default"] + forced if i == 0 else "",
+                        a["doc"],
+                    )
+                )
+    print()
+    if len(table) == 1:
+        print("no backend declares algorithms")
+        return
+    print_table(table)

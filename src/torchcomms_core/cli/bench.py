@@ -24,7 +24,7 @@ from torchcomms_core.bench.runner import (
     runnable_ops,
     validate_config,
 )
-from torchcomms_core.bench.sizes import parse_size
+from torchcomms_core.bench.sizes import DEFAULT_ITERS, SMALL_MIN_CALLS, parse_size
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import TorchCommError
 
@@ -134,8 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-n",
         "--iters",
         type=_int_at_least(1),
-        default=20,
-        help="timed iterations per size (default: %(default)s)",
+        default=None,
+        help="timed iterations per size (default: 20, and 200 below 64K, where one late "
+        "call would set the mean)",
     )
     parser.add_argument(
         "-w",
@@ -392,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
         minbytes=args.minbytes,
         maxbytes=args.maxbytes,
         stepfactor=args.stepfactor,
-        iters=args.iters,
+        iters=DEFAULT_ITERS if args.iters is None else args.iters,
+        small_iters=SMALL_MIN_CALLS if args.iters is None else args.iters,
         warmup=args.warmup_iters,
         dtype=args.datatype,
         redop=args.op,

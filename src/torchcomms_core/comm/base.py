@@ -41,7 +41,7 @@ from torchcomms_core.operations.args import (
     OpArgs,
     OpName,
 )
-from torchcomms_core.operations.hints import warn_unknown_hints
+from torchcomms_core.operations.hints import core_hint_keys, warn_unknown_hints
 from torchcomms_core.operations.options import CommOptions
 from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 from torchcomms_core.operations.validation import (
@@ -297,7 +297,9 @@ class CommBase:
             CommTypeError: ``hints`` is not a ``dict[str, str]``.
         """
         self._hints = dict(check_hints(hints, "set_hints"))
-        warn_unknown_hints(self._backend_name, type(self._backend).hint_keys, self._hints)
+        warn_unknown_hints(
+            self._backend_name, core_hint_keys(type(self._backend).hint_keys), self._hints
+        )
         self._relean()
 
     def __copy__(self) -> CommBase:

@@ -34,11 +34,12 @@ from torchcomms_core.foundation.errors import (
     TorchCommError,
 )
 from torchcomms_core.foundation.work import engine_start_error
-from torchcomms_core.operations.hints import warn_unknown_hints
+from torchcomms_core.operations.hints import core_hint_keys, warn_unknown_hints
 from torchcomms_core.operations.options import CommOptions
 from torchcomms_core.operations.validation import check_hints, check_timeout
 from torchcomms_core.plugin_host.backends import get_backend_class
 from torchcomms_core.plugin_host.manager import call_lifecycle, load_plugins
+from torchcomms_core.plugin_host.tuners import agree_after_init, confirm_tuning, make_tuning
 from torchcomms_core.spec import TorchCommBackend
 
 
@@ -125,8 +126,10 @@ def new_comm(
             )
         hints.setdefault("is_high_priority_stream", "true" if is_high_priority_stream else "false")
     load_plugins()
+    if store is not None:
+        backend = _c10d_alias(backend, store)
     cls = _backend_class(backend)
-    warn_unknown_hints(backend, cls.hint_keys, hints)
+    warn_unknown_hints(backend, core_hint_keys(cls.hint_keys), hints)
     ok, reason = cls.is_available()
     if not ok:
         raise BackendLoadError(f"new_comm: backend {backend!r} cannot run here: {reason}")
@@ -177,7 +180,25 @@ def new_comm(
         generation=generation,
     )
     claims = root if c10d_group is None else None  # the bridge's groups claim no name
+    # Whether the ranks share the store (mpi without MASTER_ADDR has one per process).
+    shared = (
+        store is not None
+        or cls.needs_store
+        or _env.master_addr_port() is not None
+        or _env.store_file() is not None
+    )
     try:
+        # Every rank agrees on the tuner before the engine is built (#45).
+        options.tuning = instance.tuning = make_tuning(
+            instance,
+            backend,
+            device,
+            options,
+            shared_store=shared,
+            what=f"new_comm: communicator {name!r}",
+            claim_key=lambda r: f"names/{name}/{r}",
+            claims=claims,
+        )
         if c10d_group is not None and getattr(cls, "reads_c10d_group", False):
             # c10d's facts (global ranks, pg_options), for a backend that builds its
             # engine as c10d would; other backends' own new_comm calls stay unaffected.
@@ -195,6 +216,10 @@ def new_comm(
                 claim_key=lambda r: f"names/{name}/{r}",
                 claims=claims,
             )
+        if shared:
+            confirm_tuning(instance.tuning)
+        else:
+            agree_after_init(instance.tuning, instance, backend, device)
     except TorchCommError as exc:
         release_name(root, name, rank)
         refused = signing_failure(root)
@@ -263,6 +288,19 @@ def new_member_comm(
             hints=hints,
             abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
         )
+
+
+def _c10d_alias(backend: str, store: Any) -> str:
+    """The torchcomms backend ``TORCHCOMM_C10D_ALIASES`` names for c10d's ``backend`` while
+    c10d creates a group (``gloo=shm``: code that hard-codes ``"gloo"``, such as
+    Accelerate on CPU, runs on shm under the switch); ``backend`` itself otherwise."""
+    try:
+        aliases = _env.c10d_aliases()
+    except ValueError as exc:
+        raise CommInputError(f"new_comm: {exc}") from None
+    if backend not in aliases or creating_group(store) is None:
+        return backend
+    return aliases[backend]
 
 
 def _backend_class(backend: str) -> type[TorchCommBackend]:

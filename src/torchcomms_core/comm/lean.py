@@ -81,6 +81,12 @@ TABLE: tuple[LaneOp, ...] = (
         "output and input have one dtype and one shape whose dim 0 divides by the size "
         "(they may overlap)",
     ),
+    LaneOp(
+        "all_gather_single",
+        ("output", "input"),
+        "output and input have one dtype; output has size times input's elements",
+    ),
+    LaneOp("barrier", (), "none"),
 )
 
 #: The names of the operations with a lane.
@@ -97,17 +103,21 @@ class Lane:
     (:data:`CALL` is the caller's to check), else ``None`` (take the general path).
     """
 
-    __slots__ = ("all_reduce", "broadcast", "all_to_all_single")
+    __slots__ = ("all_reduce", "broadcast", "all_to_all_single", "all_gather_single", "barrier")
 
     def __init__(
         self,
         all_reduce: Callable[[Any, Any], TorchWork | None],
         broadcast: Callable[[Any, Any], TorchWork | None],
         all_to_all_single: Callable[[Any, Any], TorchWork | None],
+        all_gather_single: Callable[[Any, Any], TorchWork | None],
+        barrier: Callable[[], TorchWork | None],
     ) -> None:
         self.all_reduce = all_reduce
         self.broadcast = broadcast
         self.all_to_all_single = all_to_all_single
+        self.all_gather_single = all_gather_single
+        self.barrier = barrier
 
 
 if Lane.__slots__ != LEAN_OPS:
@@ -134,6 +144,8 @@ def build(
     reduced = TorchWork.completed(None, "all_reduce")
     broadcast_done = TorchWork.completed(None, "broadcast")
     exchanged = TorchWork.completed(None, "all_to_all_single")
+    gathered = TorchWork.completed(None, "all_gather_single")
+    met = TorchWork.completed(None, "barrier")
 
     def finish(inner: Any, name: str) -> TorchWork:
         work = TorchWork(inner, None, comm, name)
@@ -151,6 +163,14 @@ def build(
         lambda output, input: backend.all_to_all_single(
             output, input, False, timeout=timeout, hints=hints
         )
+    )
+    gather_fn = fast.get("all_gather_single") or (
+        lambda output, input: backend.all_gather_single(
+            output, input, False, timeout=timeout, hints=hints
+        )
+    )
+    barrier_fn = fast.get("barrier") or (
+        lambda: backend.barrier(False, timeout=timeout, hints=hints)
     )
 
     # The TENSOR conditions are written out in each lane rather than in a helper: a call per
@@ -220,4 +240,42 @@ def build(
             fail(exc, "all_to_all_single")
         return exchanged if inner is None else finish(inner, "all_to_all_single")
 
-    return Lane(all_reduce=all_reduce, broadcast=broadcast, all_to_all_single=all_to_all_single)
+    def all_gather_single(output: Any, input: Any) -> TorchWork | None:
+        if not (
+            type(output) is _Tensor
+            and type(input) is _Tensor
+            and (dtype := input.dtype) is output.dtype
+            and dtype in dtypes
+            and input.is_cpu
+            and output.is_cpu
+            and input.layout is _STRIDED
+            and output.layout is _STRIDED
+            and not input.is_nested
+            and not output.is_nested
+            and not input.is_neg()
+            and not output.is_neg()
+            and input.is_contiguous()
+            and output.is_contiguous()
+            and output.numel() == size * input.numel()
+        ):
+            return None
+        try:
+            inner = gather_fn(output, input)
+        except Exception as exc:
+            fail(exc, "all_gather_single")
+        return gathered if inner is None else finish(inner, "all_gather_single")
+
+    def barrier() -> TorchWork | None:
+        try:
+            inner = barrier_fn()
+        except Exception as exc:
+            fail(exc, "barrier")
+        return met if inner is None else finish(inner, "barrier")
+
+    return Lane(
+        all_reduce=all_reduce,
+        broadcast=broadcast,
+        all_to_all_single=all_to_all_single,
+        all_gather_single=all_gather_single,
+        barrier=barrier,
+    )

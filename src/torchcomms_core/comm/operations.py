@@ -27,6 +27,7 @@ from torchcomms_core.operations.reduce_op import ReduceOp
 from torchcomms_core.operations.validation import check_hints, check_timeout, split_sizes
 from torchcomms_core.plugin_host.collective import Collective
 from torchcomms_core.plugin_host.manager import PluginError, attach_collective_host, call_lifecycle
+from torchcomms_core.plugin_host.tuners import agree_after_init, confirm_tuning, make_tuning
 
 # all_reduce, broadcast and all_to_all_single open with the lean lane (``comm.lean``): a
 # plain synchronous call that qualifies is checked and issued there.
@@ -218,6 +219,11 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Gather every rank's ``input`` into ``output`` (size x input's elements, rank order)."""
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.all_gather_single(output, input)
+            if work is not None:
+                return work
         call = self._guard("all_gather_single", timeout, hints)
         self._check.pair("all_gather_single", output, input)
         self._check.times_size("all_gather_single", "output", output, "input", input)
@@ -402,6 +408,11 @@ class TorchComm(CommBase):
         timeout: timedelta | None = None,
     ) -> TorchWork:
         """Complete once every rank has called ``barrier``."""
+        lane = self._lane
+        if lane is not None and not async_op and timeout is None and hints is None:
+            work = lane.barrier()
+            if work is not None:
+                return work
         call = self._guard("barrier", timeout, hints)
         return self._issue(call, (), async_op, ())
 
@@ -588,6 +599,7 @@ class TorchComm(CommBase):
             hints={**self._hints, **(hints or {})},
             rank=members.index(self._rank) if members else -1,
             size=len(members),
+            tuning=None,
         )
         if not members:
             # Backends with a collective native split need every parent rank to take part.
@@ -597,6 +609,19 @@ class TorchComm(CommBase):
             return None
         claim_name(self._store, f"split/{name}", self._rank, self._name)
         try:
+            # The members agree on the child's tuner on its store, before its engine (#45).
+            shared = getattr(self._backend.tuning, "shared", True)
+            options.tuning = make_tuning(
+                self._backend,
+                self._backend_name,
+                self._device,
+                options,
+                shared_store=shared,
+                what=f"split: communicator {name!r} of {self._name!r}",
+                claim_key=lambda r: f"names/split/{name}/{r}",
+                claims=self._store,
+                members=members,
+            )
             child = self._backend.split(members, name, options)
             if child is None:
                 raise TorchCommError(
@@ -614,6 +639,10 @@ class TorchComm(CommBase):
                     claims=self._store,
                     members=members,
                 )
+            if shared:
+                confirm_tuning(child.tuning)
+            else:
+                agree_after_init(child.tuning, child, self._backend_name, self._device)
         except BaseException:
             release_name(self._store, f"split/{name}", self._rank)
             raise

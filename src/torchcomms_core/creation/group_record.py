@@ -98,6 +98,24 @@ def creating_group(store: Any) -> GroupContext | None:
     return None
 
 
+def creating_device() -> str | None:
+    """The device type c10d is creating a backend for (``"cpu"``, ``"cuda"``), read from
+    ``_new_process_group_helper``'s loop over the group's devices, when the caller runs
+    inside it; else ``None``."""
+    code = _helper_code()
+    if code is None:
+        return None
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            device = frame.f_locals.get("device")
+            return device if isinstance(device, str) and device else None
+        frame = frame.f_back
+    return None
+
+
 def _read(local: dict[str, Any]) -> GroupContext | None:
     rank, size = local.get("group_rank"), local.get("group_size")
     if not (isinstance(rank, int) and isinstance(size, int) and 0 <= rank < size):

@@ -132,7 +132,9 @@ def c10d_registered_backend(name: str) -> type[C10dRegisteredBackend] | None:
         return None
     plugins = getattr(c10d.Backend, "_plugins", {})
     plugin = plugins.get(name.upper())
-    if plugin is None:
+    # Our own registrations (torchcomms_core.c10d.names) lead back to new_comm: a
+    # torchcomms backend that did not load is not served by itself.
+    if plugin is None or getattr(plugin.creator_fn, "torchcomms_backend", None):
         return None
     with _lock:
         cls = _classes.get(name)

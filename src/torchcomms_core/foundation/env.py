@@ -44,6 +44,12 @@ GLOO_HOSTNAME = "TORCHCOMM_GLOO_HOSTNAME"
 GLOO_INTERFACE = "TORCHCOMM_GLOO_INTERFACE"
 #: gloo connects lazily (on first use) in communicators larger than this; default 64.
 GLOO_LAZY_ABOVE = "TORCHCOMM_GLOO_LAZY_ABOVE"
+#: The tuner plugin that chooses algorithms (``torchcomms.tuners``); ``none``: default rules.
+TUNER = "TORCHCOMM_TUNER"
+#: Where ``torchcomms tune`` writes, and communicators read, the tuning tables.
+TUNING_DIR = "TORCHCOMM_TUNING_DIR"
+#: This host's id (ranks with the same id share a host); unset: the host name.
+HOST_ID = "TORCHCOMM_HOST_ID"
 #: torchrun sets this when its agent hosts the rendezvous store.
 USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
@@ -368,6 +374,51 @@ def fr_buffer_size() -> int:
     return max(0, _hook_int(FR_BUFFER_SIZE, DEFAULT_FR_BUFFER_SIZE, "2000 (0 disables)"))
 
 
+#: Register every installed torchcomms backend with ``torch.distributed`` at ``import torch``
+#: (torch's device-backend autoload); ``0`` opts out.
+C10D_AUTOLOAD = "TORCHCOMM_C10D_AUTOLOAD"
+
+
+def c10d_autoload() -> bool:
+    """Whether torch's autoload registers our backends with c10d (``TORCHCOMM_C10D_AUTOLOAD``,
+    true; an unreadable value counts as true, since ``import torch`` must not fail on it)."""
+    value = parse_bool(os.environ.get(C10D_AUTOLOAD, ""))
+    return value is not False
+
+
+#: c10d backend names served by another torchcomms backend while c10d creates a group
+#: (``gloo=shm``), for code that hard-codes its backend string.
+C10D_ALIASES = "TORCHCOMM_C10D_ALIASES"
+
+
+def c10d_aliases() -> dict[str, str]:
+    """``{c10d name: torchcomms backend}`` from ``TORCHCOMM_C10D_ALIASES`` (``gloo=shm``)."""
+    raw = os.environ.get(C10D_ALIASES, "")
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        name, sep, backend = item.partition("=")
+        if not sep or not name.strip() or not backend.strip():
+            raise ValueError(
+                f"{C10D_ALIASES}={raw!r}: {item.strip()!r} is not name=backend; write e.g. "
+                f"{C10D_ALIASES}=gloo=shm"
+            )
+        out[name.strip()] = backend.strip()
+    return out
+
+
+def c10d_recorder_entries() -> int:
+    """The flight recorder size c10d asks for: ``TORCH_FR_BUFFER_SIZE``, else
+    ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (0: c10d records nothing)."""
+    name = (
+        "TORCH_FR_BUFFER_SIZE"
+        if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip()
+        else ("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    )
+    return max(0, _hook_int(name, 0, "2000 (0 records nothing)"))
+
+
 def fr_dump_dynamic_file_name() -> bool:
     """Whether ``TORCHCOMM_FR_DUMP_TEMP_FILE`` names the whole dump file (false)."""
     return flag(FR_DUMP_DYNAMIC_FILE_NAME, False)
@@ -391,3 +442,25 @@ TRANSPORT = "TORCHCOMM_TRANSPORT"
 def transport_choice() -> str | None:
     """The transport named by ``TORCHCOMM_TRANSPORT``, or ``None`` when unset."""
     return os.environ.get(TRANSPORT, "").strip() or None
+
+
+def tuner_choice() -> str | None:
+    """``TORCHCOMM_TUNER``, stripped; ``None`` when unset or empty."""
+    raw = os.environ.get(TUNER, "").strip()
+    return raw or None
+
+
+def tuning_dir() -> str:
+    """``TORCHCOMM_TUNING_DIR``, else ``~/.cache/torchcomms/tuning`` (``XDG_CACHE_HOME``)."""
+    raw = os.environ.get(TUNING_DIR, "").strip()
+    if raw:
+        return os.path.expanduser(raw)
+    cache = os.environ.get("XDG_CACHE_HOME", "").strip() or os.path.join("~", ".cache")
+    return os.path.join(os.path.expanduser(cache), "torchcomms", "tuning")
+
+
+def host_id() -> str:
+    """``TORCHCOMM_HOST_ID``, else this machine's host name."""
+    import socket
+
+    return os.environ.get(HOST_ID, "").strip() or socket.gethostname()

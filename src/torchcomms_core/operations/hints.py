@@ -14,12 +14,35 @@ from collections.abc import Iterable, Sequence
 from torchcomms_core.foundation.env import parse_bool
 from torchcomms_core.foundation.errors import CommInputError
 
-__all__ = ["UnknownHintWarning", "bool_hint", "int_hint", "key_known", "warn_unknown_hints"]
+__all__ = [
+    "CORE_HINTS",
+    "CORE_HINT_KEYS",
+    "UnknownHintWarning",
+    "bool_hint",
+    "core_hint_keys",
+    "int_hint",
+    "key_known",
+    "warn_unknown_hints",
+]
+
+#: Hints the core reads for every backend (#45): the tuner, the tuner's own settings
+#: (``tuner.<key>``, in ``TunerContext.hints``), and hints forcing an algorithm.
+CORE_HINT_KEYS: tuple[str, ...] = ("tuner", "tuner.*", "algorithm.*")
+
+
+def core_hint_keys(declared: Sequence[str] | None) -> tuple[str, ...] | None:
+    """A backend's declared ``hint_keys`` plus :data:`CORE_HINT_KEYS` (``None`` stays)."""
+    return None if declared is None else (*declared, *CORE_HINT_KEYS)
 
 
 class UnknownHintWarning(UserWarning):
     """A hint was passed that the backend does not read."""
 
+
+#: Hints every communicator accepts, whatever its backend: ``persistent_store`` (PyTorch's
+#: switch and the c10d names pass it: the store given is used directly, which every
+#: backend does through the core).
+CORE_HINTS: tuple[str, ...] = ("persistent_store",)
 
 _lock = threading.Lock()
 # (backend name, key) pairs already reported in this process.
@@ -45,7 +68,7 @@ def warn_unknown_hints(backend: str, declared: Sequence[str] | None, hints: dict
     if declared is None:
         return
     for key in hints:
-        if key_known(key, declared):
+        if key_known(key, declared) or key in CORE_HINTS:
             continue
         with _lock:
             if (backend, key) in _reported:

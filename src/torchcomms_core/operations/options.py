@@ -39,6 +39,9 @@ class CommOptions:
     rank: int = -1
     #: Communicator size, resolved by the core's bootstrap (-1 until then).
     size: int = -1
+    #: The communicator's ``spec.tuning.Tuning``, made by the core before ``init``
+    #: (``TorchCommBackend._bind`` takes it as ``self.tuning``); ``None``: default rules.
+    tuning: Any = None
 
     def replace(self, **changes: Any) -> CommOptions:
         """A copy with the given fields changed (``dataclasses.replace``).

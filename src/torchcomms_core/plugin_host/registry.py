@@ -241,6 +241,11 @@ class EntryPointRegistry(Generic[P]):
 
     # -- lookup -------------------------------------------------------------------------
 
+    def in_process_names(self) -> list[str]:
+        """The names registered in this process (no entry point is read)."""
+        with self._lock:
+            return sorted(self._registered)
+
     def names(self) -> list[str]:
         """Every name: registered in-process or installed as a plugin."""
         with self._lock:

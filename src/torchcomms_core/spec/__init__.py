@@ -16,6 +16,8 @@ imports only those below it):
 - ``work``: the work combinators (:class:`MultiWork`, :func:`then`, :func:`settle`) and
   tensor helpers the defaults, the core and backends share.
 - ``window``: the one-sided window contract (:class:`WindowEngine`).
+- ``tuning``: algorithms a backend declares, the tuner contract (:class:`Tuner`) and each
+  communicator's chooser (:class:`Tuning`).
 - ``transport``: the RDMA transport contract (imported as ``torchcomms_core.spec.transport``).
 
 It may import ``torchcomms_core.operations`` and ``torchcomms_core.foundation`` only.
@@ -44,6 +46,18 @@ from torchcomms_core.spec.checks import (
     set_collective_source,
 )
 from torchcomms_core.spec.defaults import BatchOp, PortableDefaults
+from torchcomms_core.spec.tuning import (
+    TUNER_SPEC_VERSION,
+    Algorithm,
+    Choice,
+    OpAlgorithms,
+    Query,
+    Tuner,
+    TunerContext,
+    Tuning,
+    TuningWarning,
+    size_bucket,
+)
 from torchcomms_core.spec.window import TorchCommWinAccessType, WindowEngine
 from torchcomms_core.spec.work import (
     MultiWork,
@@ -85,6 +99,17 @@ __all__ = [
     "split_dim0",
     "reduce_rows",
     "overlaps",
+    # algorithms and tuners (spec.tuning)
+    "TUNER_SPEC_VERSION",
+    "Algorithm",
+    "Choice",
+    "OpAlgorithms",
+    "Query",
+    "Tuner",
+    "TunerContext",
+    "Tuning",
+    "TuningWarning",
+    "size_bucket",
     # windows (spec.window)
     "TorchCommWinAccessType",
     "WindowEngine",

@@ -30,7 +30,7 @@ Imports: ``torch``, ``torchcomms_core.operations`` and ``spec.defaults``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,6 +39,7 @@ import torch
 from torchcomms_core.operations.reduce_op import RedOpType
 from torchcomms_core.operations.table import DERIVED, names
 from torchcomms_core.spec.defaults import PortableDefaults
+from torchcomms_core.spec.tuning import OpAlgorithms, Tuning
 
 if TYPE_CHECKING:
     from torchcomms_core.operations.options import CommOptions
@@ -101,6 +102,13 @@ BASIC_REDUCE_OPS = frozenset(
 )
 
 
+def _name_of(backend: Any) -> str:
+    try:
+        return str(backend.get_backend_name())
+    except Exception:  # not initialized yet
+        return type(backend).__name__
+
+
 class TorchCommBackend(PortableDefaults, abc.ABC):
     """Abstract backend. Subclass it, implement the required methods, register it.
 
@@ -140,6 +148,10 @@ class TorchCommBackend(PortableDefaults, abc.ABC):
     #: such calls to the backend unchecked). ``False``: the core refuses them with a clear
     #: error first, for engines that cannot (c10d's, MPI's blocking paths).
     allows_self_p2p: ClassVar[bool] = True
+    #: The algorithms the backend has, per operation, with its default rules (#45): the
+    #: backend asks ``self.tuning.choose(op, nbytes, dtype)`` which one to run
+    #: (``spec.tuning``; docs/writing-a-tuner.md). Empty: nothing to choose.
+    algorithms: ClassVar[Mapping[str, OpAlgorithms]] = {}
 
     device: torch.device
     comm_name: str
@@ -187,6 +199,35 @@ class TorchCommBackend(PortableDefaults, abc.ABC):
         self.device = device
         self.comm_name = name
         self.options = options
+        given = getattr(options, "tuning", None)
+        if isinstance(given, Tuning):
+            given.adopt(self)
+            self.tuning = given
+        else:
+            self.tuning = self.default_tuning(options)
+
+    def default_tuning(self, options: Any = None) -> Tuning:
+        """A :class:`Tuning` with the default rules only (no tuner): what a backend made
+        outside ``new_comm``/``split`` (or one created for ``reconfigure``) chooses with."""
+        cls = type(self)
+        size = getattr(options, "size", 1) or 1
+        return Tuning(
+            self,
+            cls.algorithms,
+            backend=_name_of(self),
+            world_size=max(int(size), 1),
+            device=getattr(getattr(self, "device", None), "type", None) or cls.devices[0],
+            hints=dict(getattr(options, "hints", None) or {}),
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set: a backend used without ``_bind`` (tests,
+        # duck-typed callers) still gets a tuning that answers the default rules.
+        if name == "tuning":
+            tuning = self.default_tuning(self.__dict__.get("options"))
+            self.tuning = tuning
+            return tuning
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @abc.abstractmethod
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
+from typing import Any, Literal, overload
 
 from torchcomms_core.foundation.spec_version import check_spec_version as _check_version
 from torchcomms_core.spec.backend import (
@@ -20,10 +21,29 @@ from torchcomms_core.spec.backend import (
     SPEC_VERSION,
     TorchCommBackend,
 )
+from torchcomms_core.spec.tuning import OpAlgorithms
 
 
-def method_support(backend: type[TorchCommBackend] | TorchCommBackend) -> dict[str, str]:
+@overload
+def method_support(
+    backend: type[TorchCommBackend] | TorchCommBackend, *, algorithms: Literal[False] = False
+) -> dict[str, str]: ...
+
+
+@overload
+def method_support(
+    backend: type[TorchCommBackend] | TorchCommBackend, *, algorithms: Literal[True]
+) -> dict[str, Any]: ...
+
+
+def method_support(
+    backend: type[TorchCommBackend] | TorchCommBackend, *, algorithms: bool = False
+) -> dict[str, Any]:
     """Map each operation to ``"native"``, ``"derived"``, ``"unsupported"`` or ``"missing"``.
+
+    With ``algorithms=True`` an operation the backend declares algorithms for maps to
+    ``{"support": ..., "algorithms": [{"name", "params", "doc"}, ...], "default": ...,
+    "forced_by": [...]}`` instead (``TorchCommBackend.algorithms``, #45).
 
     ``"missing"``: a required method the class does not implement (such a class cannot be
     loaded; :func:`backend_class_problems` says why). The collectives that plugins add
@@ -43,7 +63,13 @@ def method_support(backend: type[TorchCommBackend] | TorchCommBackend) -> dict[s
         report["reconfigure_engine"] = "unsupported"  # implemented, but not on this build
     for name in _collective_names():
         report.setdefault(name, "native" if callable(getattr(cls, name, None)) else "derived")
-    return report
+    if not algorithms:
+        return report
+    full: dict[str, Any] = dict(report)
+    for name, spec in getattr(cls, "algorithms", {}).items():
+        if isinstance(spec, OpAlgorithms):
+            full[name] = {"support": report.get(name, "native"), **spec.describe()}
+    return full
 
 
 #: Names of the collectives plugins add (set by the plugin manager, which sits above the
@@ -100,6 +126,16 @@ def backend_class_problems(cls: type[TorchCommBackend]) -> list[str]:
         problem = _signature_problem(cls, name)
         if problem:
             problems.append(problem)
+    declared = getattr(cls, "algorithms", {})
+    if not hasattr(declared, "items"):
+        problems.append(f"algorithms must map operation names to OpAlgorithms, got {declared!r}")
+        return problems
+    for op, spec in declared.items():
+        if not isinstance(spec, OpAlgorithms):
+            problems.append(
+                f"algorithms[{op!r}] is {spec!r}; declare OpAlgorithms((Algorithm(...), ...), "
+                f"default=...)"
+            )
     return problems
 
 

@@ -5,12 +5,21 @@ Never touches the global ``init_process_group``; each communicator owns its engi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, ClassVar
 
 import torch
 
-from torchcomms_core.plugin import C10dBackend, CommOptions, ReduceOp
+from torchcomms_core.plugin import (
+    Algorithm,
+    C10dBackend,
+    Choice,
+    CommOptions,
+    OpAlgorithms,
+    Query,
+    ReduceOp,
+)
 
 from . import fast_paths, teardown
 from . import hints as gloo_hints
@@ -18,8 +27,49 @@ from .interface import engine_options, rendezvous_address
 from .peer_addresses import EngineAddresses, RecordingStore
 
 
+def _all_gather_rule(backend: Any, query: Query) -> str:
+    """pairwise from 8 MiB of output, the engine's own below"""
+    return "pairwise" if query.nbytes >= fast_paths.ALL_GATHER_MIN_BYTES else "engine"
+
+
+def _reduce_scatter_rule(backend: Any, query: Query) -> Choice:
+    """pairwise from 4 MiB of input (4 MiB pieces), the engine's own below"""
+    if query.nbytes >= fast_paths.REDUCE_SCATTER_MIN_BYTES:
+        return Choice("pairwise", {"piece_bytes": fast_paths.PIECE_BYTES})
+    return Choice("engine")
+
+
+_ENGINE = Algorithm("engine", doc="Gloo's own collective (stages through its buffers)")
+_ALL_GATHER = OpAlgorithms(
+    (
+        _ENGINE,
+        Algorithm("pairwise", doc="one send to and one receive from each peer, no staging"),
+    ),
+    default=_all_gather_rule,
+)
+_REDUCE_SCATTER = OpAlgorithms(
+    (
+        _ENGINE,
+        Algorithm(
+            "pairwise",
+            {"piece_bytes": fast_paths.PIECE_BYTES},
+            doc="pairwise transfers in pieces, reduced locally as they arrive",
+        ),
+    ),
+    default=_reduce_scatter_rule,
+)
+
+
 class GlooBackend(C10dBackend):
     """CPU communicator on Gloo (TCP), single- or multi-host like torch itself."""
+
+    #: The engine's collective or the pairwise fast path (``fast_paths``), by size (#45).
+    algorithms: ClassVar[Mapping[str, OpAlgorithms]] = {
+        "all_gather": _ALL_GATHER,
+        "all_gather_single": _ALL_GATHER,
+        "reduce_scatter": _REDUCE_SCATTER,
+        "reduce_scatter_single": _REDUCE_SCATTER,
+    }
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     hint_keys: ClassVar[tuple[str, ...] | None] = gloo_hints.HINT_KEYS
@@ -198,7 +248,10 @@ class GlooBackend(C10dBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        if output.nbytes < fast_paths.ALL_GATHER_MIN_BYTES:
+        if (
+            self.tuning.choose("all_gather_single", output.nbytes, output.dtype).algorithm
+            == "engine"
+        ):
             return super().all_gather_single(output, input, async_op, timeout=timeout, hints=hints)
         outputs = output.view(-1).chunk(self._size)
         work = fast_paths.all_gather(
@@ -215,7 +268,8 @@ class GlooBackend(C10dBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        if tensor.nbytes * self._size < fast_paths.ALL_GATHER_MIN_BYTES:
+        choice = self.tuning.choose("all_gather", tensor.nbytes * self._size, tensor.dtype)
+        if choice.algorithm == "engine":
             return super().all_gather(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
         outputs = [t.view(-1) for t in tensor_list]
         work = fast_paths.all_gather(
@@ -233,9 +287,8 @@ class GlooBackend(C10dBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        if input.nbytes < fast_paths.REDUCE_SCATTER_MIN_BYTES or not fast_paths.reduces_natively(
-            op, input.dtype
-        ):
+        choice = self.tuning.choose("reduce_scatter_single", input.nbytes, input.dtype)
+        if choice.algorithm == "engine" or not fast_paths.reduces_natively(op, input.dtype):
             return super().reduce_scatter_single(
                 output, input, op, async_op, timeout=timeout, hints=hints
             )
@@ -248,6 +301,7 @@ class GlooBackend(C10dBackend):
             op,
             timeout,
             self._scratch,
+            int(choice.params["piece_bytes"]),
         )
         return self._settle_pairwise(work, async_op)
 
@@ -261,10 +315,8 @@ class GlooBackend(C10dBackend):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        if (
-            output.nbytes * self._size < fast_paths.REDUCE_SCATTER_MIN_BYTES
-            or not fast_paths.reduces_natively(op, output.dtype)
-        ):
+        choice = self.tuning.choose("reduce_scatter", output.nbytes * self._size, output.dtype)
+        if choice.algorithm == "engine" or not fast_paths.reduces_natively(op, output.dtype):
             return super().reduce_scatter(
                 output, input_list, op, async_op, timeout=timeout, hints=hints
             )
@@ -277,6 +329,7 @@ class GlooBackend(C10dBackend):
             op,
             timeout,
             self._scratch,
+            int(choice.params["piece_bytes"]),
         )
         return self._settle_pairwise(work, async_op)
 

@@ -153,12 +153,13 @@ def reduce_scatter(
     op: ReduceOp,
     timeout: timedelta | None,
     scratch: ScratchPool,
+    piece_bytes: int = PIECE_BYTES,
 ) -> PairwiseWork:
     """Reduce chunk ``rank`` of every rank's ``inputs`` into ``output`` (flat views).
 
-    Each rank's chunk goes in ``pieces`` messages; the reduction adds, piece by piece,
-    this rank's own chunk and then the chunks of ranks ``rank - 1``, ``rank - 2``, ... in
-    that fixed order.
+    Each rank's chunk goes in messages of ``piece_bytes`` (the tuner's parameter); the
+    reduction adds, piece by piece, this rank's own chunk and then the chunks of ranks
+    ``rank - 1``, ``rank - 2``, ... in that fixed order.
     """
     count = output.numel()
     dtype = output.dtype
@@ -167,7 +168,7 @@ def reduce_scatter(
         if output.data_ptr() != inputs[0].data_ptr():
             output.copy_(inputs[0])
         return PairwiseWork([], timeout, None)
-    piece = max(1, PIECE_BYTES // output.element_size())
+    piece = max(1, piece_bytes // output.element_size())
     bounds = [(a, min(a + piece, count)) for a in range(0, count, piece)]
     buf = scratch.take((size - 1) * count, dtype)
     received = ScratchPool.view(buf, (size - 1) * count, dtype).view(size - 1, count)

@@ -38,6 +38,7 @@ from torchcomms_core.plugin import (
     then,
 )
 
+from .algorithms import ALGORITHMS, FLAT_MAX_BYTES_DEFAULT, RS_MIN_BYTES_DEFAULT
 from .pipeline import PIECE_BYTES, PIPELINE_MAX_PIECES, pipelined_all_reduce, pipelined_gather
 from .topology import Topology, exchange, resolve_settings
 
@@ -50,16 +51,6 @@ __all__ = [
     "RS_MIN_BYTES_DEFAULT",
     "HierBackend",
 ]
-
-#: all_reduce messages of at least this many bytes take local reduce_scatter, rail
-#: all_reduce, local all_gather (when hosts are even); smaller ones reduce to the leaders.
-#: Hint ``hier::rs_min_bytes`` changes it.
-RS_MIN_BYTES_DEFAULT = 64 << 10
-
-#: all_reduce messages of at most this many bytes run in one step on the global level,
-#: which already connects every rank: at a few bytes a call's cost is its round trips, and
-#: three levels in turn cost three. Hint ``hier::flat_max_bytes`` changes it (0: never).
-FLAT_MAX_BYTES_DEFAULT = 4 << 10
 
 #: The hint a global backend reads to connect its peers on first use (gloo's ``lazy``);
 #: hier passes it to the global level unless hint ``hier::lazy_global`` is false.
@@ -92,6 +83,8 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
 
     devices: ClassVar[tuple[str, ...]] = ("cpu", "cuda")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = HIER_DTYPES
+    #: all_reduce: flat, reduce_scatter or leaders (``algorithms``, #45).
+    algorithms = ALGORITHMS
     hint_keys: ClassVar[tuple[str, ...] | None] = (
         "local_backend",
         "global_backend",
@@ -361,10 +354,12 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
             for red in engine_cls.supported_reduce_ops
         )
         direct, takes_lean, method = engine.all_reduce, glob.takes_lean_calls, self.all_reduce
+        choose = self.tuning.choose
 
         def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
             if (
-                0 < tensor.nbytes <= flat_max
+                0 < tensor.nbytes
+                and choose("all_reduce", tensor.nbytes, tensor.dtype).algorithm == "flat"
                 and (tensor.dtype, op._type) in native
                 and takes_lean()
             ):
@@ -442,8 +437,9 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
         count = flat.numel()
         if count == 0:
             return None
+        algorithm = self.tuning.choose("all_reduce", tensor.nbytes, tensor.dtype).algorithm
         if (
-            count * flat.element_size() <= self._flat_max_bytes
+            algorithm == "flat"
             and self.global_comm is not None
             and tensor.device == self._cross_device
         ):
@@ -454,12 +450,7 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
             return _done(glob.all_reduce(tensor, op, async_op, timeout=timeout), async_op)
         lsize = topo.local_size
         cross = self._cross()
-        if (
-            topo.even
-            and count >= lsize
-            and count * flat.element_size() >= self._rs_min_bytes
-            and lsize > 1
-        ):
+        if topo.even and count >= lsize and algorithm == "reduce_scatter" and lsize > 1:
             assert cross is not None
             pipelined_all_reduce(local, cross, flat, op, self._cross_device, timeout)
             return None

@@ -20,7 +20,7 @@ Launch: ``mpiexec -n N python script.py``.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, ClassVar
 
@@ -29,9 +29,12 @@ import torch
 from torchcomms_core.plugin import (
     BASIC_REDUCE_OPS,
     DEFAULT_DTYPES,
+    Algorithm,
     BatchOp,
     CommInputError,
     CommOptions,
+    OpAlgorithms,
+    Query,
     ReduceOp,
     displacements,
     settle,
@@ -43,8 +46,44 @@ from .lean import MpiLean
 __all__ = ["BLOCKING_BYTES_ENV", "DEFAULT_BLOCKING_BYTES", "MpiBackend", "blocking_bytes"]
 
 
+def _blocking_rule(backend: Any, query: Query) -> str:
+    """blocking up to TORCHCOMM_MPI_BLOCKING_BYTES (64 KiB) per rank, nonblocking above"""
+    small = getattr(backend, "_small", None)
+    return (
+        "blocking"
+        if query.nbytes <= (blocking_bytes() if small is None else small)
+        else ("nonblocking")
+    )
+
+
+#: The two forms of every sized collective (#45). ``nbytes`` is the bytes per rank the
+#: method compared before: the tensor (all_reduce, broadcast, reduce), the input
+#: (all_gather_single), the output (reduce_scatter_single, all_to_all_single).
+_FORMS = OpAlgorithms(
+    (
+        Algorithm("blocking", doc="one blocking MPI call (Allreduce, ...); the watchdog times it"),
+        Algorithm("nonblocking", doc="a nonblocking MPI call (Iallreduce, ...) and its request"),
+    ),
+    default=_blocking_rule,
+    forced_by=(f"${BLOCKING_BYTES_ENV}",),
+)
+
+
 class MpiBackend(MpiLean):
     """CPU communicator on MPI: one duplicated MPI communicator per torchcomms communicator."""
+
+    #: Blocking or nonblocking, per operation and size; every rank takes the same (#45).
+    algorithms: ClassVar[Mapping[str, OpAlgorithms]] = {
+        op: _FORMS
+        for op in (
+            "all_reduce",
+            "broadcast",
+            "reduce",
+            "all_gather_single",
+            "reduce_scatter_single",
+            "all_to_all_single",
+        )
+    }
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
@@ -146,7 +185,7 @@ class MpiBackend(MpiLean):
         dtype, nbytes = tensor.dtype, tensor.nbytes
         b = [self._fa(tensor.data_ptr(), nbytes), self._types[dtype]]
         mop = self._ops.get((dtype, op._type)) or self._b.mpi_op(op, dtype)
-        if nbytes <= self._small:
+        if self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "blocking":
             # _blocking() inlined here, in broadcast and in all_to_all_single: these three
             # are the lean lane's, where one more Python call shows at one element.
             self._watch = (
@@ -179,7 +218,7 @@ class MpiBackend(MpiLean):
     ) -> Any:
         nbytes = tensor.nbytes
         b = [self._fa(tensor.data_ptr(), nbytes), self._types[tensor.dtype]]
-        if nbytes <= self._small:
+        if self.tuning.choose("broadcast", nbytes, tensor.dtype).algorithm == "blocking":
             self._watch = ("broadcast", self._ts if timeout is self._td else self._seconds(timeout))
             try:
                 self._comm.Bcast(b, root)
@@ -212,7 +251,7 @@ class MpiBackend(MpiLean):
             args: tuple[Any, ...] = (self._MPI.IN_PLACE, b, mop, root)
         else:
             args = (b, None, mop, root)
-        if tensor.nbytes <= self._small:
+        if self.tuning.choose("reduce", tensor.nbytes, tensor.dtype).algorithm == "blocking":
             return self._blocking("reduce", timeout, comm.Reduce, args)
         return self._finish("reduce", async_op, timeout, comm.Ireduce(*args), tensor)
 
@@ -242,7 +281,10 @@ class MpiBackend(MpiLean):
             send: Any = self._MPI.IN_PLACE  # the input already sits in this rank's slot
         else:
             send = b.buf(input)
-        if input.nbytes <= self._small:
+        if (
+            self.tuning.choose("all_gather_single", input.nbytes, input.dtype).algorithm
+            == "blocking"
+        ):
             return self._blocking("all_gather_single", timeout, self._comm.Allgather, (send, recv))
         return self._collective(
             "all_gather_single", async_op, timeout, "Iallgather", (send, recv), (output, input)
@@ -298,7 +340,8 @@ class MpiBackend(MpiLean):
             input = input.clone()  # MPI refuses aliased buffers; the result goes elsewhere
         mop = b.mpi_op(op, output.dtype)
         send, recv = b.blocked(input), b.buf(output)
-        if output.nbytes <= self._small:
+        choice = self.tuning.choose("reduce_scatter_single", output.nbytes, output.dtype)
+        if choice.algorithm == "blocking":
             return self._blocking(
                 "reduce_scatter_single", timeout, self._comm.Reduce_scatter_block, (send, recv, mop)
             )
@@ -372,7 +415,7 @@ class MpiBackend(MpiLean):
                 send = self._MPI.IN_PLACE
         else:
             send = [fa(i, nbytes), mpi_type]
-        if nbytes <= self._small:
+        if self.tuning.choose("all_to_all_single", nbytes, output.dtype).algorithm == "blocking":
             self._watch = (
                 "all_to_all_single",
                 self._ts if timeout is self._td else self._seconds(timeout),

@@ -45,12 +45,13 @@ class MpiLean(MpiComm):
             MPI.IN_PLACE,
         )
         seconds = self._seconds(timeout)
+        choose = self.tuning.choose  # blocking or not: the same answer on every rank (#45)
         specs: dict[tuple[Any, ...], Any] = {}
         limit = 64  # a training step reuses a handful of buffers; forget older ones
 
         def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
             nbytes = tensor.nbytes
-            if nbytes > small:
+            if choose("all_reduce", nbytes, tensor.dtype).algorithm != "blocking":
                 return self.all_reduce(tensor, op, False, timeout=timeout, hints=hints)
             key = (tensor.data_ptr(), nbytes, tensor.dtype, op._type)
             spec = specs.get(key)
@@ -71,7 +72,7 @@ class MpiLean(MpiComm):
 
         def broadcast(tensor: torch.Tensor, root: int) -> Any:
             nbytes = tensor.nbytes
-            if nbytes > small:
+            if choose("broadcast", nbytes, tensor.dtype).algorithm != "blocking":
                 return self.broadcast(tensor, root, False, timeout=timeout, hints=hints)
             key = (tensor.data_ptr(), nbytes, tensor.dtype)
             spec = specs.get(key)
@@ -89,7 +90,9 @@ class MpiLean(MpiComm):
         def all_to_all_single(output: torch.Tensor, input: torch.Tensor) -> Any:
             nbytes = output.nbytes
             o, i = output.data_ptr(), input.data_ptr()
-            if nbytes > small or (o != i and o < i + nbytes and i < o + nbytes):
+            if choose("all_to_all_single", nbytes, output.dtype).algorithm != "blocking" or (
+                o != i and o < i + nbytes and i < o + nbytes
+            ):
                 # large, or partly overlapping (the method copies the input first)
                 return self.all_to_all_single(output, input, False, timeout=timeout, hints=hints)
             key = (o, i, nbytes, output.dtype)

@@ -40,7 +40,8 @@ from torchcomms_core.plugin import (
 )
 
 from . import segment as seg
-from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives
+from .algorithms import ALGORITHMS
+from .collectives import _REDUCE, SMALL_BYTES
 from .comm import (
     ARENA_BYTES,
     CMA_BYTES,
@@ -50,6 +51,7 @@ from .comm import (
     HOST_ID,
     HOST_ID_ENV,
     P2P_BYTES,
+    SMALL_PATH_BYTES,
     SPIN_US,
     YIELD_US,
     _u8,
@@ -57,6 +59,7 @@ from .comm import (
     host_identity,
 )
 from .p2p import _P2P, _P2PWork
+from .small import ShmSmall
 
 __all__ = [
     "ARENA_BYTES",
@@ -68,6 +71,7 @@ __all__ = [
     "HOST_ID_ENV",
     "P2P_BYTES",
     "SMALL_BYTES",
+    "SMALL_PATH_BYTES",
     "SPIN_US",
     "YIELD_US",
     "ShmBackend",
@@ -76,12 +80,14 @@ __all__ = [
 ]
 
 
-class ShmBackend(ShmCollectives):
+class ShmBackend(ShmSmall):
     """CPU communicator over POSIX shared memory for ranks that share one host."""
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = DEFAULT_DTYPES
     supported_reduce_ops = BASIC_REDUCE_OPS
+    #: The arena, all_reduce's and all_to_all's paths, for tuners (``algorithms``, #45).
+    algorithms = ALGORITHMS
     hint_keys: ClassVar[tuple[str, ...] | None] = (
         ARENA_BYTES,
         P2P_BYTES,
@@ -89,6 +95,7 @@ class ShmBackend(ShmCollectives):
         YIELD_US,
         CMA_BYTES,
         HOST_ID,
+        SMALL_PATH_BYTES,
     )
 
     @classmethod
@@ -162,13 +169,19 @@ class ShmBackend(ShmCollectives):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        flat, fn = tensor.view(-1), _REDUCE[op.type]
-        return self._run("all_reduce", timeout, async_op, lambda: self._all_reduce(flat, fn))
+        flat, red = tensor.view(-1), op.type
+
+        def body() -> None:
+            if not self._small_all_reduce(tensor, red):
+                self._all_reduce(flat, _REDUCE[red])
+
+        return self._run("all_reduce", timeout, async_op, body)
 
     def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
-        """The synchronous ``all_reduce`` for the core's lean lane (small tensors skip the
-        keyword handling of the method; the work is the same)."""
+        """The synchronous ``all_reduce``, ``broadcast`` and ``barrier`` for the core's lean
+        lane (they skip the keyword handling of the methods; the work is the same)."""
         seconds = timeout.total_seconds()
+        monotonic = time.monotonic
 
         def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
             if self._jobs:  # asynchronous collectives still queued: in order behind them
@@ -177,11 +190,35 @@ class ShmBackend(ShmCollectives):
                 if self._aborted or self._broken is not None or self._mapping is None:
                     self._begin("all_reduce", timeout)  # raises the reason
                 self._op, self._seconds = "all_reduce", seconds
-                self._deadline = time.monotonic() + seconds
-                self._all_reduce(tensor.view(-1), _REDUCE[op.type])
+                self._deadline = monotonic() + seconds
+                red = op._type
+                if not self._small_all_reduce(tensor, red):
+                    self._all_reduce(tensor.view(-1), _REDUCE[red])
             return None
 
-        return {"all_reduce": all_reduce}
+        def broadcast(tensor: torch.Tensor, root: int) -> Any:
+            if self._jobs:
+                return self.broadcast(tensor, root, False, timeout=timeout, hints=hints)
+            with self._lock:
+                if self._aborted or self._broken is not None or self._mapping is None:
+                    self._begin("broadcast", timeout)
+                self._op, self._seconds = "broadcast", seconds
+                self._deadline = monotonic() + seconds
+                self._any_broadcast(tensor, root)
+            return None
+
+        def barrier() -> Any:
+            if self._jobs:
+                return self.barrier(False, timeout=timeout, hints=hints)
+            with self._lock:
+                if self._aborted or self._broken is not None or self._mapping is None:
+                    self._begin("barrier", timeout)
+                self._op, self._seconds = "barrier", seconds
+                self._deadline = monotonic() + seconds
+                self._sync()
+            return None
+
+        return {"all_reduce": all_reduce, "broadcast": broadcast, "barrier": barrier}
 
     def reduce_scatter(
         self,
@@ -251,6 +288,19 @@ class ShmBackend(ShmCollectives):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        if (
+            output.is_contiguous()
+            and input.is_contiguous()
+            and self._size > 1
+            and 0 < input.nbytes <= self._small
+            and output.nbytes == input.nbytes * self._size
+            and not self._wants_direct("all_gather", output.nbytes)
+        ):
+
+            def body() -> None:
+                self._small_all_gather_single(output, input)
+
+            return self._run("all_gather", timeout, async_op, body)
         flat = output.view(-1)
         outs = list(flat.chunk(self._size)) if flat.numel() else [flat] * self._size
         return self.all_gather_v(outs, input, async_op, timeout=timeout, hints=hints)
@@ -266,6 +316,24 @@ class ShmBackend(ShmCollectives):
     ) -> Any:
         outs = [_u8(t) for t in tensor_list]
         mine = _u8(tensor)
+        if self._wants_direct("all_gather", sum(t.nbytes for t in tensor_list)):
+            if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
+                mine = mine.clone()
+            return self._run(
+                "all_gather", timeout, async_op, lambda: self._all_gather_direct(outs, mine)
+            )
+        if all(t.is_contiguous() for t in tensor_list) and tensor.is_contiguous():
+            users = [*tensor_list]
+
+            def body() -> None:
+                # The memoryview path stages this rank's input before writing any block.
+                if not self._small_all_gather(users, tensor):
+                    self._all_gather(outs, own)
+
+            own = mine
+            if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
+                own = mine.clone()
+            return self._run("all_gather", timeout, async_op, body)
         if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
             mine = mine.clone()
         return self._run("all_gather", timeout, async_op, lambda: self._all_gather(outs, mine))
@@ -279,8 +347,14 @@ class ShmBackend(ShmCollectives):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
-        data = _u8(tensor)
-        return self._run("broadcast", timeout, async_op, lambda: self._broadcast(data, root))
+        return self._run("broadcast", timeout, async_op, lambda: self._any_broadcast(tensor, root))
+
+    def _any_broadcast(self, tensor: torch.Tensor, root: int) -> None:
+        """Broadcast by the path chosen for its size (one place: ``_wants_direct``)."""
+        if self._wants_direct("broadcast", tensor.nbytes):
+            self._broadcast_direct(_u8(tensor), root)
+        elif not (tensor.is_contiguous() and self._small_broadcast(tensor, root)):
+            self._broadcast(_u8(tensor), root)
 
     def all_to_all(
         self,

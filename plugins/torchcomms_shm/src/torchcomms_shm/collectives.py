@@ -52,7 +52,11 @@ class ShmCollectives(ShmP2P):
             return
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
-        if total * es <= min(SMALL_BYTES, self._chunk):
+        nbytes = total * es
+        # The tuner's choice (#45); one step holds at most a chunk.
+        if self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step" and (
+            nbytes <= self._chunk
+        ):
             # One step: every rank stages its whole tensor and folds all of them itself.
             h = self._half()
             key = (dtype, total, h)
@@ -166,6 +170,25 @@ class ShmCollectives(ShmP2P):
             if me != root:
                 _copy(data[lo : lo + m], slot)
 
+    def _wants_direct(self, op: str, nbytes: int) -> bool:
+        """Whether ``op`` (``broadcast`` or ``all_gather``) of ``nbytes`` reads the owners'
+        tensors directly: the tuner's (or the ``algorithm.<op>`` hint's) choice, where every
+        rank can read its peers. Every rank decides alike (agreed choices, equal sizes)."""
+        choice = self.tuning.choose(op, nbytes, torch.uint8).algorithm
+        return choice == "direct" and self._cma_ok and self._size > 1 and nbytes > 0
+
+    def _broadcast_direct(self, data: torch.Tensor, root: int) -> None:
+        """Every rank but ``root`` copies ``root``'s tensor straight into its own."""
+        if self._rank == root:
+            self._direct({}, [data])
+        else:
+            self._direct({root: (data, 0)}, [])
+
+    def _all_gather_direct(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
+        """Every rank copies each peer's block straight from the peer's input."""
+        me = self._rank
+        self._direct({p: (outs[p], 0) for p in self._peers}, [mine], local_copy=(outs[me], mine))
+
     def _all_to_all(
         self, outs: list[torch.Tensor], ins: list[torch.Tensor], uniform: bool = False
     ) -> None:
@@ -175,7 +198,12 @@ class ShmCollectives(ShmP2P):
         if n == 1:
             _copy(outs[me], ins[me])
             return
-        if uniform and self._cma and outs[me].numel() >= self._cma:
+        if (
+            uniform
+            and self._cma_ok
+            and self.tuning.choose("all_to_all_single", outs[me].numel(), torch.uint8).algorithm
+            == "direct"
+        ):
             # Peer ``p`` reads entry ``p`` of this rank's table (its block of ``ins``).
             self._direct(
                 {p: (outs[p], me) for p in self._peers}, ins, local_copy=(outs[me], ins[me])

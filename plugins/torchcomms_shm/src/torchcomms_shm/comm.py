@@ -59,6 +59,11 @@ YIELD_US = "yield_us"
 #: else 0 (staging is faster there; see docs/benchmarks.md).
 CMA_BYTES = "cma_bytes"
 DEFAULT_CMA_BYTES = 1 << 20
+#: Hint: bytes up to which all_reduce, broadcast and all_gather take the memoryview path
+#: (``torchcomms_shm.small``; at most half a slot); ``0``: never. Each rank may choose
+#: alone: both paths stage the same bytes in the same place in one step.
+SMALL_PATH_BYTES = "small_bytes"
+DEFAULT_SMALL_PATH_BYTES = 64 << 10
 
 
 #: The fields of a rank's hello and of the segment record that the ranks read.
@@ -151,12 +156,14 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
 
     def _setup(self, store: Any, rank: int, size: int, options: CommOptions) -> None:
         hints = options.hints or {}
-        arena = int_hint(hints, ARENA_BYTES, DEFAULT_ARENA_BYTES, minimum=2 * seg.PAGE)
+        tuned = self.tuning.choose("arena", 0, torch.uint8).params["arena_bytes"]  # (#45)
+        arena = int_hint(hints, ARENA_BYTES, max(int(tuned), 2 * seg.PAGE), minimum=2 * seg.PAGE)
         p2p = int_hint(hints, P2P_BYTES, DEFAULT_P2P_BYTES, minimum=seg.PAGE)
         spin0, yield0 = default_wait(size)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
         cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > _cores() else 0)
+        self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
@@ -177,6 +184,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         # none with more ranks than cores, where polling keeps a core from a peer.
         self._fast_polls = 1 if size > _cores() else 200
         self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
+        if SPIN_US not in hints and YIELD_US not in hints:
+            # Other jobs keep every core busy: sleep at once (docs/benchmarks.md).
+            self._waiter.busy = seg.BusyMachine(size, _cores())
         timeout = options.timeout or timedelta(seconds=600)
         self._default_s = timeout.total_seconds()
 
@@ -258,7 +268,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             self._op = "init"
             self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
             self._pids = [int(info["pid"]) for info in everyone]
-            self._cma = self._agree_cma(min(int(info["cma"]) for info in everyone), probe.raw)
+            # Probed whatever the threshold, so a tuner may choose direct reads (#45).
+            self._cma_ok = self._agree_cma(1, probe.raw) > 0
+            self._cma = min(int(info["cma"]) for info in everyone) if self._cma_ok else 0
             del probe
         finally:
             seg.unlink_quietly(name)
@@ -351,10 +363,14 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             self._mapping = None
             self._slots = []
             self._views = {}
+            self._drop_views()
             mapping.close()
         finally:
             if abort:
                 self._lock.release()
+
+    def _drop_views(self) -> None:
+        """Let go of the memoryviews over the segment (the small collectives' layer)."""
 
     def get_backend_name(self) -> str:
         return "shm"

@@ -241,6 +241,36 @@ def own_start_time() -> str:
     return _start_time(os.getpid())
 
 
+class BusyMachine:
+    """Whether other work keeps every core busy: the load average, less this
+    communicator's own ranks, at least the cores (read at most every ``_EVERY_S``).
+
+    On such a machine a polling or yielding rank competes with the other jobs for the
+    core its peer needs (``sched_yield`` hands it to any of them), while a rank that sleeps
+    on a futex is woken by its peer and scheduled promptly: with a busy loop on each of 2
+    cores, an 8-byte all-reduce at 2 ranks took 78 us sleeping at once against 298 us
+    with the default policy, and 64 MiB ran at 1.29 times its bandwidth.
+    """
+
+    _EVERY_S = 0.5
+
+    def __init__(self, ranks: int, cores: int) -> None:
+        self._ranks = ranks
+        self._cores = cores
+        self._at = -1.0
+        self._busy = False
+
+    def __call__(self, now: float) -> bool:
+        """Whether the machine is busy (``now``: ``time.monotonic()``)."""
+        if now - self._at >= self._EVERY_S:
+            self._at = now
+            try:
+                self._busy = os.getloadavg()[0] - self._ranks >= self._cores
+            except OSError:
+                self._busy = False
+        return self._busy
+
+
 class Waiter:
     """The wait policy: spin, then yield the CPU, then sleep; checks abort, peers and deadline.
 
@@ -272,6 +302,8 @@ class Waiter:
         self.futex = futex
         self._sleeping = sleeping
         self._local = threading.local()
+        #: When set and it answers True, waits skip polling and yielding and sleep at once.
+        self.busy: Callable[[float], bool] | None = None
 
     def satisfied(self) -> bool:
         """Whether the condition this thread waits for holds now (for an alarm that found a
@@ -297,8 +329,12 @@ class Waiter:
         """
         self._local.ready = ready
         start = now = time.monotonic()
-        spin_until = start + self.spin_s
-        yield_until = spin_until + self.yield_s
+        busy = self.busy
+        if busy is not None and busy(now):
+            spin_until = yield_until = start
+        else:
+            spin_until = start + self.spin_s
+            yield_until = spin_until + self.yield_s
         check_at = start + self._CHECK_S
         nap = self._NAP_S
         while True:

@@ -28,6 +28,7 @@ from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommInputError
 from torchcomms_core.hooks.flight_recorder.entry import (
+    _ALGORITHM,
     _COLLECTIVE_SEQ,
     _COMPLETED,
     _CREATED,
@@ -332,6 +333,9 @@ def _record(
         "frames": frames,
         "process_group": [name, desc],
     }
+    if entry[_ALGORITHM] is not None:
+        # The algorithm the backend chose (#45); c10d's records have no such field.
+        record["algorithm"] = entry[_ALGORITHM]
     if entry[_STATE] == "completed" and entry[_COMPLETED] is not None:
         # c10d writes the field only once an operation completed (from its CUDA
         # events); here from the call to the completion the recorder saw.

@@ -145,7 +145,8 @@ def _op_str(name: Any) -> str:
     _THREAD_NAME,  # a str, or the threading.Thread (engine-lane entries)
     _FRAMES,  # what _frames returned, or (_RENDERED, c10d's frames): c10d.recorder_lane
     _WORK,  # the operation's work until it is seen finished
-) = range(21)
+    _ALGORITHM,  # the algorithm the backend chose (a str), or None (#45)
+) = range(22)
 
 
 def _created(entry: list[Any]) -> int:

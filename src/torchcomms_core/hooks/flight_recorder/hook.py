@@ -103,6 +103,9 @@ class FlightRecorderHook:
     process-wide recorder, whose size is ``TORCHCOMM_FR_BUFFER_SIZE`` (2000; ``<= 0``
     disables it) and not ``max_entries``; every such hook shares its entries, and the
     debug handlers (``torchcomms_fr_trace_json``, ``torchcomms_fr_dump_file``) read it.
+    ``max_entries=0`` records nothing either way (it registers no hook, so calls keep the
+    communicator's lean lane): PyTorch's ``TORCH_DISTRIBUTED_USE_TORCHCOMMS`` switch
+    passes ``TORCH_FR_BUFFER_SIZE`` here, 0 unless set.
     ``isolated=True`` gives this hook a private recorder of ``max_entries`` entries
     (``0`` records nothing), numbered from 0.
 
@@ -122,7 +125,12 @@ class FlightRecorderHook:
                 f"FlightRecorderHook: isolated must be True or False, got {isolated!r}"
             )
         self._isolated = isolated
-        self._recorder = _Recorder(max_entries) if isolated else global_recorder()
+        # A hook asked for no entries records nothing, shared or not: PyTorch's switch
+        # passes its own buffer size (TORCH_FR_BUFFER_SIZE, 0 unless set) here, and a hook
+        # that records nothing must not take the communicator off its lean lane.
+        self._recorder = (
+            _Recorder(max_entries) if isolated or max_entries == 0 else global_recorder()
+        )
         if isolated:  # as the reference does: operation ids start from 0 again
             reset_op_ids()
         self._tracks: list[_Track] = []

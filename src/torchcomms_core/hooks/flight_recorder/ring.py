@@ -31,7 +31,9 @@ from torchcomms_core.foundation.work import TorchWork, WorkStatus
 from torchcomms_core.hooks import _args
 from torchcomms_core.hooks.flight_recorder.dump import render
 from torchcomms_core.hooks.flight_recorder.entry import (
+    _ALGORITHM,
     _COMPLETED,
+    _KIND,
     _ONE,
     _OP_NAMES,
     _RECORD_ID,
@@ -147,6 +149,17 @@ def lane_track(comm: TorchComm) -> _Track | None:
     if track is not None and track.comm() is comm:
         return track
     return None
+
+
+def _chosen(comm: TorchComm | None, op: str) -> str | None:
+    """The algorithm ``comm``'s backend last chose for ``op`` (``None``: it chose none)."""
+    if comm is None:
+        return None
+    try:
+        choice = comm.get_backend_impl().tuning.last.get(op)
+    except Exception:  # a duck-typed backend without tuning
+        return None
+    return None if choice is None else str(choice)
 
 
 class _Recorder:
@@ -281,6 +294,7 @@ class _Recorder:
             thread_name,
             frames,
             None,
+            None,
         ]
         self.record_ids += 1
         self.entries.append(entry)
@@ -314,7 +328,10 @@ class _Recorder:
         work = getattr(args, "work", None)
         # A synchronous operation has completed by now: its work is not kept.
         done = work is not None and work.status is WorkStatus.COMPLETED
+        # The algorithm the backend chose for it, when it declares algorithms (#45).
+        chosen = _chosen(track.comm(), entries[0][_KIND])
         for entry in entries:
+            entry[_ALGORITHM] = chosen
             entry[_STARTED] = now
             if done:
                 entry[_COMPLETED] = now

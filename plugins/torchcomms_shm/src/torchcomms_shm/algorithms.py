@@ -1,0 +1,89 @@
+"""The shm backend's choices, declared for tuners (#45), and its default rules.
+
+- ``arena`` (asked once, inside ``init``, before the ranks agree on a tuner: the default
+  or a forcing hint decides): the staging arena's bytes per rank (hint ``arena_bytes``,
+  or ``algorithm.arena=arena`` with ``algorithm.arena.arena_bytes``);
+- ``all_reduce``: ``one_step`` (every rank stages its whole tensor and folds all of them;
+  up to one chunk) or ``chunked`` (each rank reduces its part of each chunk, lockstep);
+- ``all_to_all_single`` (even splits): ``staged`` through the arena, or ``direct`` reads of
+  each block from its owner's tensor (cross-memory attach; when every rank can read its
+  peers). Hint ``cma_bytes`` decides when given.
+
+- ``broadcast`` and ``all_gather``: ``staged`` through the arena (the owner copies each
+  chunk in, every reader copies it out: two copies, a step per chunk) or ``direct``: each
+  reader copies straight from the owner's tensor (``process_vm_readv``: one copy, two
+  lockstep steps in all; when every rank can read its peers). Staged by default: a
+  kernel copy ran at about half a ``memmove`` on the machine the defaults were measured
+  on, where staging through the shared cache won; ``torchcomms tune`` measures both on
+  the machine at hand, and ``algorithm.broadcast=direct`` (or ``staged``) forces one.
+
+Messages of at most ``small_bytes`` that stay ``one_step``/``staged`` run through
+memoryviews (``torchcomms_shm.small``): the same bytes in the same places, without torch
+operators.
+
+``nbytes`` of a query: the tensor's bytes (all_reduce, broadcast), the output's bytes
+(all_gather), one block's bytes (all_to_all_single).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchcomms_core.plugin import Algorithm, OpAlgorithms, Query
+
+from .collectives import SMALL_BYTES
+
+__all__ = ["ALGORITHMS", "ONE_STEP_BYTES"]
+
+#: all_reduce messages of at most this many bytes (and one chunk) take one step.
+ONE_STEP_BYTES = SMALL_BYTES
+
+
+def _all_reduce_rule(backend: Any, query: Query) -> str:
+    """one_step up to 64 KiB (and one chunk), chunked above"""
+    chunk = getattr(backend, "_chunk", ONE_STEP_BYTES)
+    return "one_step" if query.nbytes <= min(ONE_STEP_BYTES, chunk) else "chunked"
+
+
+def _all_to_all_rule(backend: Any, query: Query) -> str:
+    """direct from cma_bytes per block (1 MiB with more ranks than cores, else never),
+    staged below"""
+    cma = getattr(backend, "_cma", 0)
+    return "direct" if cma and query.nbytes >= cma else "staged"
+
+
+def _copy_once_algorithms(what: str) -> OpAlgorithms:
+    return OpAlgorithms(
+        (
+            Algorithm("staged", doc=f"{what} through the arena, a step per chunk"),
+            Algorithm("direct", doc="readers copy from the owner's tensor (cross-memory attach)"),
+        ),
+        default="staged",
+    )
+
+
+#: ``ShmBackend.algorithms``.
+ALGORITHMS = {
+    "arena": OpAlgorithms(
+        (Algorithm("arena", {"arena_bytes": 1 << 20}, doc="staging bytes per rank, two halves"),),
+        default="arena",
+        forced_by=("arena_bytes",),
+    ),
+    "all_reduce": OpAlgorithms(
+        (
+            Algorithm("one_step", doc="stage the whole tensor, every rank folds all (<= chunk)"),
+            Algorithm("chunked", doc="per chunk, each rank reduces its part; lockstep"),
+        ),
+        default=_all_reduce_rule,
+    ),
+    "all_to_all_single": OpAlgorithms(
+        (
+            Algorithm("staged", doc="blocks through the arena, a step per chunk"),
+            Algorithm("direct", doc="read each block from its owner (cross-memory attach)"),
+        ),
+        default=_all_to_all_rule,
+        forced_by=("cma_bytes",),
+    ),
+    "broadcast": _copy_once_algorithms("the root's tensor"),
+    "all_gather": _copy_once_algorithms("every rank's block"),
+}

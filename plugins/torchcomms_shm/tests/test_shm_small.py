@@ -1,0 +1,256 @@
+"""The shm backend's memoryview path for small collectives, on real rank processes.
+
+Every result is compared bit for bit with the general path's (a second communicator with
+``small_bytes=0`` on the same inputs): every dtype and reduction, NaN, infinities, signed
+zeros, float32 overflow and integer wrap-around; through ``comm.all_reduce`` (the lean
+lane), the methods (asynchronous calls) and ``torch.distributed`` under PyTorch's switch
+(backend ``cpu:shm``). Faults during small calls (SIGKILL, abort) are in
+``test_shm_backend.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+import torchcomms
+from torchcomms import ReduceOp
+from torchcomms_core.testing import RankPool, unique_name
+
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+SIZES = (1, 2, 3, 17, 33, 100, 4099)
+
+
+def _comm(prefix: str, **hints: str) -> torchcomms.TorchComm:
+    return torchcomms.new_comm(
+        "shm",
+        torch.device("cpu"),
+        name=unique_name(prefix),
+        timeout=timedelta(seconds=60),
+        abort_process_on_timeout_or_error=False,
+        hints=hints,
+    )
+
+
+def _inputs(rank: int, count: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Values that exercise the edges: random, plus NaN, infinities, zeros of both signs,
+    float32's largest values (sums overflow) and integers near their type's limits."""
+    g = torch.Generator().manual_seed(seed * 131 + rank)
+    if dtype.is_floating_point:
+        t = (torch.randn(count, generator=g, dtype=torch.float64) * 100).to(dtype)
+        specials = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3.0e38, -3.0e38]
+        pick = torch.randint(0, 3, (count,), generator=g) == 0
+        idx = torch.randint(0, len(specials), (count,), generator=g)
+        extra = torch.tensor(specials, dtype=torch.float64)[idx].to(dtype)
+        return torch.where(pick, extra, t)
+    info = torch.iinfo(dtype)
+    t = torch.randint(info.min, info.max, (count,), generator=g, dtype=torch.int64)
+    return t.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes, so NaN payloads and signed zeros compare too."""
+    return t.contiguous().view(torch.uint8)
+
+
+def _ops(dtype: torch.dtype) -> list[Any]:
+    ops = [ReduceOp.SUM, ReduceOp.PRODUCT, ReduceOp.MAX, ReduceOp.MIN]
+    if dtype.is_floating_point:
+        ops.append(ReduceOp.AVG)
+    else:
+        ops += [ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR]
+    return ops
+
+
+def body_exact() -> list[str]:
+    """The memoryview path against the general path, bit for bit; returns mismatches."""
+    fast = _comm("small")
+    slow = _comm("general", small_bytes="0")
+    r = fast.get_rank()
+    bad: list[str] = []
+    for dtype in FLOATS + INTS:
+        for op in _ops(dtype):
+            for count in SIZES:
+                x = _inputs(r, count, dtype, count)
+                ref = x.clone()
+                slow.all_reduce(ref, op)
+                lean = x.clone()
+                fast.all_reduce(lean, op)  # the lean lane
+                method = x.clone()
+                fast.all_reduce(method, op, async_op=True).wait()  # the method
+                for label, got in (("lean", lean), ("method", method)):
+                    if not torch.equal(_bits(got), _bits(ref)):
+                        bad.append(f"all_reduce {label} {dtype} {op} {count}")
+            x = _inputs(r, 5, dtype, 7)
+            for root in range(fast.get_size()):
+                a, b = x.clone(), x.clone()
+                fast.broadcast(a, root)
+                slow.broadcast(b, root)
+                if not torch.equal(_bits(a), _bits(b)):
+                    bad.append(f"broadcast {dtype} root {root}")
+    n = fast.get_size()
+    for count in (1, 3, 1000):
+        mine = _inputs(r, count, torch.float32, 3)
+        outs = [torch.empty(n * count) for _ in range(2)]
+        fast.all_gather_single(outs[0], mine)
+        slow.all_gather_single(outs[1], mine)
+        if not torch.equal(_bits(outs[0]), _bits(outs[1])):
+            bad.append(f"all_gather_single {count}")
+        # In place: this rank's input is its block of the output.
+        inplace = torch.zeros(n * count)
+        inplace[r * count : (r + 1) * count] = mine
+        fast.all_gather_single(inplace, inplace[r * count : (r + 1) * count])
+        if not torch.equal(_bits(inplace), _bits(outs[1])):
+            bad.append(f"all_gather_single in place {count}")
+        lists = [[torch.empty(count + k) for k in range(n)] for _ in range(2)]
+        own = _inputs(r, count + r, torch.float32, 4)
+        fast.all_gather_v(lists[0], own)
+        slow.all_gather_v(lists[1], own)
+        for k in range(n):
+            if not torch.equal(_bits(lists[0][k]), _bits(lists[1][k])):
+                bad.append(f"all_gather_v {count} block {k}")
+    # A tensor reused with new values, and one freed and replaced at once (the cache of
+    # views must never answer for a tensor that is gone or was resized).
+    t = torch.ones(4)
+    for step in range(5):
+        t.fill_(step + r)
+        fast.all_reduce(t, ReduceOp.SUM)
+        if t.tolist() != [float(n * step + n * (n - 1) // 2)] * t.numel():
+            bad.append(f"reused tensor step {step}: {t.tolist()}")
+        t = torch.ones(4 + step)
+    t = torch.ones(2)
+    fast.all_reduce(t, ReduceOp.SUM)
+    t.resize_(8).fill_(1.0)
+    fast.all_reduce(t, ReduceOp.SUM)
+    if t.tolist() != [float(n)] * 8:
+        bad.append(f"resized tensor: {t.tolist()}")
+    fast.barrier()
+    fast.finalize()
+    slow.finalize()
+    return bad
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_memoryview_path_gives_the_general_paths_bits(world_size: int) -> None:
+    with RankPool(world_size) as pool:
+        for bad in pool.run(body_exact, timeout=600):
+            assert bad == []
+
+
+def body_switch() -> dict[str, Any]:
+    """``torch.distributed`` under PyTorch's switch on ``cpu:shm``: plain calls take the
+    communicator lane (a completed work of its own), others the general path."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
+    saved = dist.config.use_torchcomms
+    dist.config.use_torchcomms = True
+    os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    try:
+        dist.init_process_group(
+            "cpu:shm",
+            store=dist.PrefixStore(unique_name("switch"), store),
+            rank=int(os.environ["TORCHCOMM_RANK"]),
+            world_size=int(os.environ["TORCHCOMM_SIZE"]),
+        )
+    finally:
+        dist.config.use_torchcomms = saved
+    try:
+        pg = dist.group.WORLD
+        r, n = dist.get_rank(), dist.get_world_size()
+        out: dict[str, Any] = {}
+        results = []
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.MIN, dist.ReduceOp.AVG):
+            t = torch.tensor([r + 1.0, -r - 0.5])
+            dist.all_reduce(t, op=op)
+            results.append(t.tolist())
+        out["results"] = results
+        opts = dist.AllreduceOptions()
+        opts.asyncOp = False
+        t = torch.ones(3)
+        work = pg.allreduce([t], opts)
+        out["sync work"] = type(work).__name__
+        out["sync future"] = work.get_future().wait()[0].tolist()
+        work = dist.all_reduce(t, async_op=True)
+        out["async work"] = type(work).__name__
+        work.wait()
+        out["after async"] = t.tolist()
+        b = torch.full((2,), float(r))
+        dist.broadcast(b, src=n - 1)
+        out["broadcast"] = b.tolist()
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_distributed_under_the_switch_takes_the_communicator_lane(pool2: RankPool) -> None:
+    for out in pool2.run(body_switch, timeout=120):
+        assert out["results"] == [[3.0, -2.0], [2.0, -0.5], [1.0, -1.5], [1.5, -1.0]]
+        assert out["sync work"] == "DoneWork"
+        assert out["sync future"] == [2.0, 2.0, 2.0]
+        assert out["async work"] == "CommWork"
+        assert out["after async"] == [4.0, 4.0, 4.0]
+        assert out["broadcast"] == [1.0, 1.0]
+
+
+def body_direct_copies() -> list[str]:
+    """Broadcast and all-gather read straight from the owners' tensors when the choice is
+    ``direct`` (forced by hint): the same bytes as staging, uneven and in place too."""
+    direct = _comm("direct", **{"algorithm.broadcast": "direct", "algorithm.all_gather": "direct"})
+    staged = _comm("staged", **{"algorithm.broadcast": "staged", "algorithm.all_gather": "staged"})
+    impl = direct.get_backend_impl()
+    r, n = direct.get_rank(), direct.get_size()
+    bad: list[str] = []
+    if not impl._cma_ok:
+        return ["skip: cross-memory reads not permitted here"]
+    for count in (1, 1000, (3 << 20) + 5):
+        for root in range(n):
+            a = _inputs(r, count, torch.float32, root)
+            b = a.clone()
+            direct.broadcast(a, root)
+            staged.broadcast(b, root)
+            if (
+                not torch.equal(_bits(a), _bits(b))
+                or direct.get_backend_impl().tuning.last["broadcast"].algorithm != "direct"
+            ):
+                bad.append(f"broadcast {count} root {root}")
+        mine = _inputs(r, count, torch.float32, 9)
+        outs = [torch.empty(n * count) for _ in range(2)]
+        direct.all_gather_single(outs[0], mine)
+        staged.all_gather_single(outs[1], mine)
+        if not torch.equal(_bits(outs[0]), _bits(outs[1])):
+            bad.append(f"all_gather_single {count}")
+        inplace = outs[1].clone()
+        inplace[r * count : (r + 1) * count] = mine
+        direct.all_gather_single(inplace, inplace[r * count : (r + 1) * count])
+        if not torch.equal(_bits(inplace), _bits(outs[1])):
+            bad.append(f"all_gather_single in place {count}")
+        lists = [[torch.empty(count + k) for k in range(n)] for _ in range(2)]
+        own = _inputs(r, count + r, torch.float32, 4)
+        direct.all_gather_v(lists[0], own)
+        staged.all_gather_v(lists[1], own)
+        for k in range(n):
+            if not torch.equal(_bits(lists[0][k]), _bits(lists[1][k])):
+                bad.append(f"all_gather_v {count} block {k}")
+    direct.finalize()
+    staged.finalize()
+    return bad
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_direct_broadcast_and_all_gather_give_stagings_bytes(world_size: int) -> None:
+    with RankPool(world_size) as pool:
+        for bad in pool.run(body_direct_copies, timeout=300):
+            assert bad in ([], ["skip: cross-memory reads not permitted here"])
+            if bad:
+                pytest.skip(bad[0])
