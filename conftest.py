@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -39,6 +40,92 @@ def pytest_configure(config: pytest.Config) -> None:
             "-p torchcomms_core.testing.plugin (it loads through the pytest11 entry point of "
             "the installed package: pip install -e .)"
         )
+
+
+# -- nothing left behind in /dev/shm -----------------------------------------------------
+
+#: Set to 0 to skip the check (another job writes /dev/shm on this machine meanwhile).
+SHM_CHECK = "TORCHCOMM_SHM_CHECK"
+SHM_DIR = "/dev/shm"
+#: Seconds a leftover gets to disappear (a rank still exiting) before it counts.
+SHM_GRACE_S = 5.0
+_shm_before: dict[str, float] = {}
+_shm_start = 0.0
+
+
+def _shm_listing() -> dict[str, float]:
+    found: dict[str, float] = {}
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            found[name] = os.stat(os.path.join(SHM_DIR, name)).st_ctime
+        except OSError:
+            continue
+    return found
+
+
+def _mapped_shm() -> set[str]:
+    """Names in /dev/shm that a live process maps (a job still running, ours or not)."""
+    mapped: set[str] = set()
+    prefix = SHM_DIR + "/"
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    at = line.find(prefix)
+                    if at >= 0:
+                        mapped.add(line[at + len(prefix) :].split()[0])
+        except OSError:
+            continue
+    return mapped
+
+
+def shm_leftovers(before: dict[str, float], since: float) -> list[str]:
+    """Entries of /dev/shm made since ``since`` that ``before`` did not list and that no
+    live process maps (those belong to a job still running, on a shared machine)."""
+    new = {n for n, made in _shm_listing().items() if n not in before and made >= since - 1.0}
+    return sorted(new - _mapped_shm()) if new else []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _shm_start
+    _shm_start = time.time()
+    _shm_before.update(_shm_listing())
+
+
+@pytest.hookimpl(trylast=True)  # after torchcomms' plugin closed the rank pools
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get(SHM_CHECK, "1") == "0" or hasattr(session.config, "workerinput"):
+        return
+    deadline = time.monotonic() + SHM_GRACE_S
+    left = shm_leftovers(_shm_before, _shm_start)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = shm_leftovers(_shm_before, _shm_start)
+    if not left:
+        return
+    sizes = []
+    for name in left:
+        try:
+            sizes.append(f"{name} ({os.path.getsize(os.path.join(SHM_DIR, name))} bytes)")
+        except OSError:
+            sizes.append(name)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = (
+        f"the tests left {len(left)} file(s) in {SHM_DIR} that were not there before: "
+        f"{', '.join(sizes)}. A test must remove what it creates there (kill no rank before "
+        f"it cleans up); set {SHM_CHECK}=0 only where other jobs write {SHM_DIR} meanwhile"
+    )
+    if reporter is not None:
+        reporter.write_line(message, red=True)
+    else:
+        sys.stderr.write(message + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 # The quick tier (`pytest -m quick`): a newcomer's first run, a few minutes on 2 cores,

@@ -51,6 +51,7 @@ from torchcomms_core.foundation.errors import (
     CommTypeError,
     TorchCommError,
 )
+from torchcomms_core.foundation.records import read_record
 from torchcomms_core.foundation.work import TorchWork, WorkStatus
 from torchcomms_core.operations.hints import UnknownHintWarning, bool_hint, int_hint
 from torchcomms_core.operations.options import CommOptions
@@ -214,6 +215,7 @@ __all__ = [
     "nccl_available",
     "new_comm",
     "new_member_comm",
+    "read_record",
     "reduce_rows",
     "rocm_version",
     "simulated_rank",

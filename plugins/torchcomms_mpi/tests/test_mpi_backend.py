@@ -429,3 +429,36 @@ def test_bench_runs_under_mpiexec_and_compares_with_mpi4py() -> None:
     assert out.count("# Out of bounds values : 0 OK (mpi4py: 0 OK)") == 3
     assert "# window_put: backend mpi, 2 ranks" in out
     assert out.count("# Out of bounds values : 0 OK") == 4
+
+
+def test_an_aborted_job_leaves_no_mpich_segment(tmp_path) -> None:
+    """MPI_Abort ends the ranks before MPI_Finalize, which is where MPICH removes its
+    shared-memory segment: the watchdog removes the segments its rank mapped first."""
+    from torchcomms_mpi.watchdog import unlink_job_segments
+
+    before = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    res, _ = _run_stuck(tmp_path, None, 60.0)
+    assert res.returncode != 0 and "watchdog" in res.stderr
+    after = {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")}
+    assert after <= before, sorted(after - before)
+    # Only MPICH segments mapped by this process go: a listing of other mappings is left.
+    maps = tmp_path / "maps"
+    kept = tmp_path / "mpich_shm_kept"
+    kept.write_bytes(b"x")
+    maps.write_text(
+        f"7f00-7f01 rw-s 00000000 00:1a 1 {kept}\n"
+        "7f01-7f02 rw-s 00000000 00:1a 2 /dev/shm/torchcomms-1-abc\n"
+        "7f02-7f03 rw-s 00000000 00:1a 3 /dev/shm/mpich_shm_gone (deleted)\n"
+    )
+    assert unlink_job_segments(str(maps)) == []
+    assert kept.exists()
+    mine = f"/dev/shm/mpich_shm_test{os.getpid()}_0"
+    with open(mine, "wb") as f:
+        f.write(b"x")
+    try:
+        maps.write_text(f"7f00-7f01 rw-s 00000000 00:1a 1 {mine}\n" * 2)
+        assert unlink_job_segments(str(maps)) == [mine]
+        assert not os.path.exists(mine)
+    finally:
+        if os.path.exists(mine):
+            os.unlink(mine)

@@ -26,6 +26,7 @@ from torchcomms_core.comm.consistency import verify_call
 from torchcomms_core.comm.handles import RemovableHandle
 from torchcomms_core.comm.keywords import adapt_backend
 from torchcomms_core.comm.lifetime import LIVE, Membership, release_dropped, release_live_at_exit
+from torchcomms_core.creation.signing import find_signer
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommStateError
 from torchcomms_core.foundation.states import ABORTED, FAILED, FINALIZED, OK, UNBOUND
@@ -111,6 +112,9 @@ class CommBase:
         self._name = name
         self._options = options
         self._store = store
+        # The job token's signing store is a Python object that the C++ prefixes over it
+        # do not keep alive: the communicator does, as long as its store may be used.
+        self._signer = self._first_signer = find_signer(store)
         self._timeout: timedelta = options.timeout or _env.default_timeout()
         self._hints: dict[str, str] = dict(options.hints)
         self._state = OK
@@ -447,6 +451,7 @@ class CommBase:
         splits, windows and the PyTorch bridge's further groups meet there), ``options``
         what the backend was rebuilt with."""
         self._store = store
+        self._signer = find_signer(store)  # the group's; the first stays with the membership
         self._backend.options = options.replace(store=store)
         self._options.rank, self._options.size = rank, size
         self._options.store = store

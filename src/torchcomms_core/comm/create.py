@@ -15,12 +15,21 @@ from torchcomms_core.creation.bootstrap import default_store, resolve_rank_size
 from torchcomms_core.creation.group_record import GroupContext, creating_group, given_group
 from torchcomms_core.creation.join import join_or_finalize
 from torchcomms_core.creation.names import auto_name, check_name, claim_name, release_name
+from torchcomms_core.creation.signing import HINT as _TOKEN_HINT
+from torchcomms_core.creation.signing import (
+    TOKEN_ADVICE,
+    is_signed,
+    job_token,
+    signing_failure,
+    signing_store,
+)
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import (
     BackendLoadError,
     BackendNotFoundError,
     CommInputError,
     CommOperationError,
+    CommTimeoutError,
     CommTypeError,
     TorchCommError,
 )
@@ -95,6 +104,10 @@ def new_comm(
         except ValueError as exc:
             raise CommInputError(f"new_comm: {exc}") from None
     hints = dict(check_hints(hints, "new_comm")) if hints is not None else {}
+    # The job token goes no further than the store that signs with it: never into the
+    # options, the backend's hints, a log or a repr.
+    trust = {_TOKEN_HINT: hints.pop(_TOKEN_HINT)} if _TOKEN_HINT in hints else {}
+    job_token(trust)  # refuse a token too short to be secret, before anything starts
     if abort_process_on_timeout_or_error is None:
         try:
             abort_process_on_timeout_or_error = _env.abort_on_error()
@@ -135,6 +148,7 @@ def new_comm(
             timeout,
             hints,
             abort_process_on_timeout_or_error,
+            trust,
         )
     # Under TORCH_DISTRIBUTED_USE_TORCHCOMMS, init_process_group's rank, size and timeout.
     c10d_group = creating_group(store)
@@ -149,6 +163,7 @@ def new_comm(
     root = (
         store if store is not None else default_store(rank, size, timeout, required=cls.needs_store)
     )
+    root = signing_store(root, trust)  # with a job token, once: prefixes over it share it
     generation = 1
     if c10d_group is None:  # c10d keeps live group names unique, and reuses destroyed ones
         generation = claim_name(root, name, rank)
@@ -205,11 +220,19 @@ def new_comm(
             confirm_tuning(instance.tuning)
         else:
             agree_after_init(instance.tuning, instance, backend, device)
-    except TorchCommError:
+    except TorchCommError as exc:
         release_name(root, name, rank)
+        refused = signing_failure(root)
+        if refused is not None and refused is not exc:
+            raise refused from exc
+        if isinstance(exc, CommTimeoutError) and is_signed(root):
+            raise CommTimeoutError(f"{exc}. {TOKEN_ADVICE}") from exc
         raise
     except Exception as exc:
         release_name(root, name, rank)
+        refused = signing_failure(root)
+        if refused is not None:  # it crossed the engine's C++ code as another error
+            raise refused from exc
         what = (
             f"new_comm: backend {backend!r} could not create communicator {name!r} on rank "
             f"{rank} of {size}"
@@ -218,6 +241,8 @@ def new_comm(
             f". Every rank must call new_comm with the same name; check that all {size} "
             f"ranks are running and can reach each other"
         )
+        if is_signed(root):
+            advice += f". {TOKEN_ADVICE}"
         raise engine_start_error(what, timeout, exc, advice) from exc
     # A backend may pin the device further (cuda -> cuda:<local rank>).
     bound = getattr(instance, "device", None)
@@ -302,6 +327,7 @@ def new_reconfigurable_comm(
     timeout: timedelta,
     hints: dict[str, str],
     abort_process: bool,
+    trust: dict[str, str] | None = None,
 ) -> TorchComm:
     """``new_comm(..., enable_reconfigure=True)``: a communicator bound to no group yet.
 
@@ -327,9 +353,12 @@ def new_reconfigurable_comm(
                 f"new_comm: could not host the rendezvous of communicator {name!r} ({where}): {exc}"
             ) from exc
         handle = make_handle(backend, (host, port))
-        store = PrefixStore(f"rendezvous/{handle.split(':', 3)[2]}", rendezvous)
+        # A local name keeps the signing store alive until the communicator holds it.
+        signer = signing_store(rendezvous, trust)
+        store = PrefixStore(f"rendezvous/{handle.split(':', 3)[2]}", signer)
     else:
         handle = make_handle(backend, None)
+        store = signing_store(store, trust)
     instance, options = _instance(
         cls,
         device,

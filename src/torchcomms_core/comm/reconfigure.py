@@ -54,6 +54,7 @@ from torchcomms_core.creation.rendezvous import (
     new_token,
     parse_handle,
 )
+from torchcomms_core.creation.signing import sign_like
 from torchcomms_core.foundation.errors import (
     CommInputError,
     CommOperationError,
@@ -62,6 +63,7 @@ from torchcomms_core.foundation.errors import (
     CommTypeError,
     TorchCommError,
 )
+from torchcomms_core.foundation.records import read_record
 from torchcomms_core.foundation.states import ABORTED, OK, UNBOUND
 from torchcomms_core.foundation.work import TorchWork, engine_start_error, is_timeout_error
 from torchcomms_core.operations.validation import check_hints, check_timeout
@@ -206,6 +208,18 @@ def _announce(
     store.set(f"{_PREFIX}/handle/{handle}", json.dumps(entry))
 
 
+#: The fields of the records members publish, and their types (read_record checks them).
+_MEMBER: dict[str, type | tuple[type, ...]] = {"rank": int, "digest": str}
+_LIST: dict[str, type | tuple[type, ...]] = {"rank": int, "handles": list}
+_OUTCOME: dict[str, type | tuple[type, ...]] = {"kind": str}
+_ANNOUNCEMENT: dict[str, type | tuple[type, ...]] = {
+    "uuid": str,
+    "state": str,
+    "seq": int,
+    "against": str,
+}
+
+
 def _conflicts(ann: dict[str, Any], key: str, seq: int, used: set[str]) -> bool:
     """Whether a peer's announcement shows it reconfiguring with another uuid right now."""
     if ann["uuid"] == key or ann["uuid"] in used:
@@ -223,11 +237,11 @@ def _includes(store: Any, ann: dict[str, Any], peer: str, mine: str) -> bool:
     theirs_key = f"{_PREFIX}/{ann['uuid']}/member/{peer}"
     if not store.check([theirs_key]):
         return False  # not published yet: look again at the next scan
-    digest = json.loads(store.get(theirs_key)).get("digest")
+    digest = read_record(store.get(theirs_key), theirs_key, _MEMBER)["digest"]
     list_key = f"{_space(ann['uuid'], digest)}/list"
     if not store.check([list_key]):
         return True  # its list is being published: a member of it, most likely
-    return mine in json.loads(store.get(list_key)).get("handles", [mine])
+    return mine in read_record(store.get(list_key), list_key, _LIST)["handles"]
 
 
 class _GroupError:
@@ -314,15 +328,15 @@ def _check_lists(store: Any, key: str, rank: int, handles: list[str], digest: st
     Of two lists registered at the same time, the one registered second sees the first
     (registration is an append), so one of the two always finds the disagreement.
     """
-    registered = store.get(f"{_PREFIX}/{key}/digests").decode().split(",")
+    registered = store.get(f"{_PREFIX}/{key}/digests").decode("utf-8", "replace").split(",")
     others = sorted({d for d in registered if d and d != digest})
     if not others:
         return
     mine = set(handles)
     lists = store.multi_get([f"{_space(key, d)}/list" for d in others])
     for other, raw in zip(others, lists, strict=True):
-        theirs = json.loads(raw)
-        if mine.isdisjoint(theirs["handles"]):
+        theirs = read_record(raw, f"{_space(key, other)}/list", _LIST)
+        if mine.isdisjoint(h for h in theirs["handles"] if isinstance(h, str)):
             continue  # another group, or an earlier communicator's use of this uuid
         error = _Disagreement(
             f"reconfigure: members disagree on init_handles for uuid {key!r}: rank {rank} "
@@ -337,11 +351,11 @@ def _check_lists(store: Any, key: str, rank: int, handles: list[str], digest: st
 
 def _raise_outcome(raw: bytes | str) -> None:
     """Return if the outcome says the group agreed, else raise what it says."""
-    outcome = json.loads(raw)
+    outcome = read_record(raw, "reconfigure outcome", _OUTCOME)
     kind = outcome["kind"]
     if kind == "ok":
         return
-    message = outcome["message"]
+    message = str(outcome.get("message", "reconfigure failed"))
     if kind == "input":
         raise CommInputError(message)
     if kind == "timeout":
@@ -435,7 +449,7 @@ def _look_at(
     ann_key = f"{_PREFIX}/handle/{handles[r]}"
     if not store.check([ann_key]):
         return
-    ann = json.loads(store.get(ann_key))
+    ann = read_record(store.get(ann_key), ann_key, _ANNOUNCEMENT)
     if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
         error = CommInputError if ann.get("kind") == "input" else CommOperationError
         raise error(
@@ -494,6 +508,9 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
         membership.clients.clear()  # one live connection: to the current first member
         where = "reconfigure"
         cached = connect(parse_handle(first, comm.get_backend(), True, where), timeout, where)
+        # Signed as this member's own rendezvous is, with the job token (docs/security.md);
+        # kept here, since the prefix below does not keep a Python store alive.
+        cached = sign_like(membership.root_store, cached)
         membership.clients[first] = cached
     cached.set_timeout(timeout)  # gloo's rendezvous waits use the store's own timeout
     token = first.split(":", 3)[2]

@@ -295,6 +295,8 @@ DEFAULT_OBJCOL_MAX_BYTES = 2 << 30
 STORE_LISTEN_ADDR = "TORCHCOMM_STORE_LISTEN_ADDR"
 #: A ``FileStore`` path to rendezvous through instead of TCP (single-host jobs).
 STORE_PATH = "TORCHCOMM_STORE_PATH"
+#: A secret shared by every rank of a job: store entries are signed with it (docs/security.md).
+JOB_TOKEN = "TORCHCOMM_JOB_TOKEN"
 #: ``name=distribution,...``: let that distribution provide a built-in backend name.
 BACKEND_OVERRIDE = "TORCHCOMM_BACKEND_OVERRIDE"
 

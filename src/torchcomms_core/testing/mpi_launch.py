@@ -80,6 +80,9 @@ class MpiRank:
             pass
 
     def kill(self) -> None:
+        # A rank killed before MPI_Finalize leaves MPICH's shared-memory segment behind:
+        # note the ones it maps, and remove them once it is gone.
+        segments = mapped_mpich_segments(self.pid)
         for pid in (self.pid,):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -89,6 +92,27 @@ class MpiRank:
             os.killpg(self._job.pid, signal.SIGKILL)
         except OSError:
             pass
+        for path in segments:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def mapped_mpich_segments(pid: int) -> list[str]:
+    """The MPICH shared-memory segments (``/dev/shm/mpich_shm_*``) process ``pid`` maps."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found: list[str] = []
+    for line in lines:
+        path = line.rsplit(None, 1)[-1] if line.strip() else ""
+        name = path[len("/dev/shm/") :]
+        if path.startswith("/dev/shm/mpich_shm_") and "/" not in name and path not in found:
+            found.append(path)
+    return found
 
 
 def start(

@@ -34,12 +34,17 @@ from torchcomms_core.plugin import (
     RdmaRemoteBuffer,
     RdmaTransport,
     WindowPeers,
+    read_record,
 )
 
 #: Source tensors of ``put`` kept registered (and alive) for reuse, most recent first.
 SOURCE_CACHE = 4
 #: Puts up to this many bytes are posted writes where the transport carries them.
 POST_BYTES = 64 << 10
+
+
+#: The fields of a rank's window record (read_record checks their types).
+_RECORD = {"numel": int, "data": list, "counters": list, "urls": dict}
 
 
 def _remote(values: list[Any]) -> RdmaRemoteBuffer:
@@ -131,7 +136,10 @@ class TransportWindow:
             },
         }
         self._store.set(f"{self._prefix}/{rank}", json.dumps(mine))
-        everyone = [json.loads(self._store.get(f"{self._prefix}/{r}")) for r in range(size)]
+        everyone = [
+            read_record(self._store.get(f"{self._prefix}/{r}"), f"{self._prefix}/{r}", _RECORD)
+            for r in range(size)
+        ]
         # In ascending peer order on every rank, so each pair's connects meet without a cycle.
         for peer in sorted(self._transports):
             url = base64.b64decode(everyone[peer]["urls"][str(rank)])

@@ -35,6 +35,7 @@ from torchcomms_core.plugin import (
     RdmaTransport,
     SignalFile,
     TorchCommWinAccessType,
+    read_record,
     settle,
 )
 
@@ -93,6 +94,11 @@ def _host() -> str:
     return socket.gethostname()
 
 
+#: The fields of a rank's segment and mode records (read_record checks their types).
+_SEGMENT: dict[str, type | tuple[type, ...]] = {"path": str, "numel": int}
+_MODE: dict[str, type | tuple[type, ...]] = {"mode": str, "host": str, "probe": (list, type(None))}
+
+
 class GlooWindowEngine:
     """Windows on shared memory, or through ``TransportWindow`` (see the module docstring)."""
 
@@ -125,7 +131,10 @@ class GlooWindowEngine:
         path = os.path.join(SHM_DIR, f"torchcomms-{os.getpid()}-{secrets.token_hex(6)}")
         me = {"path": path, "numel": tensor.numel()}
         self._store.set(f"{prefix}/{self._rank}", json.dumps(me))
-        peers = [json.loads(self._store.get(f"{prefix}/{r}")) for r in range(self._size)]
+        peers = [
+            read_record(self._store.get(f"{prefix}/{r}"), f"{prefix}/{r}", _SEGMENT)
+            for r in range(self._size)
+        ]
         nbytes = tensor.numel() * tensor.element_size()
         mine = SignalFile(path, nbytes, self._size, create=True)
         mine.counters.zero_()
@@ -165,7 +174,10 @@ class GlooWindowEngine:
         store, rank, size = self._store, self._rank, self._size
         try:
             store.set(f"{prefix}/mode/{rank}", json.dumps(mine))
-            everyone = [json.loads(store.get(f"{prefix}/mode/{r}")) for r in range(size)]
+            everyone = [
+                read_record(store.get(f"{prefix}/mode/{r}"), f"{prefix}/mode/{r}", _MODE)
+                for r in range(size)
+            ]
             modes = {info["mode"] for info in everyone}
             if len(modes) > 1:
                 listing = ", ".join(f"rank {r}: {i['mode']}" for r, i in enumerate(everyone))

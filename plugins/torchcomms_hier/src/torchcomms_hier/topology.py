@@ -26,6 +26,7 @@ from torchcomms_core.plugin import (
     CommTimeoutError,
     TorchCommBackend,
     get_backend_class,
+    read_record,
 )
 
 from .codec import CODEC_HINT, CODEC_NONE, codec_unavailable_reason, parse_codec
@@ -149,6 +150,12 @@ class Topology:
         return self.hosts[host][local]
 
 
+#: The fields of a rank's status record, and their types (read_record checks them).
+_STATUS_FIELDS = dict.fromkeys(
+    ("host", "local", "global", "local_kind", "local_msg", "global_kind", "global_msg"), str
+)
+
+
 def exchange(
     store: Any,
     rank: int,
@@ -193,7 +200,7 @@ def exchange(
             f"backends within {timeout} ({exc}); every rank must call new_comm('hier', ...) "
             f"with the same name"
         ) from None
-    everyone = [json.loads(store.get(k)) for k in keys]
+    everyone = [read_record(store.get(k), k, _STATUS_FIELDS) for k in keys]
     where = f"hier communicator {name!r} (rank {rank})"
     for r, other in enumerate(everyone):
         if other["global"] != settings.global_backend:

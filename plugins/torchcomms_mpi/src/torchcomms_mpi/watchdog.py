@@ -74,6 +74,7 @@ def _expire(backend: Any, call: tuple[str, float]) -> None:
         f"instead; set it to 0 to make every collective so\n"
     )
     sys.stderr.flush()
+    unlink_job_segments()
     try:
         comm = backend._comm
         if comm is None:  # freed meanwhile: end the job through the world
@@ -84,3 +85,36 @@ def _expire(backend: Any, call: tuple[str, float]) -> None:
     finally:
         # MPI_Abort does not return; should it fail, the stuck call must still end.
         os._exit(EXIT_CODE)
+
+
+#: Where MPICH's shared-memory segments live, and how their names start.
+_SHM_DIR = "/dev/shm/"
+_MPICH_PREFIX = "mpich_shm_"
+
+
+def unlink_job_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """Remove the names of the MPICH shared-memory segments this process has mapped.
+
+    MPICH removes them in ``MPI_Finalize``; a job ended by ``MPI_Abort`` never gets
+    there, and each segment (2 MiB and more) would stay in /dev/shm until reboot. The
+    ranks still mapping one keep it until they exit; only its name goes. Returns the
+    paths removed (none where /proc is missing).
+    """
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    removed: list[str] = []
+    for line in lines:
+        path = line.rsplit(None, 1)[-1] if line.strip() else ""
+        if path.endswith(" (deleted)") or not path.startswith(_SHM_DIR + _MPICH_PREFIX):
+            continue
+        if "/" in path[len(_SHM_DIR) :] or path in removed:
+            continue
+        try:
+            os.unlink(path)
+        except OSError:
+            continue
+        removed.append(path)
+    return removed

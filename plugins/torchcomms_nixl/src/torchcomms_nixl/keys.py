@@ -59,7 +59,7 @@ def decode_address(url: bytes) -> Address:
     try:
         body: dict[str, Any] = json.loads(url[len(URL_PREFIX) :])
         return Address(str(body["agent"]), int(body["endpoint"]), base64.b64decode(body["md"]))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise CommInputError(
             f"connect: peer_url is damaged ({type(exc).__name__}: {exc}); pass the bytes the "
             f"peer's bind() returned, unchanged"
@@ -98,7 +98,7 @@ def decode_key(where: str, text: str) -> Key:
             device_id=int(body["d"]),
             metadata=base64.b64decode(body["md"]),
         )
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise CommInputError(
             f"{where}: remote_buffer.access_key is damaged ({type(exc).__name__}: {exc}); use "
             f"the RdmaRemoteBuffer the peer's RdmaMemory.to_remote_buffer() returned"

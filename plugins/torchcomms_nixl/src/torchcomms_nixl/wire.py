@@ -62,6 +62,10 @@ def encode(body: dict[str, Any]) -> bytes:
 
 
 def decode(message: bytes) -> dict[str, Any]:
-    """The JSON body of a notification :func:`encode` made (it starts with ``TAG``)."""
-    body: dict[str, Any] = json.loads(message[len(TAG) :])
-    return body
+    """The JSON body of a notification :func:`encode` made (it starts with ``TAG``); an
+    empty dict, which names no kind and is ignored, for a message that is not one."""
+    try:
+        body = json.loads(message[len(TAG) :])
+    except (ValueError, RecursionError):
+        return {}
+    return body if isinstance(body, dict) else {}

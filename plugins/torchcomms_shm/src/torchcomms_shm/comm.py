@@ -33,6 +33,7 @@ from torchcomms_core.plugin import (
     StoredRankAndSize,
     TorchCommBackend,
     int_hint,
+    read_record,
 )
 
 from . import cma
@@ -63,6 +64,16 @@ DEFAULT_CMA_BYTES = 1 << 20
 #: alone: both paths stage the same bytes in the same place in one step.
 SMALL_PATH_BYTES = "small_bytes"
 DEFAULT_SMALL_PATH_BYTES = 64 << 10
+
+
+#: The fields of a rank's hello and of the segment record that the ranks read.
+_HELLO = {"host": str, "arena": int, "p2p": int}
+_SEGMENT = {"name": str, "token": str}
+
+
+def _hello(store: Any, rank: int) -> dict[str, Any]:
+    key = f"shm/hello/{rank}"
+    return read_record(store.get(key), key, _HELLO)
 
 
 def _cores() -> int:
@@ -188,7 +199,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             "cma": cma_bytes,
         }
         store.set(f"shm/hello/{rank}", json.dumps(me))
-        everyone = [json.loads(store.get(f"shm/hello/{r}")) for r in range(size)]
+        everyone = [_hello(store, r) for r in range(size)]
         hosts: dict[str, list[int]] = {}
         for r, info in enumerate(everyone):
             hosts.setdefault(info["host"], []).append(r)
@@ -215,7 +226,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             token = os.urandom(16).hex()
             store.set("shm/segment", json.dumps({"name": name, "token": token}))
         else:
-            info = json.loads(store.get("shm/segment"))
+            info = read_record(store.get("shm/segment"), "shm/segment", _SEGMENT)
             name, token = info["name"], info["token"]
         self._segname = name
         try:
