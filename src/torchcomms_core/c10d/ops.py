@@ -491,6 +491,18 @@ def _out_in(name: str) -> Callable[..., tuple[str, Any, Any] | None]:
     return describe
 
 
+def _gather_engine_ok(output_tensors: Any, *rest: Any, **kwargs: Any) -> bool:
+    """Under the switch PyTorch passes ``[[]]`` as a non-root's outputs (the reference's
+    wrapper wants one entry on every rank), which gloo's engine refuses ("requires empty
+    output on non-root"): such calls take the general path."""
+    return not (
+        isinstance(output_tensors, list)
+        and len(output_tensors) == 1
+        and isinstance(output_tensors[0], list)
+        and not output_tensors[0]
+    )
+
+
 def _barrier_described(*args: Any, **kwargs: Any) -> tuple[str, Any, Any]:
     return "barrier", None, None
 
@@ -653,6 +665,7 @@ OPS: tuple[BridgeOp, ...] = (
         "gather",
         _gather_input,
         engine="gather",
+        engine_ok=_gather_engine_ok,
     ),
     BridgeOp(
         ("scatter",),
