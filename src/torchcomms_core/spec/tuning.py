@@ -31,6 +31,7 @@ import dataclasses
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -57,6 +58,17 @@ TUNER_SPEC_VERSION = "1.0"
 
 #: A parameter's value: what a JSON table can hold and a hint can spell.
 ParamValue = int | float | str | bool
+
+
+def _weak(owner: Any) -> Callable[[], Any]:
+    """A reference to the backend instance a tuning asks its default rules with, that does
+    not keep it alive: the backend holds its tuning (and its options hold it too), and a
+    cycle would keep a finalized backend, and the store server it may host, alive until the
+    cyclic collector runs (peers then wait for a rank that has left)."""
+    try:
+        return weakref.ref(owner)
+    except TypeError:  # not weakly referenceable (None, a slotted object)
+        return lambda: owner
 
 
 class TuningWarning(RuntimeWarning):
@@ -311,7 +323,7 @@ class Tuning:
     __slots__ = (
         "_cache",
         "_ops",
-        "_owner",
+        "_owner_ref",
         "_tuner",
         "_who",
         "_forced",
@@ -336,7 +348,7 @@ class Tuning:
     ) -> None:
         self._cache: dict[tuple[str, int, torch.dtype], Choice] = {}
         self._ops = dict(algorithms)
-        self._owner = owner
+        self._owner_ref = _weak(owner)
         self._tuner: Tuner | None = None
         self._who = ""
         self._query_base = (world_size, ranks_per_host, backend, device)
@@ -422,7 +434,7 @@ class Tuning:
 
     def adopt(self, owner: Any) -> None:
         """Ask the default rules with backend instance ``owner`` (a split's child)."""
-        self._owner = owner
+        self._owner_ref = _weak(owner)
 
     def rebase(self, world_size: int, ranks_per_host: int) -> None:
         """Ask about ``world_size`` ranks, ``ranks_per_host`` a host, from now on."""
@@ -490,7 +502,11 @@ class Tuning:
         """The backend's default rule for ``op`` at ``nbytes`` (no tuner, no cache)."""
         spec = self._ops[op]
         rule = spec.default
-        answer = rule if isinstance(rule, str) else rule(self._owner, self.query(op, nbytes, dtype))
+        answer = (
+            rule
+            if isinstance(rule, str)
+            else rule(self._owner_ref(), self.query(op, nbytes, dtype))
+        )
         choice, problem = spec.complete(Choice(answer) if isinstance(answer, str) else answer)
         if choice is None:
             raise TypeError(f"the default rule of {op!r} answered {problem}")
