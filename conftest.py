@@ -49,8 +49,15 @@ SHM_CHECK = "TORCHCOMM_SHM_CHECK"
 SHM_DIR = "/dev/shm"
 #: Seconds a leftover gets to disappear (a rank still exiting) before it counts.
 SHM_GRACE_S = 5.0
+#: Set by the outermost session: pytest runs nested in it (the conformance suite's own
+#: sessions) leave the check to it, which sees everything they leave.
+SHM_OUTER = "TORCHCOMM_SHM_CHECK_OUTER"
+#: Python's multiprocessing keeps its named semaphores (``sem.mp-*``) here and its
+#: resource tracker removes them; they are not ours to account for.
+SHM_IGNORED_PREFIXES = ("sem.",)
 _shm_before: dict[str, float] = {}
 _shm_start = 0.0
+_shm_outer = False
 
 
 def _shm_listing() -> dict[str, float]:
@@ -88,19 +95,29 @@ def _mapped_shm() -> set[str]:
 def shm_leftovers(before: dict[str, float], since: float) -> list[str]:
     """Entries of /dev/shm made since ``since`` that ``before`` did not list and that no
     live process maps (those belong to a job still running, on a shared machine)."""
-    new = {n for n, made in _shm_listing().items() if n not in before and made >= since - 1.0}
+    new = {
+        n
+        for n, made in _shm_listing().items()
+        if n not in before and made >= since - 1.0 and not n.startswith(SHM_IGNORED_PREFIXES)
+    }
     return sorted(new - _mapped_shm()) if new else []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    global _shm_start
+    global _shm_start, _shm_outer
+    _shm_outer = SHM_OUTER not in os.environ
+    os.environ.setdefault(SHM_OUTER, str(os.getpid()))
     _shm_start = time.time()
     _shm_before.update(_shm_listing())
 
 
 @pytest.hookimpl(trylast=True)  # after torchcomms' plugin closed the rank pools
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if os.environ.get(SHM_CHECK, "1") == "0" or hasattr(session.config, "workerinput"):
+    if (
+        os.environ.get(SHM_CHECK, "1") == "0"
+        or hasattr(session.config, "workerinput")
+        or not _shm_outer
+    ):
         return
     deadline = time.monotonic() + SHM_GRACE_S
     left = shm_leftovers(_shm_before, _shm_start)
