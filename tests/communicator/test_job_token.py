@@ -137,14 +137,14 @@ def body_signed_job(token: str, lazy: bool) -> dict:
         seen = " ".join(
             [
                 repr(comm),
-                str(comm._options),
-                repr(comm._options.hints),
+                str(comm.get_options()),
+                repr(comm.get_options().hints),
                 repr(comm.get_backend_impl().options),
                 recorder.dump_json(),
                 log.getvalue(),
             ]
         )
-        signed = signing.is_signed(comm._options.store)
+        signed = signing.is_signed(comm.get_options().store)
         child.finalize()
         comm.finalize()
     finally:
@@ -200,7 +200,10 @@ def body_reconfigure_with_a_token(token: str) -> dict:
     out = {
         "sum": t.tolist(),
         "size": comm.get_size(),
-        "signed": [signing.is_signed(comm._store), signing.is_signed(comm._membership.root_store)],
+        "signed": [
+            signing.is_signed(comm.get_options().store),
+            signing.is_signed(comm.get_backend_impl().options.store),
+        ],
     }
     comm.finalize()
     return out
@@ -250,7 +253,7 @@ def test_a_mismatched_token_times_out_saying_to_check_the_token() -> None:
 
 
 _BRIDGE = """
-import torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
 from torchcomms_core.creation import signing
 signed = []
 plain_set = signing.SigningStore.set
@@ -264,7 +267,11 @@ dist.all_reduce(t)
 sub = dist.new_group([0, 1])
 u = torch.ones(2)
 dist.all_reduce(u, group=sub)
-print("RESULT", dist.get_rank(), t.tolist(), u.tolist(), bool(signed), flush=True)
+# One write per line: the ranks share torchrun's stdout, and print() writes its pieces apart.
+fields = [dist.get_rank(), t.tolist(), u.tolist(), bool(signed)]
+line = " ".join(["RESULT", *map(str, fields)])
+sys.stdout.write(line + "\\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
