@@ -377,7 +377,7 @@ def test_tune_writes_a_table_that_later_communicators_use(pool, tmp_path: Path) 
             "--nproc",
             str(pool.world_size),
             "--ops",
-            "all_reduce,all_to_all_single,broadcast",
+            "all_reduce,all_to_all_single,reduce_scatter_single",
             "-b",
             "1K",
             "-e",
@@ -397,7 +397,9 @@ def test_tune_writes_a_table_that_later_communicators_use(pool, tmp_path: Path) 
         env=env,
     )
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    assert "not swept: broadcast (the backend declares no algorithms for it)" in res.stdout
+    assert (
+        "not swept: reduce_scatter_single (the backend declares no algorithms for it)" in res.stdout
+    )
     path = table_path("shm", pool.world_size, str(tmp_path))
     table, digest, why = load_table(path)
     assert table is not None and why == "", why
@@ -494,7 +496,8 @@ def test_method_support_and_the_command_line_list_the_algorithms(capsys) -> None
 def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", TORCHCOMM_TUNER="none")
-    args = ["--backend", "shm", "--nproc", "2", "--ops", "all_reduce,broadcast", "-b", "8"]
+    ops = "all_reduce,reduce_scatter_single"
+    args = ["--backend", "shm", "--nproc", "2", "--ops", ops, "-b", "8"]
     args += ["-e", "1M", "-f", "128", "-n", "2", "-w", "1", "--inplace", "1", "--json", "-"]
     res = subprocess.run(
         [sys.executable, "-m", "torchcomms_core.cli", "bench", *args],
@@ -510,9 +513,9 @@ def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
         ("all_reduce", 8): "one_step",
         ("all_reduce", 1024): "one_step",
         ("all_reduce", 131072): "chunked",
-        ("broadcast", 8): None,  # shm declares no algorithms for broadcast
-        ("broadcast", 1024): None,
-        ("broadcast", 131072): None,
+        ("reduce_scatter_single", 8): None,  # shm declares no algorithms for it
+        ("reduce_scatter_single", 1024): None,
+        ("reduce_scatter_single", 131072): None,
     }, chosen
     lines = [line.split() for line in res.stderr.splitlines() if line.strip()]
     assert any(line[-1] == "chunked" and line[0] == "131072" for line in lines)
