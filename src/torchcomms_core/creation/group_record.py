@@ -74,6 +74,22 @@ def _helper_code() -> Any:
     return getattr(fn, "__code__", None)
 
 
+def _helper_locals() -> dict[str, Any] | None:
+    """The local variables of ``_new_process_group_helper`` when it is among the callers of
+    the function that calls this (up to ``_MAX_DEPTH`` frames), else ``None``."""
+    code = _helper_code()
+    if code is None:
+        return None
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_MAX_DEPTH):
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            return frame.f_locals
+        frame = frame.f_back
+    return None
+
+
 def creating_group(store: Any) -> GroupContext | None:
     """The context of the c10d group being created with ``store``, if c10d is creating one.
 
@@ -85,35 +101,17 @@ def creating_group(store: Any) -> GroupContext | None:
     given = _given.get()
     if given is not None:
         return given
-    code = _helper_code()
-    if code is None:
-        return None
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            return None
-        if frame.f_code is code:
-            return _read(frame.f_locals)
-        frame = frame.f_back
-    return None
+    local = _helper_locals()
+    return _read(local) if local is not None else None
 
 
 def creating_device() -> str | None:
     """The device type c10d is creating a backend for (``"cpu"``, ``"cuda"``), read from
     ``_new_process_group_helper``'s loop over the group's devices, when the caller runs
     inside it; else ``None``."""
-    code = _helper_code()
-    if code is None:
-        return None
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            return None
-        if frame.f_code is code:
-            device = frame.f_locals.get("device")
-            return device if isinstance(device, str) and device else None
-        frame = frame.f_back
-    return None
+    local = _helper_locals()
+    device = local.get("device") if local is not None else None
+    return device if isinstance(device, str) and device else None
 
 
 def _read(local: dict[str, Any]) -> GroupContext | None:
