@@ -46,7 +46,7 @@ QUICK: dict[str, tuple[str, ...]] = {
     "tests/plugins/test_plugin_errors.py": (),
     "tests/plugins/test_fake_backend.py": (),
     "tests/bridge/test_bridge_parity.py": ("all_reduce",),
-    "tests/bridge/test_c10d_backend_names.py": ("[shm-plain-2]", "unknown_name"),
+    "tests/bridge/test_c10d_backend_names.py": ("[shm-plain-2]", "normalises"),
     "plugins/torchcomms_gloo/tests/test_gloo_comm.py": (),
     "plugins/torchcomms_shm/tests/test_shm_backend.py": ("uneven_messages", "[2-1-all_reduce]"),
     "plugins/torchcomms_hier/tests/test_hier_example.py": (),

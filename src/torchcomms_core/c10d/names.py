@@ -50,7 +50,6 @@ from torchcomms_core.plugin_host.backends import BACKENDS, get_backend_class
 
 __all__ = [
     "C10D_OWNED",
-    "UnknownC10dBackendError",
     "c10d_backend_names",
     "register_c10d_backend",
     "register_c10d_backends",
@@ -65,13 +64,6 @@ _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _lock = threading.Lock()
 # The names registered by us in this process.
 _ours: set[str] = set()
-_guarded = False
-
-
-class UnknownC10dBackendError(BackendNotFoundError, ValueError):
-    """``torch.distributed`` was given a backend name that neither c10d nor any installed
-    torchcomms backend knows (a ``ValueError``, as c10d's own ``Backend`` raises for a bad
-    name, and a :class:`~torchcomms_core.BackendNotFoundError`)."""
 
 
 def _c10d() -> Any:
@@ -213,50 +205,7 @@ def register_c10d_backends() -> list[str]:
     ``TORCHCOMM_C10D_AUTOLOAD=0``, or torch's ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``); call it
     again after ``torchcomms.register_backend`` to make an in-process backend a c10d name.
     """
-    names = [name for name in c10d_backend_names() if register_c10d_backend(name)]
-    _guard_unknown_names()
-    return names
-
-
-def _unknown_message(value: str) -> str:
-    listing = ", ".join(f"{n!r} ({p})" for n, p in c10d_backend_names().items()) or "none"
-    return (
-        f"unknown torch.distributed backend {value!r}: neither c10d nor any installed "
-        f"torchcomms backend has that name. c10d's own: 'gloo', 'nccl', 'mpi', 'ucc', 'xccl'; "
-        f"torchcomms backends installed: {listing}. Install the distribution that provides "
-        f"{value!r} (it registers it in the 'torchcomms.backends' entry-point group), or use "
-        "a 'device:backend' string such as 'cpu:gloo'"
-    )
-
-
-def _guard_unknown_names() -> None:
-    """Make ``torch.distributed.Backend(name)`` (which every c10d entry point calls on the
-    backend it is given) refuse a name nothing knows, listing what is installed, instead of
-    c10d's later ``AssertionError: Unknown backend type``. Known names, ``device:backend``
-    strings and ``undefined`` pass unchanged; done once per process."""
-    global _guarded
-    with _lock:
-        if _guarded:
-            return
-        _guarded = True
-    Backend = _c10d().Backend
-    original = Backend.__new__
-
-    def __new__(cls: Any, name: str) -> Any:
-        value = original(cls, name)
-        if (
-            isinstance(value, str)
-            and value not in Backend.backend_list
-            and ":" not in value
-            and "," not in value
-            and not hasattr(Backend, value.upper())
-        ):
-            raise UnknownC10dBackendError(_unknown_message(value))
-        return value
-
-    __new__.__doc__ = original.__doc__
-    __new__.torchcomms_original = original  # type: ignore[attr-defined]
-    Backend.__new__ = __new__
+    return [name for name in c10d_backend_names() if register_c10d_backend(name)]
 
 
 @contextlib.contextmanager
