@@ -328,21 +328,26 @@ def store_file() -> str | None:
     return os.environ.get(STORE_PATH, "").strip() or None
 
 
-def backend_overrides() -> dict[str, str]:
-    """Backend name -> distribution the user chose with ``TORCHCOMM_BACKEND_OVERRIDE``."""
-    raw = os.environ.get(BACKEND_OVERRIDE, "")
+def _name_pairs(var: str, value_kind: str, example: str) -> dict[str, str]:
+    """``{name: value}`` from a variable of comma-separated ``name=value`` items."""
+    raw = os.environ.get(var, "")
     out: dict[str, str] = {}
     for item in raw.split(","):
         if not item.strip():
             continue
-        name, sep, dist = item.partition("=")
-        if not sep or not name.strip() or not dist.strip():
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
             raise ValueError(
-                f"{BACKEND_OVERRIDE}={raw!r}: {item.strip()!r} is not name=distribution; "
-                f"write e.g. {BACKEND_OVERRIDE}=gloo=my-gloo-dist"
+                f"{var}={raw!r}: {item.strip()!r} is not name={value_kind}; write e.g. "
+                f"{var}={example}"
             )
-        out[name.strip()] = dist.strip()
+        out[name.strip()] = value.strip()
     return out
+
+
+def backend_overrides() -> dict[str, str]:
+    """Backend name -> distribution the user chose with ``TORCHCOMM_BACKEND_OVERRIDE``."""
+    return _name_pairs(BACKEND_OVERRIDE, "distribution", "gloo=my-gloo-dist")
 
 
 # -- shipped hooks: flight recorder and health check (Meta's names) ---------------------
@@ -393,19 +398,7 @@ C10D_ALIASES = "TORCHCOMM_C10D_ALIASES"
 
 def c10d_aliases() -> dict[str, str]:
     """``{c10d name: torchcomms backend}`` from ``TORCHCOMM_C10D_ALIASES`` (``gloo=shm``)."""
-    raw = os.environ.get(C10D_ALIASES, "")
-    out: dict[str, str] = {}
-    for item in raw.split(","):
-        if not item.strip():
-            continue
-        name, sep, backend = item.partition("=")
-        if not sep or not name.strip() or not backend.strip():
-            raise ValueError(
-                f"{C10D_ALIASES}={raw!r}: {item.strip()!r} is not name=backend; write e.g. "
-                f"{C10D_ALIASES}=gloo=shm"
-            )
-        out[name.strip()] = backend.strip()
-    return out
+    return _name_pairs(C10D_ALIASES, "backend", "gloo=shm")
 
 
 def c10d_recorder_entries() -> int:
