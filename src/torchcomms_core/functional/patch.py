@@ -8,9 +8,8 @@ collectives are not ops: while tracing they are a graph break with an explanatio
 from __future__ import annotations
 
 import functools
-import weakref
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -141,17 +140,21 @@ def _seconds(timeout: Any) -> float | None:
     return float(timeout)
 
 
-# Each communicator's CommRef, kept here rather than on the communicator (whose members
-# are its package's): made when the communicator is created, gone with it.
-_refs: weakref.WeakKeyDictionary[Any, CommRef] = weakref.WeakKeyDictionary()
+# Each communicator's CommRef lives on the communicator itself, under this attribute: made
+# when the communicator is created, gone with it. Not a module-level weak dictionary: the
+# tracer would inline the dictionary lookup and guard on the dictionary's keys, which change
+# whenever any communicator is created or collected (a guard built after a collection then
+# fails, and every new communicator would recompile the graph).
+_REF_ATTR = "_torchcomms_functional_ref"
 
 
 def ref_of(comm: Any) -> CommRef:
     """The communicator's :class:`CommRef` (made when the communicator is created)."""
-    ref = _refs.get(comm)
+    ref = comm.__dict__.get(_REF_ATTR)
     if ref is None:
-        ref = _refs[comm] = CommRef(comm)
-    return ref
+        ref = CommRef(comm)
+        setattr(comm, _REF_ATTR, ref)
+    return cast(CommRef, ref)
 
 
 def _via_ops(plan: _Plan, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -164,7 +167,7 @@ def _via_ops(plan: _Plan, comm: Any, args: tuple[Any, ...], kwargs: dict[str, An
     values, async_op, hints, timeout = _bind(plan, args, kwargs)
     compiling = torch.compiler.is_compiling()
     tracing = compiling or _needs_ops(False, values)
-    ref = _refs[comm] if compiling else ref_of(comm)
+    ref = getattr(comm, _REF_ATTR) if compiling else ref_of(comm)
     svals = _schema_values(plan, values)
     hints = None if hints is None else dict(hints)
     seconds = _seconds(timeout)
@@ -240,7 +243,7 @@ def _wrap_init(original: Any) -> Any:
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807
         original(self, *args, **kwargs)
-        _refs[self] = CommRef(self)
+        setattr(self, _REF_ATTR, CommRef(self))
         mark_plugin_collectives()
 
     setattr(__init__, _WRAPPED, original)
