@@ -84,6 +84,36 @@ def test_an_entry_not_written_by_this_job_is_refused_naming_the_key(kind: str) -
         store.multi_get(["comm/x/peer"])
 
 
+def test_a_refusal_raises_the_alarm_that_fails_every_other_member_waiting() -> None:
+    """A member that never reads the forged entry, blocked on a key nobody will write, fails
+    with the refusal as soon as it looks at the alarm (every 0.2 s), not at its timeout."""
+    import time
+
+    inner = HashStore()
+    key = derive_key(TOKEN.encode(), "", 0)
+    reader, waiter = SigningStore(inner, key), SigningStore(inner, key)
+    inner.set(reader.physical("comm/x/peer"), b"10.6.6.6:666")  # forged
+    with pytest.raises(CommStateError):
+        reader.get("comm/x/peer")
+    start = time.monotonic()
+    with pytest.raises(CommStateError, match=r"'comm/x/peer' was not written.*read it and refused"):
+        waiter.wait(["comm/x/never"], timedelta(seconds=30))
+    with pytest.raises(CommStateError, match="'comm/x/peer'"):
+        SigningStore(inner, key).get("comm/x/never")
+    assert time.monotonic() - start < 5
+    # A stranger's alarm (unsigned) is itself refused: no member trusts it either.
+    other = HashStore()
+    other.set(SigningStore(other, key).physical(signing.ALARM_KEY), b"comm/x/forged-alarm")
+    with pytest.raises(CommStateError, match=signing.ALARM_KEY):
+        SigningStore(other, key).wait(["comm/x/never"], timedelta(seconds=30))
+    # Without an alarm the store's own timeout error comes at the timeout.
+    quiet = SigningStore(HashStore(), key)
+    start = time.monotonic()
+    with pytest.raises(torch.distributed.DistStoreError):
+        quiet.wait(["comm/x/never"], timedelta(seconds=0.5))
+    assert 0.4 < time.monotonic() - start < 5
+
+
 def test_appended_chunks_verify_one_by_one() -> None:
     store, inner = _store()
     store.append("d", b"a,")

@@ -4,7 +4,8 @@ A forger writes entries under the names the job's keys would have, a silent proc
 connections to the store's port open, a flooder opens and drops connections: the job
 starts and computes the exact sum. A stranger who learnt the keys' real names (by watching
 the store's traffic) makes the ranks that read its entries fail with a ``CommStateError``
-naming the key; no rank computes with its data and every rank ends within the timeout.
+naming the key, and the alarm they set fails every other rank with the same error: no rank
+computes with its data and every rank ends within the timeout.
 """
 
 from __future__ import annotations
@@ -29,3 +30,8 @@ def test_entries_forged_under_the_real_names_fail_the_ranks_that_read_them() -> 
     assert first < 10, result.ranks
     for r in result.ranks:
         assert r is not None and TOKEN not in r.get("message", "")
+        # Every rank, the ones that never read a forged entry included, fails with the
+        # refusal (not a timeout) and within the communicator's timeout of 10 s.
+        assert r.get("error") == "CommStateError", result.ranks
+        assert "not written by a member of this job" in r["message"], result.ranks
+        assert r["fail_s"] < 10, result.ranks

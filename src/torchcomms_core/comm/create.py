@@ -11,7 +11,7 @@ from torchcomms_core.comm.base import run_when_finalized
 from torchcomms_core.comm.lifetime import Membership
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.comm.reconfigure import make_handle, refusal, supports_reconfigure
-from torchcomms_core.creation.bootstrap import default_store, resolve_rank_size
+from torchcomms_core.creation.bootstrap import default_store, hosts_store, resolve_rank_size
 from torchcomms_core.creation.group_record import GroupContext, creating_group, given_group
 from torchcomms_core.creation.join import join_or_finalize
 from torchcomms_core.creation.names import auto_name, check_name, claim_name, release_name
@@ -20,9 +20,9 @@ from torchcomms_core.creation.signing import (
     TOKEN_ADVICE,
     is_signed,
     job_token,
-    signing_failure,
     signing_store,
 )
+from torchcomms_core.creation.signing import refusal as token_refusal
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import (
     BackendLoadError,
@@ -222,7 +222,7 @@ def new_comm(
             agree_after_init(instance.tuning, instance, backend, device)
     except TorchCommError as exc:
         release_name(root, name, rank)
-        refused = signing_failure(root)
+        refused = token_refusal(root, size, timeout, hosts_store(root))
         if refused is not None and refused is not exc:
             raise refused from exc
         if isinstance(exc, CommTimeoutError) and is_signed(root):
@@ -230,7 +230,7 @@ def new_comm(
         raise
     except Exception as exc:
         release_name(root, name, rank)
-        refused = signing_failure(root)
+        refused = token_refusal(root, size, timeout, hosts_store(root))
         if refused is not None:  # it crossed the engine's C++ code as another error
             raise refused from exc
         what = (

@@ -26,6 +26,8 @@ _store_lock = threading.Lock()
 # The process-wide rendezvous store, keyed by (addr, port); every communicator made
 # without an explicit store shares it under its own prefix.
 _stores: dict[tuple[str, int], Any] = {}
+# The ids of the stores in _stores whose server this process hosts.
+_hosted: set[int] = set()
 
 
 def resolve_rank_size() -> tuple[int, int, str]:
@@ -101,7 +103,17 @@ def default_store(rank: int, size: int, timeout: timedelta, required: bool = Tru
             ) from exc
         store = PrefixStore(f"torchcomms/attempt_{_env.restart_count()}", tcp)
         _stores[addr_port] = store
+        if rank == 0 and not agent:
+            _hosted.add(id(store))
         return store
+
+
+def hosts_store(store: Any) -> bool:
+    """Whether this process hosts the server of ``store`` (a store :func:`default_store`
+    returned, or one signing over it): when it exits, every other rank loses the store."""
+    inner = getattr(store, "inner", store)
+    with _store_lock:
+        return id(inner) in _hosted and any(s is inner for s in _stores.values())
 
 
 def _file_store(path: str) -> Any:

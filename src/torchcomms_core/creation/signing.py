@@ -17,6 +17,11 @@ it hands the communicator and its backend in a :class:`SigningStore`, once. It i
   and can change a counter or create a key a rank only waits for (``wait`` does not read
   the value), which can make a barrier release early or time out, but never makes a rank
   use a value that a member did not write.
+- **Alarm.** A rank that refuses an entry sets a signed job-wide alarm naming it. A rank
+  blocked reading or waiting on the store looks at the alarm while it waits (it polls with
+  ``check``, from 0.5 ms doubling up to 50 ms, rather than one blocking ``wait``), so every
+  rank fails within a fraction of a second with the same ``CommStateError``, not only the
+  ranks that read the forged entry.
 - **Appends** are signed chunk by chunk (each chunk is a record of its own length, MAC and
   bytes), so a read verifies every chunk: a stranger who learnt the key's name can repeat,
   drop or reorder the chunks members appended, never add one of its own.
@@ -31,6 +36,7 @@ import hmac
 import os
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -46,6 +52,7 @@ __all__ = [
     "decode_value",
     "derive_key",
     "job_token",
+    "refusal",
     "signed",
 ]
 
@@ -61,6 +68,15 @@ _LEN = struct.Struct(">I")
 _TAG_BYTES = 10  # 20 hex characters appended to every key name
 #: The least a token must hold, so it cannot be guessed by trying.
 MIN_TOKEN_BYTES = 16
+#: The job-wide key a rank sets, signed, when it refuses an entry (its value: the entry's key).
+ALARM_KEY = "torchcomms/untrusted"
+#: Every rank that fails on a refusal adds one here; the store's host waits for them all.
+SEEN_KEY = "torchcomms/untrusted_seen"
+#: A blocked read polls the awaited keys from this interval, doubling up to the next.
+POLL_FIRST_S = 0.0005
+POLL_MAX_S = 0.05
+#: ... and looks at the alarm this often.
+ALARM_EVERY_S = 0.2
 
 
 def job_token(hints: dict[str, str] | None) -> bytes | None:
@@ -220,15 +236,94 @@ class SigningStore(Store):
             return decode_value(self.__key, name, _bytes(data))
         except CommStateError as exc:
             with self._lock:
-                if self.failure is None:
+                first = self.failure is None
+                if first:
                     self.failure = exc
+            if first and name != ALARM_KEY:
+                self._sound_alarm(name)
             raise
+
+    def _sound_alarm(self, name: str) -> None:
+        """Tell every member that ``name`` held an entry no member wrote (best effort: the
+        rank raises its own error whether or not the store takes the alarm)."""
+        try:
+            self._inner.set(self.physical(ALARM_KEY), signed(self.__key, ALARM_KEY, name.encode()))
+        except Exception:  # noqa: BLE001 - the refusal itself is what this rank reports
+            pass
+
+    def alarm(self) -> CommStateError | None:
+        """The error of the entry a member refused, when one did (``None`` otherwise)."""
+        if self.failure is not None:
+            return self.failure
+        name = self.physical(ALARM_KEY)
+        if not self._inner.check([name]):
+            return None
+        try:
+            refused = decode_value(self.__key, ALARM_KEY, _bytes(self._inner.get(name)))
+        except CommStateError as exc:  # the alarm itself forged: refused like any entry
+            error = exc
+        else:
+            what = refused.decode(errors="replace")[:200]
+            error = _untrusted(what, "a member of this job read it and refused it")
+        with self._lock:
+            if self.failure is None:
+                self.failure = error
+        return self.failure
+
+    def acknowledge(self) -> None:
+        """Count this rank among those that failed on the refusal (best effort)."""
+        try:
+            self._inner.add(self.physical(SEEN_KEY), 1)
+        except Exception:  # noqa: BLE001 - the store gone: nobody is left to wait for it
+            pass
+
+    def linger(self, size: int, seconds: float) -> None:
+        """Keep this process (the store's host) until all ``size`` ranks failed on the
+        refusal, or ``seconds`` passed: its store is where the others learn why."""
+        deadline = time.monotonic() + seconds
+        name = self.physical(SEEN_KEY)
+        while time.monotonic() < deadline:
+            try:
+                if int(self._inner.add(name, 0)) >= size:
+                    return
+            except Exception:  # noqa: BLE001 - the store gone: nothing to keep alive
+                return
+            time.sleep(0.01)
+
+    def _await(self, names: list[str], timeout: timedelta | None) -> None:
+        """Return when every key in ``names`` (physical) is set; raise the alarm's error as
+        soon as a member refused an entry, and the store's own timeout error when the
+        timeout passes first."""
+        if self._inner.check(names):
+            return
+        limit = (timeout if timeout is not None else self._inner.timeout).total_seconds()
+        start = time.monotonic()
+        deadline = start + limit
+        delay = POLL_FIRST_S
+        alarm_at = start + ALARM_EVERY_S
+        while True:
+            now = time.monotonic()
+            if now >= alarm_at:
+                error = self.alarm()
+                if error is not None:
+                    raise error
+                alarm_at = now + ALARM_EVERY_S
+            left = deadline - now
+            if left <= delay:  # the last stretch as one wait: the store's own timeout error
+                self._inner.wait(names, timedelta(seconds=max(left, 0.001)))
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+            if self._inner.check(names):
+                return
 
     def set(self, key: str, value: Any) -> None:
         self._inner.set(self.physical(key), signed(self.__key, key, _bytes(value)))
 
     def get(self, key: str) -> bytes:
-        return self._open(key, self._inner.get(self.physical(key)))
+        name = self.physical(key)
+        self._await([name], None)
+        return self._open(key, self._inner.get(name))
 
     def add(self, key: str, value: int) -> int:
         return int(self._inner.add(self.physical(key), value))
@@ -243,7 +338,9 @@ class SigningStore(Store):
         self._inner.append(self.physical(key), _chunk(self.__key, key, _bytes(value)))
 
     def multi_get(self, keys: Sequence[str]) -> list[bytes]:
-        values = self._inner.multi_get([self.physical(k) for k in keys])
+        names = [self.physical(k) for k in keys]
+        self._await(names, None)
+        values = self._inner.multi_get(names)
         return [self._open(k, v) for k, v in zip(keys, values, strict=True)]
 
     def multi_set(self, keys: Sequence[str], values: Sequence[Any]) -> None:
@@ -251,11 +348,7 @@ class SigningStore(Store):
         self._inner.multi_set([self.physical(k) for k in keys], data)
 
     def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
-        names = [self.physical(k) for k in keys]
-        if timeout is None:
-            self._inner.wait(names)
-        else:
-            self._inner.wait(names, timeout)
+        self._await([self.physical(k) for k in keys], timeout)
 
     def check(self, keys: Sequence[str]) -> bool:
         return bool(self._inner.check([self.physical(k) for k in keys]))
@@ -310,9 +403,31 @@ def find_signer(store: Any) -> SigningStore | None:
 
 
 def signing_failure(store: Any) -> CommStateError | None:
-    """The first entry ``store`` (or the signing store under its prefixes) refused."""
+    """The first entry ``store`` (or the signing store under its prefixes) refused, or the
+    one another member refused and raised the alarm for (a rank that failed for another
+    reason, a peer's connection closing under it, learns why the job failed)."""
     signer = find_signer(store)
-    return signer.failure if signer is not None else None
+    if signer is None:
+        return None
+    try:
+        return signer.alarm()
+    except Exception:  # noqa: BLE001 - the store itself gone: only what this rank saw
+        return signer.failure
+
+
+def refusal(store: Any, size: int, timeout: timedelta, host: bool) -> CommStateError | None:
+    """The refusal that failed this rank's creation (:func:`signing_failure`), once this
+    rank is counted among the ranks that failed on it; the store's host (``host``) first
+    waits, at most ``timeout``, until every rank has, so that none of them loses the store
+    (and the alarm in it) before it learnt why the job failed."""
+    error = signing_failure(store)
+    signer = find_signer(store)
+    if error is None or signer is None:
+        return None
+    signer.acknowledge()
+    if host:
+        signer.linger(size, timeout.total_seconds())
+    return error
 
 
 def sign_like(reference: Any, inner: Any) -> Any:
