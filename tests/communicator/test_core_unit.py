@@ -11,6 +11,7 @@ import gc
 import textwrap
 import warnings
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -181,6 +182,19 @@ def test_gloo_reports_native_and_derived_methods() -> None:
     assert support["all_reduce"] == "native"
     assert support["all_gather_v"] == "derived"
     assert support["reduce_scatter_v"] == "derived"
+
+
+def test_a_default_that_only_forwards_is_native_where_its_target_is() -> None:
+    class NativeVariableSizes(MemoryBackend):
+        def reduce_scatter_v(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("never called: only introspected")
+
+    support = torchcomms.method_support(NativeVariableSizes)
+    assert support["reduce_scatter_v"] == "native"
+    assert support["reduce_scatter"] == "native"  # its default forwards to the native one
+    assert support["reduce_scatter_single"] == "derived"  # its default re-slices first
+    assert support["all_gather"] == "derived"  # all_gather_v is still derived
+    assert torchcomms.method_support(MemoryBackend)["reduce_scatter"] == "derived"
 
 
 def test_backend_missing_required_methods_cannot_be_instantiated() -> None:

@@ -4,7 +4,8 @@
 :func:`backend_class_problems` and :func:`check_spec_version` say why a class cannot be
 loaded; :func:`method_signature` shows how the core calls a spec method.
 
-Imports: ``torchcomms_core.foundation`` (errors, at call time) and ``spec.backend``.
+Imports: ``torchcomms_core.foundation`` (errors, at call time), ``spec.backend``,
+``spec.defaults`` and ``spec.tuning``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torchcomms_core.spec.backend import (
     SPEC_VERSION,
     TorchCommBackend,
 )
+from torchcomms_core.spec.defaults import FORWARDING_DEFAULTS
 from torchcomms_core.spec.tuning import OpAlgorithms
 
 
@@ -45,6 +47,11 @@ def method_support(
     ``{"support": ..., "algorithms": [{"name", "params", "doc"}, ...], "default": ...,
     "forced_by": [...]}`` instead (``TorchCommBackend.algorithms``, #45).
 
+    An operation whose default only forwards to another (``all_gather`` to
+    ``all_gather_v``, ``reduce_scatter`` to ``reduce_scatter_v``, ``all_to_all_single`` to
+    ``all_to_all_v_single``: ``spec.defaults.FORWARDING_DEFAULTS``) is ``"native"`` when
+    that other one is.
+
     ``"missing"``: a required method the class does not implement (such a class cannot be
     loaded; :func:`backend_class_problems` says why). The collectives that plugins add
     (``torchcomms.list_collectives()``) are listed too: ``"native"`` when the backend has a
@@ -57,6 +64,9 @@ def method_support(
         report[name] = "missing" if name in missing else "native"
     for name in DERIVABLE_METHODS:
         report[name] = "native" if _overrides(cls, name) else "derived"
+    for name, target in FORWARDING_DEFAULTS.items():
+        if report.get(target) == "native":
+            report[name] = "native"  # the default forwards, unchanged, to a native method
     for name in OPTIONAL_METHODS:
         report[name] = "native" if _overrides(cls, name) else "unsupported"
     if report["reconfigure_engine"] == "native" and not cls.reconfigure_support()[0]:

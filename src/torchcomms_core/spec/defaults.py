@@ -37,6 +37,17 @@ from torchcomms_core.spec.work import (
 BatchOp = tuple[str, torch.Tensor, int]
 
 
+#: The defaults that only forward to another operation with the same arguments, nothing
+#: moved or reduced on the way. Where a backend implements the target natively the
+#: forwarding operation runs natively too, so ``method_support`` reports it ``"native"``
+#: and a backend need not restate the forwarding to be listed so.
+FORWARDING_DEFAULTS: dict[str, str] = {
+    "all_gather": "all_gather_v",
+    "reduce_scatter": "reduce_scatter_v",
+    "all_to_all_single": "all_to_all_v_single",
+}
+
+
 class PortableDefaults:
     """The derivable operations' portable implementations, over ``send`` and ``recv``."""
 

@@ -314,17 +314,6 @@ class MpiBackend(MpiLean):
             "all_gather", async_op, timeout, "Iallgatherv", (send, recv), (tensor_list, tensor)
         )
 
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
-
     def reduce_scatter_single(
         self,
         output: torch.Tensor,
@@ -382,18 +371,6 @@ class MpiBackend(MpiLean):
             (send, recv, counts, mop),
             (output, flat),
         )
-
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
 
     def all_to_all_single(
         self,

@@ -220,18 +220,6 @@ class ShmBackend(ShmSmall):
 
         return {"all_reduce": all_reduce, "broadcast": broadcast, "barrier": barrier}
 
-    def reduce_scatter(
-        self,
-        output: torch.Tensor,
-        input_list: list[torch.Tensor],
-        op: ReduceOp,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.reduce_scatter_v(output, input_list, op, async_op, timeout=timeout, hints=hints)
-
     def reduce_scatter_single(
         self,
         output: torch.Tensor,
@@ -267,17 +255,6 @@ class ShmBackend(ShmSmall):
         return self._run(
             "reduce_scatter", timeout, async_op, lambda: self._reduce_scatter(out, ins, fn)
         )
-
-    def all_gather(
-        self,
-        tensor_list: list[torch.Tensor],
-        tensor: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.all_gather_v(tensor_list, tensor, async_op, timeout=timeout, hints=hints)
 
     def all_gather_single(
         self,
@@ -381,19 +358,6 @@ class ShmBackend(ShmSmall):
             ins = [t.clone() for t in ins]
         return self._run(
             "all_to_all", timeout, async_op, lambda: self._all_to_all(outs, ins, uniform)
-        )
-
-    def all_to_all_single(
-        self,
-        output: torch.Tensor,
-        input: torch.Tensor,
-        async_op: bool,
-        *,
-        timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
-    ) -> Any:
-        return self.all_to_all_v_single(
-            output, input, [], [], async_op, timeout=timeout, hints=hints
         )
 
     def all_to_all_v_single(
