@@ -1,8 +1,10 @@
 """The shipped conformance suite passes for ``hier`` at 4 and 8 ranks on simulated hosts, run
 as a vendor runs it, with each rank's host and local backend set by ``--torchcomms-rank-env``.
 
-The 8-rank layouts (4 x 2 and 3 + 3 + 2) carry the marker ``ranks8``: they run in CI, and
-``-m "not ranks8"`` leaves them out of a quick local run."""
+The 8-rank layouts (4 x 2 and 3 + 3 + 2) carry the marker ``ranks8``; ``-m "not ranks8"``
+leaves them out of a quick local run. 3 + 3 + 2 runs in CI. 4 x 2 on shm, 84 s on two cores,
+also carries ``long``, which the default run (CI's) deselects: ``pytest -m long`` runs it, and
+a change to hier's levels or to shm should."""
 
 from __future__ import annotations
 
@@ -35,6 +37,15 @@ CONFIGURATIONS = {
 }
 
 
+#: Layouts the default run leaves out (marker ``long``): each runs over a minute on 2 cores.
+LONG = {"8 ranks, 4 hosts x 2 on shm"}
+
+
+def _marks(name: str, hosts: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.ranks8] if len(hosts) == 8 else []
+    return marks + [pytest.mark.long] if name in LONG else marks
+
+
 def _vendor_entry_point(folder: Path) -> str:
     """A dist-info that makes the (uninstalled) example vendor plugin resolvable by entry
     point in the child processes only; returns the PYTHONPATH they need."""
@@ -51,10 +62,7 @@ def _vendor_entry_point(folder: Path) -> str:
 
 @pytest.mark.parametrize(
     "configuration",
-    [
-        pytest.param(name, marks=[pytest.mark.ranks8] if len(hosts) == 8 else [])
-        for name, (hosts, _) in CONFIGURATIONS.items()
-    ],
+    [pytest.param(name, marks=_marks(name, hosts)) for name, (hosts, _) in CONFIGURATIONS.items()],
 )
 def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -> None:
     hosts, backends = CONFIGURATIONS[configuration]
