@@ -16,6 +16,10 @@ Figures (nccl-tests conventions, ``size`` = the largest buffer of the call):
   the fraction of it each shm busbw reaches.
 
 - latency of a barrier, the same way;
+- with ``--tuned``: shm on this host's tuning table (``torchcomms tune``, the tuner
+  ``table``) against shm on its default rules (tuner ``none``), both communicators in the
+  same processes and interleaved call by call with MPICH, so a machine whose speed changes
+  between runs cannot favour either; ``TORCHCOMM_TUNING_DIR`` reaches the ranks;
 - with ``--hog``: the same while one bounded busy loop per core runs (started before the
   ranks, stopped after them; each ends by itself after ``--hog-seconds`` at the latest),
   as on a machine other jobs keep busy.
@@ -24,6 +28,7 @@ Figures (nccl-tests conventions, ``size`` = the largest buffer of the call):
     python benchmarks/shm_compare.py --ranks 2 --rounds 3
     python benchmarks/shm_compare.py --ranks 2 --hog # a busy loop on every core
     python benchmarks/shm_compare.py --ranks 8       # 8 ranks (on however many cores)
+    torchcomms tune --backend shm --nproc 2 && python benchmarks/shm_compare.py --ranks 2 --tuned
 """
 
 from __future__ import annotations
@@ -59,6 +64,11 @@ def main() -> None:
         "--policies",
         action="store_true",
         help="compare shm wait policies instead (spin, yield, sleep, spin+yield+sleep, default)",
+    )
+    parser.add_argument(
+        "--tuned",
+        action="store_true",
+        help="compare shm on this host's tuning table with shm on its default rules, and MPICH",
     )
     parser.add_argument(
         "--hog", action="store_true", help="run a bounded busy loop on every core meanwhile"
@@ -127,7 +137,14 @@ def run_all(args: argparse.Namespace, copy: float) -> None:
         cmd += ["--threads", str(args.threads), "--impls", *args.impls]
         if args.policies:
             cmd += ["--policies"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
+        if args.tuned:
+            cmd += ["--tuned"]
+        keep = ("TORCHCOMM_TUNING_DIR",)  # where `torchcomms tune` wrote this host's table
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k in keep or not k.startswith(("TORCHCOMM_", "MASTER_"))
+        }
         res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
         if res.returncode != 0:
             print(res.stdout[-3000:], res.stderr[-3000:])
@@ -135,6 +152,8 @@ def run_all(args: argparse.Namespace, copy: float) -> None:
         line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")][-1]
         if args.policies:
             report_policies(n, json.loads(line[7:]), args.bytes)
+        elif args.tuned:
+            report_tuned(n, json.loads(line[7:]), args.bytes)
         else:
             report(n, json.loads(line[7:]), copy, args.bytes)
 
@@ -152,6 +171,24 @@ def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
         s, g, m = (res[key].get(i, float("nan")) for i in IMPLS)
         print(
             f"| {label} latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | {s / g:.3f} | |"
+        )
+
+
+def report_tuned(n: int, res: dict[str, Any], nbytes: int) -> None:
+    print(f"\n## {n} ranks, {nbytes >> 20} MiB float32, busbw GB/s (median of rounds)")
+    print(
+        "| op | shm, table | shm, defaults | MPICH | table/defaults | table/MPICH "
+        "| defaults/MPICH |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for op in OPS:
+        t, d, m = (res[op].get(i, float("nan")) for i in ("shm", "shm-default", "mpich"))
+        print(f"| {op} | {t:.2f} | {d:.2f} | {m:.2f} | {t / d:.2f} | {t / m:.2f} | {d / m:.2f} |")
+    for key, label in (("latency", "all_reduce 8 B"), ("barrier", "barrier")):
+        t, d, m = (res[key].get(i, float("nan")) for i in ("shm", "shm-default", "mpich"))
+        print(
+            f"| {label} (us) | {t:.1f} | {d:.1f} | {m:.1f} | {t / d:.2f} | {t / m:.2f} "
+            f"| {d / m:.2f} |"
         )
 
 
@@ -206,9 +243,14 @@ def worker(args: argparse.Namespace) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(world.bcast(port, 0)))
     hints = dict(kv.split("=", 1) for kv in args.hints.split(",") if kv)
     cpu = torch.device("cpu")
+    if args.tuned:
+        hints = {**hints, "tuner": "table"}
     comms = {
         "shm": torchcomms.new_comm("shm", cpu, name="cmp-shm", hints=hints),
     }
+    if args.tuned:
+        defaults = {**hints, "tuner": "none"}
+        comms["shm-default"] = torchcomms.new_comm("shm", cpu, name="cmp-dflt", hints=defaults)
     if "gloo" in args.impls:
         comms["gloo"] = torchcomms.new_comm("gloo", cpu, name="cmp-gloo")
     mpi = world.Dup()
@@ -253,6 +295,8 @@ def worker(args: argparse.Namespace) -> None:
             extra = dict(kv.split("=", 1) for kv in text.split(",") if kv)
             comms[policy] = torchcomms.new_comm("shm", cpu, name=f"cmp-{policy}", hints=extra)
         impls: tuple[str, ...] = tuple(POLICIES)
+    elif args.tuned:
+        impls = ("shm", "shm-default", "mpich")
     else:
         impls = tuple(args.impls)
     table = {impl: calls(impl) for impl in impls}
