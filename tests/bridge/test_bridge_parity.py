@@ -709,6 +709,9 @@ def _metadata(pg: Any) -> dict:
     backend = pg._get_backend(torch.device("cpu"))
     opts = backend.options
     sub = dist.new_group([0, 1])
+    # Ranks 0 and 1 connect the new group's gloo pairs; one that is done first must not
+    # destroy its side (leaving this world) while the other still connects to it.
+    dist.barrier(group=pg)
     res = {
         "name": pg.name(),
         "backend_name": pg._get_backend_name() if hasattr(pg, "_get_backend_name") else None,
