@@ -178,6 +178,10 @@ def body_identity() -> dict:
     }
     comm.set_timeout(timedelta(seconds=9))
     info["timeout2"] = comm.get_options().timeout.total_seconds()
+    # Creation returns on a rank once its own side of gloo's mesh is connected, as in c10d
+    # (no barrier after init unless TORCH_DIST_INIT_BARRIER=1): a rank that finalized at
+    # once could close a pair its peer is still connecting. Meet before leaving.
+    comm.barrier(False)
     comm.finalize()
     return info
 
