@@ -19,7 +19,8 @@ it hands the communicator and its backend in a :class:`SigningStore`, once. It i
   use a value that a member did not write.
 - **Alarm.** A rank that refuses an entry sets a signed job-wide alarm naming it. A rank
   blocked reading or waiting on the store looks at the alarm while it waits (it polls with
-  ``check``, from 0.5 ms doubling up to 50 ms, rather than one blocking ``wait``), so every
+  ``check``, from 0.5 ms doubling up to 50 ms, rather than one blocking ``wait``; a read
+  of a key already set costs one ``check`` before its ``get``), so every
   rank fails within a fraction of a second with the same ``CommStateError``, not only the
   ranks that read the forged entry.
 - **Appends** are signed chunk by chunk (each chunk is a record of its own length, MAC and
@@ -406,7 +407,10 @@ def signing_failure(store: Any) -> CommStateError | None:
     """The first entry ``store`` (or the signing store under its prefixes) refused, or the
     one another member refused and raised the alarm for (a rank that failed for another
     reason, a peer's connection closing under it, learns why the job failed)."""
-    signer = find_signer(store)
+    return _failure_of(find_signer(store))
+
+
+def _failure_of(signer: SigningStore | None) -> CommStateError | None:
     if signer is None:
         return None
     try:
@@ -420,8 +424,8 @@ def refusal(store: Any, size: int, timeout: timedelta, host: bool) -> CommStateE
     rank is counted among the ranks that failed on it; the store's host (``host``) first
     waits, at most ``timeout``, until every rank has, so that none of them loses the store
     (and the alarm in it) before it learnt why the job failed."""
-    error = signing_failure(store)
     signer = find_signer(store)
+    error = _failure_of(signer)
     if error is None or signer is None:
         return None
     signer.acknowledge()
