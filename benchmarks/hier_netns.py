@@ -55,7 +55,9 @@ def _inputs(rank: int, count: int, codec: bool) -> torch.Tensor:
     return x * scale.repeat_interleave(256)[:count]
 
 
-def rank_main(paths: list[str], nbytes: int, calls: int, warmup: int) -> int:
+def rank_main(
+    paths: list[str], nbytes: int, calls: int, warmup: int, algorithm: str = "auto"
+) -> int:
     """On one rank: build the communicators, time the paths alternately, check, report."""
     import torchcomms
     from torchcomms import ReduceOp
@@ -63,10 +65,13 @@ def rank_main(paths: list[str], nbytes: int, calls: int, warmup: int) -> int:
 
     timeout = timedelta(seconds=300)
     flat = torchcomms.new_comm("gloo", "cpu", name="flat", timeout=timeout)
+    forced = {"hier::all_reduce_algorithm": algorithm}
     comms = {
-        "hier": lambda: torchcomms.new_comm("hier", "cpu", name="hier", timeout=timeout),
+        "hier": lambda: torchcomms.new_comm(
+            "hier", "cpu", name="hier", timeout=timeout, hints=forced
+        ),
         "hier int8": lambda: torchcomms.new_comm(
-            "hier", "cpu", name="hier8", timeout=timeout, hints={"global_codec": "int8"}
+            "hier", "cpu", name="hier8", timeout=timeout, hints={"global_codec": "int8", **forced}
         ),
         "gloo": lambda: flat,
     }
@@ -77,16 +82,18 @@ def rank_main(paths: list[str], nbytes: int, calls: int, warmup: int) -> int:
     tensors = {path: sources[path].clone() for path in paths}
     op = ReduceOp.SUM
     wall: dict[str, list[float]] = {path: [] for path in paths}
+    cpu: dict[str, float] = {path: 0.0 for path in paths}
     for i in range(warmup + calls):
         for path in paths if i % 2 == 0 else paths[::-1]:
             t = tensors[path]
             t.copy_(sources[path])  # in place: every call starts from the inputs
             flat.barrier()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             made[path].all_reduce(t, op)
             elapsed = time.perf_counter() - t0
             if i >= warmup:
                 wall[path].append(elapsed)
+                cpu[path] += time.process_time() - c0
     # Checks, after the timing.
     checks: dict[str, str] = {}
     for path in paths:
@@ -117,13 +124,15 @@ def rank_main(paths: list[str], nbytes: int, calls: int, warmup: int) -> int:
             wrong = int((result.double() != expected).sum())
             checks[path] = f"{wrong} wrong, same bits on every rank: {same}"
     mine = torch.tensor(
-        [[statistics.fmean(wall[p]), statistics.median(wall[p])] for p in paths],
+        [[statistics.fmean(wall[p]), statistics.median(wall[p]), cpu[p] / calls] for p in paths],
         dtype=torch.float64,
     )
     every_rank = [torch.empty_like(mine) for _ in range(n)]
     flat.all_gather(every_rank, mine)
     if rank == 0:
-        slowest = torch.stack(every_rank).max(dim=0).values
+        stacked = torch.stack(every_rank)
+        slowest = stacked.max(dim=0).values
+        slowest[:, 2] = stacked[:, :, 2].mean(dim=0)  # CPU: the mean over ranks
         _report(paths, slowest, checks, nbytes, n, calls)
     for path, comm in made.items():
         if path != "gloo":
@@ -142,20 +151,28 @@ def _report(
     hosts = _LINK["hosts"]
     factor = 2 * (n - 1) / n
     print(f"# {nbytes} bytes, {n} ranks on {hosts:.0f} hosts, link {link:.4f} GB/s each way")
-    print(f"# {calls} calls per path; slowest rank's mean and median")
+    print(
+        f"# {calls} calls per path; slowest rank's mean and median; cpu: CPU time per call "
+        "of one rank (every thread, user and system), the mean over ranks"
+    )
     if hosts > 1:
         bound = (n - 1) / n * hosts / (hosts - 1) * link
         print(f"# exact all_reduce bound over the link: {bound:.4f} GB/s busbw")
     base = None
     if "gloo" in paths:
         base = float(slowest[paths.index("gloo"), 0])
-    header = f"{'path':<10} {'mean':>12} {'median':>12} {'busbw GB/s':>11} {'vs gloo':>8}"
+    header = (
+        f"{'path':<10} {'mean':>12} {'median':>12} {'cpu':>10} {'busbw GB/s':>11} {'vs gloo':>8}"
+    )
     print(header + ("  vs bound" if hosts > 1 else ""))
     for k, path in enumerate(paths):
-        mean, median = (float(x) for x in slowest[k])
+        mean, median, cpu = (float(x) for x in slowest[k])
         busbw = factor * nbytes / mean / 1e9
         ratio = f"{base / mean:>7.2f}x" if base else ""
-        line = f"{path:<10} {mean * 1e6:>10.0f}us {median * 1e6:>10.0f}us {busbw:>11.4f} {ratio:>8}"
+        line = (
+            f"{path:<10} {mean * 1e6:>10.0f}us {median * 1e6:>10.0f}us {cpu * 1e6:>8.0f}us "
+            f"{busbw:>11.4f} {ratio:>8}"
+        )
         if hosts > 1:
             line += f"  {busbw / ((n - 1) / n * hosts / (hosts - 1) * link):>7.2f}"
         print(line)
@@ -164,10 +181,10 @@ def _report(
 
 
 def _rank_entry(
-    paths: list[str], nbytes: int, calls: int, warmup: int, link: dict[str, float]
+    paths: list[str], nbytes: int, calls: int, warmup: int, link: dict[str, float], algorithm: str
 ) -> int:
     _LINK.update(link)
-    return rank_main(paths, nbytes, calls, warmup)
+    return rank_main(paths, nbytes, calls, warmup, algorithm)
 
 
 def main() -> int:
@@ -179,6 +196,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per path first")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
     parser.add_argument("--link-rate", default="1gbit", help="rate of each host's link")
+    parser.add_argument(
+        "--algorithm",
+        default="auto",
+        help="hier's all_reduce algorithm (hint hier::all_reduce_algorithm): auto (the size "
+        "rule), flat, recursive_doubling, levels or pipelined",
+    )
     args = parser.parse_args()
     paths = [p.strip().replace("-", " ") for p in args.paths.split(",") if p.strip()]
     unknown = [p for p in paths if p not in PATHS]
@@ -193,7 +216,7 @@ def main() -> int:
         return launch_in_namespaces(
             net,
             _rank_entry,
-            (paths, args.bytes, args.calls, args.warmup, link),
+            (paths, args.bytes, args.calls, args.warmup, link, args.algorithm),
             label="hier_netns",
         )
 

@@ -8,6 +8,8 @@ Hosts are simulated with the hint ``host_id`` (four ranks: two hosts of two, or 
 from __future__ import annotations
 
 import hashlib
+import random
+import time
 from typing import Any
 
 import pytest
@@ -264,6 +266,36 @@ def test_recursive_doubling_is_exact_and_identical_on_every_rank(
         leaders = [res["cross_ops"] for res in results if res["cross_ops"]]
         assert leaders and all("all_reduce" not in ops for ops in leaders), leaders
         assert any("send" in ops and "recv" in ops for ops in leaders), leaders
+
+
+def body_back_to_back(layout: str, calls: int) -> list[list[int]]:
+    comm = _hier(layout, **{"hier::all_reduce_algorithm": "recursive_doubling"})
+    r = comm.get_rank()
+    rng = random.Random(r)
+    out = []
+    for i in range(calls):
+        if rng.random() < 0.2:  # a rank that falls behind: the others' next messages wait
+            time.sleep(rng.random() * 0.01)
+        t = torch.tensor([i * 1000 + r, (i + r) % 7], dtype=torch.int64)
+        comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+        out.append(t.tolist())
+    comm.finalize()
+    return out
+
+
+@pytest.mark.parametrize("layout", ["4x1", "3x1+1"])
+def test_recursive_doubling_back_to_back_calls_each_get_their_own_sum(
+    pool4: RankPool, layout: str
+) -> None:
+    """Receives are posted a whole call ahead: a rank running ahead or behind must never
+    let one call's message complete another call's receive."""
+    calls = 60
+    results = pool4.run(body_back_to_back, layout, calls, timeout=120)
+    n = 4
+    for i in range(calls):
+        expected = [sum(i * 1000 + r for r in range(n)), sum((i + r) % 7 for r in range(n))]
+        for res in results:
+            assert res[i] == expected, (i, res[i], expected)
 
 
 def test_the_size_rule_and_the_forcing_hint() -> None:
