@@ -11,6 +11,7 @@ lane), the methods (asynchronous calls) and ``torch.distributed`` under PyTorch'
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +20,7 @@ import torch
 
 import torchcomms
 from torchcomms import ReduceOp
-from torchcomms_core.testing import RankPool, unique_name
+from torchcomms_core.testing import RankPool, current_rank, unique_name
 
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 INTS = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
@@ -67,11 +68,14 @@ def _ops(dtype: torch.dtype) -> list[Any]:
     return ops
 
 
-def body_exact() -> list[str]:
-    """The memoryview path against the general path, bit for bit; returns mismatches."""
-    fast = _comm("small")
+def body_exact(native: str) -> list[str]:
+    """The memoryview path (and the compiled small all-reduce, ``native``: ``true``,
+    ``false`` or ``mixed``, rank 0 only) against the general path, bit for bit; returns
+    mismatches."""
+    r = current_rank()
+    fast = _comm("small", native=native if native != "mixed" else str(r == 0).lower())
+    python = _comm("python", native="false")
     slow = _comm("general", small_bytes="0")
-    r = fast.get_rank()
     bad: list[str] = []
     for dtype in FLOATS + INTS:
         for op in _ops(dtype):
@@ -83,7 +87,9 @@ def body_exact() -> list[str]:
                 fast.all_reduce(lean, op)  # the lean lane
                 method = x.clone()
                 fast.all_reduce(method, op, async_op=True).wait()  # the method
-                for label, got in (("lean", lean), ("method", method)):
+                in_python = x.clone()
+                python.all_reduce(in_python, op)
+                for label, got in (("lean", lean), ("method", method), ("python", in_python)):
                     if not torch.equal(_bits(got), _bits(ref)):
                         bad.append(f"all_reduce {label} {dtype} {op} {count}")
             x = _inputs(r, 5, dtype, 7)
@@ -130,15 +136,21 @@ def body_exact() -> list[str]:
     if t.tolist() != [float(n)] * 8:
         bad.append(f"resized tensor: {t.tolist()}")
     fast.barrier()
+    uses_native = fast.get_backend_impl()._native is not None
     fast.finalize()
+    python.finalize()
     slow.finalize()
+    if native == "true" and shutil.which("cc") and uses_native is False:
+        bad.append("a C compiler is here but the compiled small all-reduce did not load")
     return bad
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_the_memoryview_path_gives_the_general_paths_bits(world_size: int) -> None:
+@pytest.mark.parametrize(("world_size", "native"), [(2, "true"), (4, "true"), (4, "mixed")])
+def test_the_memoryview_path_gives_the_general_paths_bits(world_size: int, native: str) -> None:
+    """Also the compiled small all-reduce, and ranks that mix it with the memoryview path
+    (the two follow one protocol and fold in one order)."""
     with RankPool(world_size) as pool:
-        for bad in pool.run(body_exact, timeout=600):
+        for bad in pool.run(body_exact, native, timeout=600):
             assert bad == []
 
 
@@ -254,3 +266,31 @@ def test_direct_broadcast_and_all_gather_give_stagings_bytes(world_size: int) ->
             assert bad in ([], ["skip: cross-memory reads not permitted here"])
             if bad:
                 pytest.skip(bad[0])
+
+
+def body_without_compiler() -> dict[str, Any]:
+    comm = _comm("nocc")
+    r, n = comm.get_rank(), comm.get_size()
+    t = torch.tensor([1.5 + r, -2.0 * r], dtype=torch.float32)
+    comm.all_reduce(t, ReduceOp.SUM)
+    native_loaded = comm.get_backend_impl()._native is not None
+    comm.finalize()
+    expected = [sum(1.5 + k for k in range(n)), sum(-2.0 * k for k in range(n))]
+    return {"ok": t.tolist() == expected, "native": native_loaded}
+
+
+@pytest.mark.parametrize("how", ["failing compiler", "switched off"])
+def test_without_the_compiled_path_small_all_reduces_run_in_python(
+    how: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that fails (or ``TORCHCOMM_SHM_NATIVE=0``) leaves the memoryview path,
+    with the same results; the failed build leaves nothing in the cache."""
+    monkeypatch.setenv("TORCHCOMM_CACHE_DIR", str(tmp_path))
+    if how == "failing compiler":
+        monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
+    else:
+        monkeypatch.setenv("TORCHCOMM_SHM_NATIVE", "0")
+    with RankPool(2) as pool:
+        for res in pool.run(body_without_compiler, timeout=120):
+            assert res == {"ok": True, "native": False}
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

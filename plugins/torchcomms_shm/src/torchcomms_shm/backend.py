@@ -50,6 +50,7 @@ from .comm import (
     DEFAULT_P2P_BYTES,
     HOST_ID,
     HOST_ID_ENV,
+    NATIVE,
     P2P_BYTES,
     SMALL_PATH_BYTES,
     SPIN_US,
@@ -96,6 +97,7 @@ class ShmBackend(ShmSmall):
         CMA_BYTES,
         HOST_ID,
         SMALL_PATH_BYTES,
+        NATIVE,
     )
 
     @classmethod

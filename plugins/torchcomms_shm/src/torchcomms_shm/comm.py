@@ -32,6 +32,7 @@ from torchcomms_core.plugin import (
     CommOptions,
     StoredRankAndSize,
     TorchCommBackend,
+    bool_hint,
     int_hint,
     read_record,
 )
@@ -64,6 +65,9 @@ DEFAULT_CMA_BYTES = 1 << 20
 #: alone: both paths stage the same bytes in the same place in one step.
 SMALL_PATH_BYTES = "small_bytes"
 DEFAULT_SMALL_PATH_BYTES = 64 << 10
+#: Hint: ``false`` keeps small all-reduces in Python rather than in the compiled helper
+#: (``torchcomms_shm.native``; also ``TORCHCOMM_SHM_NATIVE=0``). Each rank may choose alone.
+NATIVE = "native"
 
 
 #: The fields of a rank's hello and of the segment record that the ranks read.
@@ -164,6 +168,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         yld = int_hint(hints, YIELD_US, yield0)
         cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > _cores() else 0)
         self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
+        self._native_wanted = bool_hint(hints, NATIVE, True)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size

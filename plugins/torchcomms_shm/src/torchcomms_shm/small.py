@@ -39,6 +39,7 @@ import torch
 
 from torchcomms_core.plugin import RedOpType
 
+from . import native
 from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives, _fold
 
 #: The memoryview format of each dtype whose reductions fold in Python.
@@ -82,6 +83,13 @@ def _fold_py(op: RedOpType, floats: bool, srcs: list[memoryview], out: memoryvie
     """``out = srcs[0] op srcs[1] op ...`` in list order, element by element."""
     k = len(out)
     first, second = srcs[0], srcs[1]
+    if op is RedOpType.SUM:  # the common case, without a call per element
+        for i in range(k):
+            out[i] = first[i] + second[i]
+        for src in srcs[2:]:
+            for i in range(k):
+                out[i] += src[i]
+        return
     fn = _PY_OPS.get(op)
     if fn is not None:
         for i in range(k):
@@ -99,6 +107,35 @@ def _fold_py(op: RedOpType, floats: bool, srcs: list[memoryview], out: memoryvie
             if floats and (m == 0 or a != a or b != b):
                 raise _Slow
             out[i] = m
+
+
+class _Plan:
+    """A small all-reduce of one tensor: what the checks found, and the views it copies
+    through (``user`` is ``None`` when the call is not small: the general path runs)."""
+
+    __slots__ = (
+        "tensor",
+        "ptr",
+        "nbytes",
+        "op",
+        "tuning",
+        "user",
+        "slots",
+        "py",
+        "floats",
+        "c",
+        "cref",
+    )
+
+    def __init__(self, tensor: torch.Tensor, ptr: int, nbytes: int, op: RedOpType, tuning: Any):
+        self.tensor, self.ptr, self.nbytes, self.op, self.tuning = tensor, ptr, nbytes, op, tuning
+        self.user: memoryview | None = None
+        self.slots: tuple[list[memoryview], list[memoryview]] | None = None
+        self.py = False
+        self.floats = False
+        #: The compiled path's plan and its pointer (``None``: the memoryview path).
+        self.c: native.Plan | None = None
+        self.cref: Any = None
 
 
 class ShmSmall(ShmCollectives):
@@ -127,12 +164,18 @@ class ShmSmall(ShmCollectives):
         self._slot_views: dict[tuple[str, int, int], list[memoryview]] = {}
         #: id(tensor) -> (tensor, address, bytes, {format: memoryview}).
         self._user_views: dict[int, tuple[torch.Tensor, int, int, dict[str, memoryview]]] = {}
+        #: id(tensor) -> the plan of its small all-reduce (``_all_reduce_plan``).
+        self._plans: dict[int, _Plan] = {}
+        #: The compiled small all-reduce (``torchcomms_shm.native``), or ``None``.
+        wanted = getattr(self, "_native_wanted", True) and self._size <= native.MAX_RANKS
+        self._native = native.load() if wanted else None
         del whole
 
     def _drop_views(self) -> None:
         """Let go of every memoryview over the segment (before it is unmapped)."""
         self._slot_views = {}
         self._user_views = {}
+        self._plans = {}
         self._slot_bytes = []
 
     def _user_view(self, tensor: torch.Tensor, fmt: str) -> memoryview:
@@ -165,33 +208,107 @@ class ShmSmall(ShmCollectives):
             ]
         return views
 
+    def _all_reduce_plan(self, tensor: torch.Tensor, op: RedOpType) -> _Plan:
+        """What a small all-reduce of ``tensor`` with ``op`` needs, worked out once (the
+        checks, the tuner's choice, the memoryviews); cached per tensor."""
+        plans = self._plans
+        if len(plans) >= _CACHED_TENSORS:
+            plans.clear()
+        nbytes, dtype = tensor.nbytes, tensor.dtype
+        fmt = _FORMATS.get(dtype)
+        small = (
+            self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step"
+            and fmt is not None
+            and 0 < nbytes <= min(SMALL_BYTES, self._small)
+            and self._size > 1
+        )
+        plan = _Plan(tensor, tensor.data_ptr(), nbytes, op, self.tuning)
+        if small:
+            assert fmt is not None
+            plan.user = user = self._user_view(tensor, fmt)
+            plan.slots = (self._slots_as(fmt, nbytes, 0), self._slots_as(fmt, nbytes, 1))
+            plan.py = len(user) * (self._size - 1) <= FOLD_OPS
+            plan.floats = dtype in _FLOATS
+            lib = self._native
+            code = native.DTYPES.get(str(dtype).removeprefix("torch."))
+            if lib is not None and code is not None and op is RedOpType.SUM:
+                self._native_plan(plan, lib, code)
+        plans[id(tensor)] = plan
+        return plan
+
+    def _native_plan(self, plan: _Plan, lib: native.Library, code: int) -> None:
+        """Fill ``plan`` for the compiled path (a SUM of float32, float64, int32 or int64)."""
+        mapping = self._mapping
+        assert mapping is not None
+        lay = self._layout
+        first = mapping.base + lay.arena
+        plan.c, plan.cref = native.make_plan(
+            lib,
+            user=plan.ptr,
+            slot_bases=(first, first + lay.half),
+            stride=lay.arena_bytes,
+            words=self._control_at,
+            my_step=self._my_step,
+            peer_steps=self._peer_steps,
+            sleep_words=self._sleep_words,
+            nbytes=plan.nbytes,
+            count=plan.tensor.numel(),
+            polls=self._fast_polls,
+            rank=self._rank,
+            nranks=self._size,
+            dtype=code,
+        )
+
     def _small_all_reduce(self, tensor: torch.Tensor, op: RedOpType) -> bool:
         """All-reduce a contiguous ``tensor`` in one step through memoryviews; ``False``
         (nothing done) when it is not small or its dtype has no memoryview format."""
-        nbytes = tensor.nbytes
-        fmt = _FORMATS.get(tensor.dtype)
-        if self.tuning.choose("all_reduce", nbytes, tensor.dtype).algorithm != "one_step":
-            return False
+        plan = self._plans.get(id(tensor))
         if (
-            fmt is None
-            or not nbytes
-            or nbytes > SMALL_BYTES
-            or nbytes > self._small
-            or self._size == 1
+            plan is None
+            or plan.tensor is not tensor
+            or plan.op is not op
+            or plan.tuning is not self.tuning
+            or plan.ptr != tensor.data_ptr()
+            or plan.nbytes != tensor.nbytes
         ):
+            plan = self._all_reduce_plan(tensor, op)
+        user = plan.user
+        if user is None:
             return False
-        user = self._user_view(tensor, fmt)
-        h = self._half()
-        slots = self._slots_as(fmt, nbytes, h)
+        self._use += 1
+        h = self._use & 1
+        c = plan.c
+        if c is not None:  # compiled: stage, publish, poll and fold in one call
+            self._step += 1
+            c.half, c.step = h, self._step
+            lib = self._native
+            assert lib is not None
+            done = lib.all_reduce(plan.cref)
+            if done == 1:
+                return True
+            if done & 2:  # a peer sleeps on a step word: wake it, as _post does
+                self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
+            if done & 1:
+                return True
+            if not done & 4:
+                self._wait_peers()
+                if lib.fold(plan.cref):
+                    return True
+            return self._torch_fold(tensor, op, h, plan.nbytes)
+        slots = plan.slots[h]  # type: ignore[index]
         slots[self._rank][:] = user
         self._sync()
-        n = self._size
-        if len(user) * (n - 1) <= FOLD_OPS:
+        if plan.py:
             try:
-                _fold_py(op, tensor.dtype in _FLOATS, slots, user)
+                _fold_py(op, plan.floats, slots, user)
                 return True
             except (_Slow, OverflowError, ValueError):
                 pass  # torch folds the same staged copies below
+        return self._torch_fold(tensor, op, h, plan.nbytes)
+
+    def _torch_fold(self, tensor: torch.Tensor, op: RedOpType, h: int, nbytes: int) -> bool:
+        """Fold the staged copies of half ``h`` into ``tensor`` with torch's kernels."""
+        n = self._size
         dtype = tensor.dtype
         key = (dtype, tensor.numel(), h)
         staged = self._views.get(key)
