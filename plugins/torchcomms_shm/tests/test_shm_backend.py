@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -534,3 +535,54 @@ def body_bad_hint() -> str:
 
 def test_bad_hint(pool2: RankPool) -> None:
     assert all("arena_bytes" in m and "not an integer" in m for m in pool2.run(body_bad_hint))
+
+
+def body_arena_defaults(explicit_on_rank0: bool) -> dict[str, Any]:
+    """Each rank's own default arena differs (as where ranks see different free space in
+    /dev/shm): the ranks take the smallest; a hint on one rank only must match the others."""
+    import torchcomms_shm.comm as shm_comm
+
+    rank = current_rank()
+    own = shm_comm.default_arena
+    shm_comm.default_arena = lambda size, p2p: (rank + 1) << 20  # type: ignore[assignment]
+    hints = {"arena_bytes": str(3 << 20)} if explicit_on_rank0 and rank == 0 else {}
+    try:
+        comm = _comm("arena", **hints)
+    except torchcomms.CommInputError as exc:
+        return {"error": str(exc)}
+    finally:
+        shm_comm.default_arena = own  # type: ignore[assignment]
+    layout = comm.get_backend_impl()._layout
+    n = comm.get_size()
+    t = torch.arange(300_000, dtype=torch.float32) + rank  # several chunks of 512 KiB
+    comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    expected = torch.arange(300_000, dtype=torch.float32) * n + n * (n - 1) // 2
+    comm.finalize()
+    return {"arena": layout.arena_bytes, "exact": bool(torch.equal(t, expected))}
+
+
+def test_ranks_whose_default_arenas_differ_take_the_smallest(pool4: RankPool) -> None:
+    for res in pool4.run(body_arena_defaults, False, timeout=120):
+        assert res == {"arena": 1 << 20, "exact": True}
+
+
+def test_a_hint_on_one_rank_must_match_the_others_defaults(pool4: RankPool) -> None:
+    for res in pool4.run(body_arena_defaults, True, timeout=120):
+        assert "arena_bytes" in res["error"] and "same values on every rank" in res["error"]
+
+
+def test_the_default_arena_grows_with_more_ranks_than_cores_within_dev_shm() -> None:
+    from torchcomms_shm.comm import (
+        DEFAULT_ARENA_BYTES,
+        OVERSUBSCRIBED_ARENA_BYTES,
+        _cores,
+        default_arena,
+    )
+
+    cores = _cores()
+    assert default_arena(cores, 256 << 10) == DEFAULT_ARENA_BYTES
+    free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
+    big = default_arena(cores + 1, 256 << 10)
+    assert DEFAULT_ARENA_BYTES <= big <= OVERSUBSCRIBED_ARENA_BYTES
+    segment = (cores + 1) * big + (cores + 1) ** 2 * (256 << 10)
+    assert big == DEFAULT_ARENA_BYTES or segment <= free // 4
