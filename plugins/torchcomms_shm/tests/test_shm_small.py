@@ -294,3 +294,66 @@ def test_without_the_compiled_path_small_all_reduces_run_in_python(
         for res in pool.run(body_without_compiler, timeout=120):
             assert res == {"ok": True, "native": False}
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+def body_measured(calls: int) -> dict[str, Any]:
+    """``measured`` (the default from 1 MiB): every call's result exact, whichever path
+    rank 0 chose, with roots, sizes, in-place and uneven blocks varying call by call and
+    asynchronous calls queued behind each other."""
+    comm = _comm("measured")
+    impl = comm.get_backend_impl()
+    r, n = comm.get_rank(), comm.get_size()
+    if not impl._cma_ok:
+        return {"skip": "cross-memory reads not permitted here"}
+    bad: list[str] = []
+    chosen: set[str] = set()
+    for i in range(calls):
+        count = (1 << 18) + (i % 3) * 1001  # 1 MiB and up, in three buckets' reach
+        root = i % n
+        a = _inputs(r, count, torch.float32, root + 100 * (i % 3))
+        want = _inputs(root, count, torch.float32, root + 100 * (i % 3))
+        work = comm.broadcast(a, root, async_op=bool(i % 2))
+        if work is not None:
+            work.wait()
+        chosen.add(impl.tuning.last["broadcast"].algorithm)
+        if not torch.equal(_bits(a), _bits(want)):
+            bad.append(f"broadcast call {i} root {root}")
+        mine = _inputs(r, count, torch.float32, i)
+        out = torch.empty(n * count)
+        if i % 4 == 3:  # in place: this rank's input is its block of the output
+            out[r * count : (r + 1) * count] = mine
+            comm.all_gather_single(out, out[r * count : (r + 1) * count])
+        else:
+            comm.all_gather_single(out, mine)
+        for p in range(n):
+            if not torch.equal(
+                _bits(out[p * count : (p + 1) * count]), _bits(_inputs(p, count, torch.float32, i))
+            ):
+                bad.append(f"all_gather call {i} block {p}")
+    meter = impl._meter
+    # The buckets of the first size: the tensor's bytes, and all_gather's output bytes.
+    timed = {
+        "broadcast": meter.averages(("broadcast", ((1 << 20) - 1).bit_length())),
+        "all_gather": meter.averages(("all_gather", ((n << 20) - 1).bit_length())),
+    }
+    comm.finalize()
+    return {"bad": bad, "chosen": sorted(chosen), "timed": timed, "rank": r}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_measured_copies_are_exact_whichever_path_rank0_takes(world_size: int) -> None:
+    """Enough calls that rank 0 times both paths of each bucket and explores again."""
+    from torchcomms_shm.measured import EXPLORE
+
+    with RankPool(world_size) as pool:
+        results = pool.run(body_measured, EXPLORE + 6, timeout=600)
+    for res in results:
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        assert res["bad"] == []
+        assert res["chosen"] == ["measured"]
+    timed = next(res["timed"] for res in results if res["rank"] == 0)
+    # Rank 0 timed both paths of the first size's bucket of each operation.
+    for op in ("broadcast", "all_gather"):
+        staged, direct = timed[op]
+        assert staged is not None and direct is not None and staged > 0 and direct > 0, timed

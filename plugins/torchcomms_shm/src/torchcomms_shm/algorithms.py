@@ -12,10 +12,12 @@
 - ``broadcast`` and ``all_gather``: ``staged`` through the arena (the owner copies each
   chunk in, every reader copies it out: two copies, a step per chunk) or ``direct``: each
   reader copies straight from the owner's tensor (``process_vm_readv``: one copy, two
-  lockstep steps in all; when every rank can read its peers). Staged by default: a
-  kernel copy ran at about half a ``memmove`` on the machine the defaults were measured
-  on, where staging through the shared cache won; ``torchcomms tune`` measures both on
-  the machine at hand, and ``algorithm.broadcast=direct`` (or ``staged``) forces one.
+  lockstep steps in all; when every rank can read its peers), or ``measured``: one of
+  the two per call, as rank 0's times of recent calls of the size say
+  (``torchcomms_shm.measured``). Default: ``measured`` from 1 MiB where every rank can
+  read its peers, else ``staged``: on the machine the defaults were measured on, staging
+  ran at twice a kernel copy in one state and half of it in another, from one second to
+  the next. ``algorithm.broadcast=direct`` (or ``staged``, ``measured``) forces one.
 
 Messages of at most ``small_bytes`` that stay ``one_step``/``staged`` run through
 memoryviews (``torchcomms_shm.small``): the same bytes in the same places, without torch
@@ -52,13 +54,28 @@ def _all_to_all_rule(backend: Any, query: Query) -> str:
     return "direct" if cma and query.nbytes >= cma else "staged"
 
 
+#: broadcast and all_gather messages of at least this many bytes take ``measured`` (where
+#: every rank can read its peers); smaller ones stage.
+MEASURED_MIN_BYTES = 1 << 20
+
+
+def _copy_once_rule(backend: Any, query: Query) -> str:
+    """measured from 1 MiB where every rank can read its peers, staged below"""
+    can_read = getattr(backend, "_cma_ok", False)
+    return "measured" if can_read and query.nbytes >= MEASURED_MIN_BYTES else "staged"
+
+
 def _copy_once_algorithms(what: str) -> OpAlgorithms:
     return OpAlgorithms(
         (
             Algorithm("staged", doc=f"{what} through the arena, a step per chunk"),
             Algorithm("direct", doc="readers copy from the owner's tensor (cross-memory attach)"),
+            Algorithm(
+                "measured",
+                doc="staged or direct, as rank 0's times of recent calls of the size say",
+            ),
         ),
-        default="staged",
+        default=_copy_once_rule,
     )
 
 

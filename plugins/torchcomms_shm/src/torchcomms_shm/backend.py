@@ -295,11 +295,24 @@ class ShmBackend(ShmSmall):
     ) -> Any:
         outs = [_u8(t) for t in tensor_list]
         mine = _u8(tensor)
-        if self._wants_direct("all_gather", sum(t.nbytes for t in tensor_list)):
+        total = sum(t.nbytes for t in tensor_list)
+        path = self._copy_once_choice("all_gather", total)
+        if path != "staged":
             if any(overlaps(o, mine) for i, o in enumerate(outs) if i != self._rank):
                 mine = mine.clone()
+
+            def direct() -> None:
+                self._all_gather_direct(outs, mine)
+
+            if path == "direct":
+                return self._run("all_gather", timeout, async_op, direct)
             return self._run(
-                "all_gather", timeout, async_op, lambda: self._all_gather_direct(outs, mine)
+                "all_gather",
+                timeout,
+                async_op,
+                lambda: self._measured(
+                    "all_gather", total, direct, lambda: self._all_gather(outs, mine)
+                ),
             )
         if all(t.is_contiguous() for t in tensor_list) and tensor.is_contiguous():
             users = [*tensor_list]
@@ -329,9 +342,18 @@ class ShmBackend(ShmSmall):
         return self._run("broadcast", timeout, async_op, lambda: self._any_broadcast(tensor, root))
 
     def _any_broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        """Broadcast by the path chosen for its size (one place: ``_wants_direct``)."""
-        if self._wants_direct("broadcast", tensor.nbytes):
+        """Broadcast by the path chosen for its size (one place: ``_copy_once_choice``)."""
+        path = self._copy_once_choice("broadcast", tensor.nbytes)
+        if path == "direct":
             self._broadcast_direct(_u8(tensor), root)
+        elif path == "measured":
+            data = _u8(tensor)
+            self._measured(
+                "broadcast",
+                tensor.nbytes,
+                lambda: self._broadcast_direct(data, root),
+                lambda: self._broadcast(data, root),
+            )
         elif not (tensor.is_contiguous() and self._small_broadcast(tensor, root)):
             self._broadcast(_u8(tensor), root)
 

@@ -11,6 +11,7 @@ May import: torch, the standard library, ``torchcomms_core.plugin`` and this pac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -170,12 +171,39 @@ class ShmCollectives(ShmP2P):
             if me != root:
                 _copy(data[lo : lo + m], slot)
 
-    def _wants_direct(self, op: str, nbytes: int) -> bool:
-        """Whether ``op`` (``broadcast`` or ``all_gather``) of ``nbytes`` reads the owners'
-        tensors directly: the tuner's (or the ``algorithm.<op>`` hint's) choice, where every
-        rank can read its peers. Every rank decides alike (agreed choices, equal sizes)."""
+    def _copy_once_choice(self, op: str, nbytes: int) -> str:
+        """The path of ``op`` (``broadcast`` or ``all_gather``) of ``nbytes``: ``staged``,
+        ``direct`` or ``measured`` (see ``torchcomms_shm.measured``), the tuner's (or the
+        ``algorithm.<op>`` hint's) choice, where every rank can read its peers (else
+        ``staged``). Every rank decides alike (agreed choices, equal sizes)."""
         choice = self.tuning.choose(op, nbytes, torch.uint8).algorithm
-        return choice == "direct" and self._cma_ok and self._size > 1 and nbytes > 0
+        if choice == "staged" or not (self._cma_ok and self._size > 1 and nbytes > 0):
+            return "staged"
+        return choice
+
+    def _wants_direct(self, op: str, nbytes: int) -> bool:
+        """Whether ``op`` of ``nbytes`` surely reads the owners' tensors directly."""
+        return self._copy_once_choice(op, nbytes) == "direct"
+
+    def _measured(
+        self, op: str, nbytes: int, direct: Callable[[], None], staged: Callable[[], None]
+    ) -> None:
+        """Run ``direct`` or ``staged``, as rank 0's timings choose (``measured``): rank 0
+        writes the choice into its control line before the step every rank posts first,
+        and the others read it after that step."""
+        key = (op, (nbytes - 1).bit_length())
+        w = self._w
+        if self._rank != 0:
+            self._sync()
+            (direct if w[self._choice_of_0] == 2 else staged)()
+            return
+        meter = self._meter
+        use_direct = meter.pick(key)
+        w[self._choice_of_0] = 2 if use_direct else 1
+        start = time.perf_counter()
+        self._sync()
+        (direct if use_direct else staged)()
+        meter.record(key, use_direct, time.perf_counter() - start)
 
     def _broadcast_direct(self, data: torch.Tensor, root: int) -> None:
         """Every rank but ``root`` copies ``root``'s tensor straight into its own."""

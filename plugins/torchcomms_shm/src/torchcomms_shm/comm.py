@@ -8,7 +8,7 @@ the windows. Point-to-point (:mod:`~torchcomms_shm.p2p`), the collective algorit
 are the layers above it; the algorithms are described in the backend's module docstring.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``segment`` and ``window``.
+``measured``, ``segment`` and ``window``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from torchcomms_core.plugin import (
 
 from . import cma
 from . import segment as seg
+from .measured import Meter
 
 #: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
 ARENA_BYTES = "arena_bytes"
@@ -360,6 +361,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._peer_steps = [lay.rank_word(r, seg.W_STEP) for r in range(n) if r != me]
         self._peers = [r for r in range(n) if r != me]
         self._abort_words = [lay.rank_word(r, seg.W_ABORT) for r in range(n) if r != me]
+        #: Rank 0's word naming the path of a ``measured`` call, and rank 0's timings.
+        self._choice_of_0 = lay.rank_word(0, seg.W_CHOICE)
+        self._meter = Meter()
         self._npending = 0
         #: Slot views of recent small all-reduces, by (dtype, numel, half).
         self._views: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}

@@ -46,6 +46,7 @@ W_COUNT = 3  # words 3 and 4: a count announced with a step (all_to_all's chunk 
 W_PROBE = 5  # address of a private buffer holding the segment's token (cross-memory probe)
 W_CMA = 6  # 1 once the rank could read every peer's probe buffer, 2 if it could not
 W_SLEEP = 7  # 1 while the rank sleeps on a peer's step word (the peers wake it)
+W_CHOICE = 8  # rank 0: the path of the current ``measured`` call (1 staged, 2 direct)
 
 
 def arch_supported() -> tuple[bool, str]:
