@@ -343,7 +343,8 @@ def body_killed(victim: int, op: str = "all_reduce") -> dict:
     """``victim`` SIGKILLs itself while the others are inside an all-reduce (or a large
     all-to-all, which reads peers' memory directly); they must fail long before the
     timeout, and later calls must fail too."""
-    comm = _comm("kill", cma_bytes=str(1 << 16))  # large all-to-alls read peers directly
+    extra = {"algorithm.all_reduce": "direct"} if op == "direct" else {}
+    comm = _comm("kill", cma_bytes=str(1 << 16), **extra)  # large all-to-alls read directly
     r = comm.get_rank()
     out: dict = {"pid": os.getpid(), "segment": comm.get_backend_impl()._segname}
     comm.barrier()
@@ -357,7 +358,7 @@ def body_killed(victim: int, op: str = "all_reduce") -> dict:
             comm.all_to_all_single(torch.empty(n << 20), torch.ones(n << 20))
         elif op == "small":  # the memoryview path (8 bytes)
             comm.all_reduce(torch.ones(2), ReduceOp.SUM)
-        else:
+        else:  # 4 MiB: chunked, measured, or cross-memory reads ("direct")
             comm.all_reduce(torch.ones(1 << 20), ReduceOp.SUM)
         out["pending"] = "completed"
     except torchcomms.TorchCommError as exc:
@@ -381,6 +382,7 @@ def body_killed(victim: int, op: str = "all_reduce") -> dict:
         (4, 2, "all_to_all"),
         (2, 1, "small"),
         (4, 3, "small"),
+        (4, 1, "direct"),
     ],
 )
 def test_sigkill_during_a_collective_fails_the_survivors(
@@ -586,3 +588,69 @@ def test_the_default_arena_grows_with_more_ranks_than_cores_within_dev_shm() -> 
     assert DEFAULT_ARENA_BYTES <= big <= OVERSUBSCRIBED_ARENA_BYTES
     segment = (cores + 1) * big + (cores + 1) ** 2 * (256 << 10)
     assert big == DEFAULT_ARENA_BYTES or segment <= free // 4
+
+
+def body_all_reduce_paths() -> dict[str, Any]:
+    """Large all-reduces through cross-memory reads (``direct``), through the arena
+    (``chunked``) and by timing (``measured``, the default) give the same bits: every
+    path folds each element in rank order. A size mismatch fails clearly on every rank."""
+    r = current_rank()
+    paths = {
+        name: _comm(f"ar-{name}", **{"algorithm.all_reduce": name})
+        for name in ("direct", "chunked")
+    }
+    paths["measured"] = _comm("ar-measured")
+    n = paths["direct"].get_size()
+    if not paths["direct"].get_backend_impl()._cma_ok:
+        return {"skip": "cross-memory reads not permitted here"}
+    bad: list[str] = []
+    gen = torch.Generator().manual_seed(7 + r)
+    for count in ((1 << 18) + 3, (3 << 20) // 4 + 17, 5 << 20):
+        for dtype, op in (
+            (torch.float32, ReduceOp.SUM),
+            (torch.float32, ReduceOp.MAX),
+            (torch.float64, ReduceOp.PRODUCT),
+            (torch.int64, ReduceOp.SUM),
+            (torch.bfloat16, ReduceOp.SUM),
+        ):
+            if dtype.is_floating_point:
+                x = (torch.randn(count, generator=gen, dtype=torch.float64) * 1e3).to(dtype)
+            else:
+                x = torch.randint(-(1 << 40), 1 << 40, (count,), generator=gen, dtype=dtype)
+            got = {}
+            for name, comm in paths.items():
+                for _ in range(3 if name == "measured" else 1):  # both timed paths run
+                    t = x.clone()
+                    comm.all_reduce(t, op)
+                got[name] = (
+                    t.view(torch.uint8) if t.dtype != torch.bfloat16 else t.view(torch.int16)
+                )
+            for name in ("direct", "measured"):
+                if not torch.equal(got[name], got["chunked"]):
+                    bad.append(f"{name} {dtype} {op} {count}")
+    out: dict[str, Any] = {"bad": bad}
+    # Rank 1 passes one element more: every rank raises, and the communicator works on.
+    direct = paths["direct"]
+    try:
+        direct.all_reduce(torch.ones((1 << 20) + (r == 1)), ReduceOp.SUM)
+        out["mismatch"] = "completed"
+    except torchcomms.CommInputError as exc:
+        out["mismatch"] = str(exc)
+    t = torch.ones(1 << 20)
+    direct.all_reduce(t, ReduceOp.SUM)
+    out["after"] = bool(torch.all(t == n))
+    for comm in paths.values():
+        comm.finalize()
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_direct_chunked_and_measured_all_reduce_agree_bit_for_bit(world_size: int) -> None:
+    with RankPool(world_size) as pool:
+        results = pool.run(body_all_reduce_paths, timeout=600)
+    for res in results:
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        assert res["bad"] == [], res["bad"]
+        assert res["after"] is True
+        assert "every rank must pass the same size" in res["mismatch"], res

@@ -4,7 +4,12 @@
   or a forcing hint decides): the staging arena's bytes per rank (hint ``arena_bytes``,
   or ``algorithm.arena=arena`` with ``algorithm.arena.arena_bytes``);
 - ``all_reduce``: ``one_step`` (every rank stages its whole tensor and folds all of them;
-  up to one chunk) or ``chunked`` (each rank reduces its part of each chunk, lockstep);
+  up to one chunk), ``chunked`` (each rank reduces its part of each chunk, lockstep),
+  ``direct`` (each rank reads its part of every peer's tensor, reduces it in rank order,
+  then reads the peers' reduced parts: cross-memory reads, one copy per byte moved), or
+  ``measured`` (``chunked`` or ``direct`` per call, as for broadcast below). Default:
+  ``one_step`` up to 64 KiB, ``measured`` from 1 MiB where every rank can read its peers,
+  ``chunked`` otherwise;
 - ``all_to_all_single`` (even splits): ``staged`` through the arena, or ``direct`` reads of
   each block from its owner's tensor (cross-memory attach; when every rank can read its
   peers). Hint ``cma_bytes`` decides when given.
@@ -39,12 +44,20 @@ __all__ = ["ALGORITHMS", "ONE_STEP_BYTES"]
 
 #: all_reduce messages of at most this many bytes (and one chunk) take one step.
 ONE_STEP_BYTES = SMALL_BYTES
+#: all_reduce, broadcast and all_gather messages of at least this many bytes take
+#: ``measured`` (where every rank can read its peers).
+MEASURED_MIN_BYTES = 1 << 20
 
 
 def _all_reduce_rule(backend: Any, query: Query) -> str:
-    """one_step up to 64 KiB (and one chunk), chunked above"""
+    """one_step up to 64 KiB (and one chunk), measured from 1 MiB where every rank can read
+    its peers, chunked otherwise"""
     chunk = getattr(backend, "_chunk", ONE_STEP_BYTES)
-    return "one_step" if query.nbytes <= min(ONE_STEP_BYTES, chunk) else "chunked"
+    if query.nbytes <= min(ONE_STEP_BYTES, chunk):
+        return "one_step"
+    if getattr(backend, "_cma_ok", False) and query.nbytes >= MEASURED_MIN_BYTES:
+        return "measured"
+    return "chunked"
 
 
 def _all_to_all_rule(backend: Any, query: Query) -> str:
@@ -52,11 +65,6 @@ def _all_to_all_rule(backend: Any, query: Query) -> str:
     staged below"""
     cma = getattr(backend, "_cma", 0)
     return "direct" if cma and query.nbytes >= cma else "staged"
-
-
-#: broadcast and all_gather messages of at least this many bytes take ``measured`` (where
-#: every rank can read its peers); smaller ones stage.
-MEASURED_MIN_BYTES = 1 << 20
 
 
 def _copy_once_rule(backend: Any, query: Query) -> str:
@@ -90,6 +98,15 @@ ALGORITHMS = {
         (
             Algorithm("one_step", doc="stage the whole tensor, every rank folds all (<= chunk)"),
             Algorithm("chunked", doc="per chunk, each rank reduces its part; lockstep"),
+            Algorithm(
+                "direct",
+                doc="each rank reads its part of every peer's tensor (cross-memory attach), "
+                "reduces it, then reads the peers' reduced parts",
+            ),
+            Algorithm(
+                "measured",
+                doc="chunked or direct, as rank 0's times of recent calls of the size say",
+            ),
         ),
         default=_all_reduce_rule,
     ),

@@ -30,6 +30,11 @@ SMALL_BYTES = 64 << 10
 _REDUCE = ELEMENTWISE_REDUCE
 
 
+#: A direct all-reduce reads the peers' parts in pieces of at most this many bytes (the
+#: buffers it keeps: one piece per rank, for the last size it ran).
+DIRECT_PIECE_BYTES = 4 << 20
+
+
 def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: torch.Tensor) -> None:
     """``out = sources[0] op sources[1] op ...`` in list order.
 
@@ -55,9 +60,19 @@ class ShmCollectives(ShmP2P):
         total = flat.numel()
         nbytes = total * es
         # The tuner's choice (#45); one step holds at most a chunk.
-        if self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step" and (
-            nbytes <= self._chunk
-        ):
+        choice = self.tuning.choose("all_reduce", nbytes, dtype).algorithm
+        if choice in ("direct", "measured") and self._cma_ok:
+            if choice == "direct":
+                self._all_reduce_direct(flat, fn)
+            else:
+                self._measured(
+                    "all_reduce",
+                    nbytes,
+                    lambda: self._all_reduce_direct(flat, fn),
+                    lambda: self._all_reduce_chunked(flat, fn),
+                )
+            return
+        if choice == "one_step" and nbytes <= self._chunk:
             # One step: every rank stages its whole tensor and folds all of them itself.
             h = self._half()
             key = (dtype, total, h)
@@ -72,6 +87,14 @@ class ShmCollectives(ShmP2P):
             self._sync()
             _fold(fn, slots, flat)
             return
+        self._all_reduce_chunked(flat, fn)
+
+    def _all_reduce_chunked(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
+        """Per chunk: every rank stages the parts it does not own, reduces its own part
+        from the staged copies, and copies the reduced parts of its peers out."""
+        n, me = self._size, self._rank
+        dtype, es = flat.dtype, flat.element_size()
+        total = flat.numel()
         per = self._chunk // es
         for start in range(0, total, per):
             m = min(per, total - start)
@@ -96,6 +119,63 @@ class ShmCollectives(ShmP2P):
                 a, b = bounds[r], bounds[r + 1]
                 if b > a:
                     _copy(chunk[a:b], slots[r][a:b])
+
+    def _all_reduce_direct(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
+        """All-reduce by cross-memory reads, one copy per byte moved: each rank reads its own
+        part of every peer's tensor (in pieces of at most :data:`DIRECT_PIECE_BYTES`),
+        folds the parts in rank order into its own tensor (so the bits are those of the
+        staged path), and after a step reads every peer's reduced part from the peer's
+        tensor. A last step keeps every tensor in place until every peer has read it."""
+        n, me = self._size, self._rank
+        dtype, es = flat.dtype, flat.element_size()
+        total = flat.numel()
+        bounds = [total * p // n for p in range(n + 1)]
+        h = self._half()
+        table = torch.tensor([flat.data_ptr(), total * es], dtype=torch.int64).view(torch.uint8)
+        _copy(self._slots[me][h][:16], table)
+        self._sync()
+        peers: dict[int, int] = {}
+        for p in self._peers:
+            addr, nbytes = self._slots[p][h][:16].view(torch.int64).tolist()
+            if nbytes != total * es:
+                # Every rank meets a peer of another size: all take the remaining steps
+                # without reading, so the communicator stays usable.
+                self._sync()
+                self._sync()
+                raise CommInputError(
+                    f"{self._op}: rank {p} passed {nbytes} bytes where this rank passed "
+                    f"{total * es}; every rank must pass the same size"
+                )
+            peers[p] = addr
+        lo, hi = bounds[me], bounds[me + 1]
+        piece = max(1, DIRECT_PIECE_BYTES // es)
+        key = (dtype, min(piece, hi - lo), n)
+        temps = self._direct_temps.get(key)
+        if temps is None:
+            self._direct_temps = {}  # one size at a time: the last call's buffers
+            temps = self._direct_temps[key] = [
+                torch.empty(min(piece, hi - lo), dtype=dtype) for _ in range(n + 1)
+            ]
+        try:
+            for start in range(lo, hi, piece):
+                m = min(piece, hi - start)
+                own = flat[start : start + m]
+                for p, addr in peers.items():
+                    cma.read(self._pids[p], temps[p].data_ptr(), addr + start * es, m * es)
+                sources = [own if r == me else temps[r][:m] for r in range(n)]
+                if me < 2:  # the fold writes its first two sources first: own may be one
+                    _fold(fn, sources, own)
+                else:
+                    _fold(fn, sources, temps[n][:m])
+                    _copy(own, temps[n][:m])
+            self._sync()
+            for p, addr in peers.items():
+                a, b = bounds[p], bounds[p + 1]
+                if b > a:
+                    cma.read(self._pids[p], flat[a:b].data_ptr(), addr + a * es, (b - a) * es)
+        except CommOperationError as exc:
+            raise self._fail(exc) from None
+        self._sync()
 
     def _reduce_scatter(
         self, out: torch.Tensor, ins: list[torch.Tensor], fn: Callable[..., torch.Tensor]

@@ -364,6 +364,8 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         #: Rank 0's word naming the path of a ``measured`` call, and rank 0's timings.
         self._choice_of_0 = lay.rank_word(0, seg.W_CHOICE)
         self._meter = Meter()
+        #: The piece buffers of the last direct all-reduce (``_all_reduce_direct``).
+        self._direct_temps: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
         self._npending = 0
         #: Slot views of recent small all-reduces, by (dtype, numel, half).
         self._views: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
