@@ -214,7 +214,8 @@ def body_flight_recorder(path: str) -> dict[str, Any]:
 
 def _defaults_of(res: dict[str, Any]) -> None:
     assert res["chosen"]["all_reduce/16"] == "one_step"
-    assert res["chosen"]["all_reduce/560000"] == "chunked"
+    # From 1 MiB: measured where the ranks can read each other's memory, else chunked.
+    assert res["chosen"]["all_reduce/560000"] == ("measured" if res["cma_ok"] else "chunked")
     assert res["chosen"]["all_to_all_single"] == res["a2a_default"]
 
 
@@ -411,7 +412,7 @@ def test_tune_writes_a_table_that_later_communicators_use(pool, tmp_path: Path) 
         a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False)
     )
     for rule in table["rules"]:
-        assert rule["algorithm"] in ("one_step", "chunked", "staged", "direct")
+        assert rule["algorithm"] in ("one_step", "chunked", "staged", "direct", "measured")
         assert all(v is None or v > 0 for v in rule["measured"].values())
     # One rule a line: readable and editable by hand.
     assert Path(path).read_text().count('{"op"') == len(table["rules"])
@@ -472,7 +473,12 @@ def test_method_support_and_the_command_line_list_the_algorithms(capsys) -> None
 
     shm = torchcomms.method_support(get_backend_class("shm"), algorithms=True)
     assert shm["all_reduce"]["support"] == "native"
-    assert [a["name"] for a in shm["all_reduce"]["algorithms"]] == ["one_step", "chunked"]
+    assert [a["name"] for a in shm["all_reduce"]["algorithms"]] == [
+        "one_step",
+        "chunked",
+        "direct",
+        "measured",
+    ]
     assert shm["all_to_all_single"]["forced_by"] == ["cma_bytes"]
     assert torchcomms.method_support(get_backend_class("shm"))["all_reduce"] == "native"
     assert main(["backends", "--algorithms"]) == 0
