@@ -279,21 +279,28 @@ def body_without_compiler() -> dict[str, Any]:
     return {"ok": t.tolist() == expected, "native": native_loaded}
 
 
-@pytest.mark.parametrize("how", ["failing compiler", "switched off"])
+@pytest.mark.parametrize("how", ["failing compiler", "switched off", "cache writable by others"])
 def test_without_the_compiled_path_small_all_reduces_run_in_python(
     how: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A compiler that fails (or ``TORCHCOMM_SHM_NATIVE=0``) leaves the memoryview path,
-    with the same results; the failed build leaves nothing in the cache."""
+    """A compiler that fails (or ``TORCHCOMM_SHM_NATIVE=0``, or a cache directory other
+    users may write) leaves the memoryview path, with the same results; a failed build
+    leaves nothing in the cache."""
     monkeypatch.setenv("TORCHCOMM_CACHE_DIR", str(tmp_path))
     if how == "failing compiler":
         monkeypatch.setenv("CC", shutil.which("false") or "/bin/false")
-    else:
+    elif how == "switched off":
         monkeypatch.setenv("TORCHCOMM_SHM_NATIVE", "0")
+    else:  # another user could put code there: built, but never loaded
+        if not shutil.which("cc"):
+            pytest.skip("no C compiler here")
+        (tmp_path / "native").mkdir(mode=0o777)
+        (tmp_path / "native").chmod(0o777)
     with RankPool(2) as pool:
         for res in pool.run(body_without_compiler, timeout=120):
             assert res == {"ok": True, "native": False}
-    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+    if how != "cache writable by others":
+        assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
 
 def body_measured(calls: int) -> dict[str, Any]:

@@ -9,7 +9,9 @@ ctypes. Where no compiler is found, or the build fails, the memoryview path runs
 results are the same bits either way, and ranks on either path work together (the
 protocol and the fold order are the same).
 
-The hint ``native=false`` (or ``TORCHCOMM_SHM_NATIVE=0``) keeps every call in Python.
+The library and its directory must belong to this user and be writable by no one else;
+otherwise it is not loaded (said in the log). The hint ``native=false`` (or
+``TORCHCOMM_SHM_NATIVE=0``) keeps every call in Python.
 
 May import: the standard library and ``torchcomms_core.plugin``.
 """
@@ -118,6 +120,20 @@ def _target(cc: str, source: bytes) -> Path:
     return cache_dir() / f"shm_small-{key.hexdigest()[:16]}-{sys.implementation.cache_tag}.so"
 
 
+def _unsafe(target: Path) -> str:
+    """Why the library at ``target`` must not be loaded ("" when it may): it and its
+    directory must belong to this user and be writable by no one else, or another user
+    could have put code there."""
+    uid = os.getuid()
+    for path in (target.parent, target):
+        st = path.stat()
+        if st.st_uid != uid:
+            return f"{path} belongs to user {st.st_uid}, not to this one ({uid})"
+        if st.st_mode & 0o022:
+            return f"{path} is writable by other users (mode {st.st_mode & 0o777:o})"
+    return ""
+
+
 def _build(cc: str, source: Path, target: Path) -> None:
     """Compile ``source`` into ``target`` atomically (ranks that build at once each write
     their own file and rename it; the last rename wins and every file is whole)."""
@@ -134,6 +150,7 @@ def _build(cc: str, source: Path, target: Path) -> None:
         )
         if done.returncode != 0:
             raise OSError(f"{cc} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        os.chmod(tmp, 0o700)  # whatever the umask: writable by this user only
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -164,10 +181,22 @@ def _load() -> Library | None:
         _log.info("torchcomms-shm: no C compiler found; small all-reduces run in Python")
         return None
     source = SOURCE.read_bytes()
-    target = _target(cc, source)
+    try:
+        target = _target(cc, source)
+    except RuntimeError as exc:  # no home directory and no TORCHCOMM_CACHE_DIR
+        _log.info("torchcomms-shm: no cache directory (%s); small all-reduces run in Python", exc)
+        return None
     try:
         if not target.exists():
             _build(cc, SOURCE, target)
+        unsafe = _unsafe(target)
+        if unsafe:
+            _log.warning(
+                "torchcomms-shm: not loading %s: %s; small all-reduces run in Python",
+                target,
+                unsafe,
+            )
+            return None
         return Library(target)
     except (OSError, subprocess.SubprocessError) as exc:
         _log.warning(
