@@ -208,7 +208,6 @@ def _load() -> Library | None:
 
 
 def make_plan(
-    lib: Library,
     user: int,
     slot_bases: tuple[int, int],
     stride: int,

@@ -232,18 +232,17 @@ class ShmSmall(ShmCollectives):
             lib = self._native
             code = native.DTYPES.get(str(dtype).removeprefix("torch."))
             if lib is not None and code is not None and op is RedOpType.SUM:
-                self._native_plan(plan, lib, code)
+                self._native_plan(plan, code)
         plans[id(tensor)] = plan
         return plan
 
-    def _native_plan(self, plan: _Plan, lib: native.Library, code: int) -> None:
+    def _native_plan(self, plan: _Plan, code: int) -> None:
         """Fill ``plan`` for the compiled path (a SUM of float32, float64, int32 or int64)."""
         mapping = self._mapping
         assert mapping is not None
         lay = self._layout
         first = mapping.base + lay.arena
         plan.c, plan.cref = native.make_plan(
-            lib,
             user=plan.ptr,
             slot_bases=(first, first + lay.half),
             stride=lay.arena_bytes,
