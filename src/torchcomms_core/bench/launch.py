@@ -65,6 +65,10 @@ def rank_environment(rank: int, nranks: int, store_file: str) -> dict[str, str |
         _env.RANK: str(rank),
         _env.SIZE: str(nranks),
         "TORCHCOMM_LOCAL_RANK": str(rank),
+        # Like torchrun: how many ranks this machine runs (network namespaces emulating
+        # hosts share its cores, so it counts theirs too). The gloo backend lowers its
+        # event loop's priority where these ranks outnumber the cores.
+        "LOCAL_WORLD_SIZE": str(nranks),
         _env.STORE_PATH: store_file,
         _env.MASTER_ADDR: None,
         _env.MASTER_PORT: None,

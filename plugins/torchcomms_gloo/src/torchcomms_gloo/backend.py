@@ -21,7 +21,7 @@ from torchcomms_core.plugin import (
     ReduceOp,
 )
 
-from . import fast_paths, teardown
+from . import fast_paths, loop_priority, teardown
 from . import hints as gloo_hints
 from .interface import engine_options, rendezvous_address
 from .peer_addresses import EngineAddresses, RecordingStore
@@ -113,17 +113,19 @@ class GlooBackend(C10dBackend):
         from torch.distributed import ProcessGroupGloo
 
         lazy = self._lazy = gloo_hints.check(options.hints, size)
+        nice = loop_priority.loop_nice(options.hints)
         self._addresses = EngineAddresses()
         self._recording: RecordingStore | None = None
         self._created: dict[int, str] = {}
         self.connections_at_creation = 0
         if size == 1:  # no peers, no connections to close on abort
-            return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
+            with loop_priority.lowered(nice):
+                return ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
         if not lazy:
             before = teardown.socket_inodes()
             # Eagerly the full mesh is connected when the engine returns: record the sockets
             # that appeared meanwhile (a recorder would cost each build about 1 ms).
-            with gloo_hints.engine_connects(lazy):
+            with gloo_hints.engine_connects(lazy), loop_priority.lowered(nice):
                 engine = ProcessGroupGloo(store, rank, size, engine_options(timeout, options.hints))
             self._created = teardown.engine_sockets(before, teardown.store_ports(store))
             self.connections_at_creation = len(self._created)
@@ -132,7 +134,7 @@ class GlooBackend(C10dBackend):
         # through a recorder that notes its listener and, as it contacts them, the peers',
         # so abort can find (and wake) every connection it has then.
         recording = RecordingStore(store, self._addresses)
-        with gloo_hints.engine_connects(lazy):
+        with gloo_hints.engine_connects(lazy), loop_priority.lowered(nice):
             engine = ProcessGroupGloo(recording, rank, size, engine_options(timeout, options.hints))
         self._recording = recording  # the engine calls back into it: keep it alive
         if not self._addresses.complete:

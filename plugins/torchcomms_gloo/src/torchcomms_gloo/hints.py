@@ -2,7 +2,8 @@
 
 ``lazy`` (the reference's key) connects peers on first use instead of at creation;
 ``persistent_store`` is accepted as the reference's bridge passes it; ``interface`` and
-``hostname`` choose where the engine binds (see ``interface.py``).
+``hostname`` choose where the engine binds (see ``interface.py``); ``loop_nice`` sets the
+priority of the engine's event-loop thread (see ``loop_priority.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ LAZY = "lazy"
 PERSISTENT_STORE = "persistent_store"
 
 #: Every key the backend reads (``torchcomms backends --json`` lists them).
-HINT_KEYS: tuple[str, ...] = ("interface", "hostname", LAZY, PERSISTENT_STORE)
+HINT_KEYS: tuple[str, ...] = ("interface", "hostname", LAZY, PERSISTENT_STORE, "loop_nice")
 
 # torch's Gloo engine reads this variable each time one is built.
 _LAZY_VARIABLE = "TORCH_GLOO_LAZY_INIT"
