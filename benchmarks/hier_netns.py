@@ -55,6 +55,20 @@ def _inputs(rank: int, count: int, codec: bool) -> torch.Tensor:
     return x * scale.repeat_interleave(256)[:count]
 
 
+def _writes() -> int:
+    """Write system calls this process has made (``syscw`` of ``/proc/self/io``; 0 where
+    that is not readable). Gloo writes each message with one call, so the count per
+    all_reduce is the messages a rank sends, a figure that does not depend on the machine."""
+    try:
+        with open("/proc/self/io", encoding="ascii") as io:
+            for line in io:
+                if line.startswith("syscw:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def rank_main(
     paths: list[str], nbytes: int, calls: int, warmup: int, algorithm: str = "auto"
 ) -> int:
@@ -83,17 +97,20 @@ def rank_main(
     op = ReduceOp.SUM
     wall: dict[str, list[float]] = {path: [] for path in paths}
     cpu: dict[str, float] = {path: 0.0 for path in paths}
+    sends: dict[str, int] = {path: 0 for path in paths}
     for i in range(warmup + calls):
         for path in paths if i % 2 == 0 else paths[::-1]:
             t = tensors[path]
             t.copy_(sources[path])  # in place: every call starts from the inputs
             flat.barrier()
+            w0 = _writes()
             c0, t0 = time.process_time(), time.perf_counter()
             made[path].all_reduce(t, op)
             elapsed = time.perf_counter() - t0
             if i >= warmup:
                 wall[path].append(elapsed)
                 cpu[path] += time.process_time() - c0
+                sends[path] += _writes() - w0
     # Checks, after the timing.
     checks: dict[str, str] = {}
     for path in paths:
@@ -124,7 +141,15 @@ def rank_main(
             wrong = int((result.double() != expected).sum())
             checks[path] = f"{wrong} wrong, same bits on every rank: {same}"
     mine = torch.tensor(
-        [[statistics.fmean(wall[p]), statistics.median(wall[p]), cpu[p] / calls] for p in paths],
+        [
+            [
+                statistics.fmean(wall[p]),
+                statistics.median(wall[p]),
+                cpu[p] / calls,
+                sends[p] / calls,
+            ]
+            for p in paths
+        ],
         dtype=torch.float64,
     )
     every_rank = [torch.empty_like(mine) for _ in range(n)]
@@ -132,7 +157,7 @@ def rank_main(
     if rank == 0:
         stacked = torch.stack(every_rank)
         slowest = stacked.max(dim=0).values
-        slowest[:, 2] = stacked[:, :, 2].mean(dim=0)  # CPU: the mean over ranks
+        slowest[:, 2:] = stacked[:, :, 2:].mean(dim=0)  # CPU and sends: the mean over ranks
         _report(paths, slowest, checks, nbytes, n, calls)
     for path, comm in made.items():
         if path != "gloo":
@@ -153,7 +178,8 @@ def _report(
     print(f"# {nbytes} bytes, {n} ranks on {hosts:.0f} hosts, link {link:.4f} GB/s each way")
     print(
         f"# {calls} calls per path; slowest rank's mean and median; cpu: CPU time per call "
-        "of one rank (every thread, user and system), the mean over ranks"
+        "of one rank (every thread, user and system), the mean over ranks; sends: messages "
+        "one rank writes per call (write system calls), the mean over ranks"
     )
     if hosts > 1:
         bound = (n - 1) / n * hosts / (hosts - 1) * link
@@ -162,16 +188,17 @@ def _report(
     if "gloo" in paths:
         base = float(slowest[paths.index("gloo"), 0])
     header = (
-        f"{'path':<10} {'mean':>12} {'median':>12} {'cpu':>10} {'busbw GB/s':>11} {'vs gloo':>8}"
+        f"{'path':<10} {'mean':>12} {'median':>12} {'cpu':>10} {'sends':>6} {'busbw GB/s':>11} "
+        f"{'vs gloo':>8}"
     )
     print(header + ("  vs bound" if hosts > 1 else ""))
     for k, path in enumerate(paths):
-        mean, median, cpu = (float(x) for x in slowest[k])
+        mean, median, cpu, sent = (float(x) for x in slowest[k])
         busbw = factor * nbytes / mean / 1e9
         ratio = f"{base / mean:>7.2f}x" if base else ""
         line = (
             f"{path:<10} {mean * 1e6:>10.0f}us {median * 1e6:>10.0f}us {cpu * 1e6:>8.0f}us "
-            f"{busbw:>11.4f} {ratio:>8}"
+            f"{sent:>6.1f} {busbw:>11.4f} {ratio:>8}"
         )
         if hosts > 1:
             line += f"  {busbw / ((n - 1) / n * hosts / (hosts - 1) * link):>7.2f}"

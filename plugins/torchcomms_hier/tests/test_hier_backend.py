@@ -158,7 +158,8 @@ def test_point_to_point_within_and_across_hosts(pool4) -> None:
 
 
 def body_levels(layout: str, lazy_global: str | None = None) -> dict[str, Any]:
-    comm = _hier(layout, more_hints={"hier::lazy_global": lazy_global} if lazy_global else None)
+    lazy = {"hier::lazy_global": lazy_global} if lazy_global else {}
+    comm = _hier(layout, more_hints=lazy)
     impl = comm.get_backend_impl()
     levels = impl.levels()
     # Whether each level's engine connected its peers at creation (gloo: not when lazy).
@@ -167,6 +168,22 @@ def body_levels(layout: str, lazy_global: str | None = None) -> dict[str, Any]:
     levels["local"].register_pre_hook(lambda name, op_id, args: seen.append(str(name)))
     t = torch.ones(64 << 10)  # 256 KiB: local reduce_scatter + all_gather when hosts are even
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
+    # 8 bytes: recursive doubling between the hosts' leaders (rail 0 or the leaders level),
+    # straight into that level's backend unless something observes the level.
+    cross = levels.get("leaders", levels.get("rail"))
+    rd_ops: list[str] = []
+    if cross is not None:
+        rd_hook = cross.register_pre_hook(lambda name, op_id, args: rd_ops.append(str(name)))
+    tiny = torch.full((2,), float(comm.get_rank() + 1))
+    comm.all_reduce(tiny, torchcomms.ReduceOp.SUM)  # through the level: its hook sees it
+    if cross is not None:
+        rd_hook.remove()
+    comm.all_reduce(tiny, torchcomms.ReduceOp.SUM)  # straight into the level's backend
+    rd_sums = [float(x) for x in tiny]
+    comm.finalize()
+    # With flat forced, small messages are one all_reduce on the global level.
+    comm = _hier(layout, more_hints={**lazy, "hier::all_reduce_algorithm": "flat"})
+    levels = comm.get_backend_impl().levels()
     # An 8-byte all_reduce is one call on the global level: taken by hier's lean entry
     # straight into that level's backend only while nothing observes the level.
     glob: list[str] = []
@@ -184,6 +201,8 @@ def body_levels(layout: str, lazy_global: str | None = None) -> dict[str, Any]:
         "local_ops": seen,
         "global_ops": glob,
         "small_sums": small_sums,
+        "rd_ops": rd_ops,
+        "rd_sums": rd_sums,
         "eager": eager,
         "value": float(t[0]),
     }
@@ -205,10 +224,15 @@ def test_levels_are_named_communicators_with_their_own_hooks(pool4) -> None:
         assert [str(s).rsplit(".", 1)[-1] for s in info["local_ops"]] == [
             "reduce_scatter_single",
             "all_gather_single",
+            *(["reduce", "broadcast"] * 2),  # around the two recursive doublings
             "finalize",  # the hier communicator's finalize finalized its level
         ]
         assert [str(s).rsplit(".", 1)[-1] for s in info["global_ops"]] == ["all_reduce"]
         assert info["small_sums"] == [10.0, 40.0]
+        assert info["rd_sums"] == [40.0, 40.0]
+        if r % 2 == 0:  # a leader: rail 0 carries its exchanges, the hook saw each
+            ops = [str(s).rsplit(".", 1)[-1] for s in info["rd_ops"]]
+            assert sorted(set(ops)) == ["recv", "send"] and len(ops) == 2, ops
         # The global level connects each pair on first use; the rail at creation.
         assert info["eager"] == {"local": True, "rail": True, "global": False}
         assert all(info["finalized"])

@@ -303,9 +303,17 @@ def test_the_size_rule_and_the_forcing_hint() -> None:
     from torchcomms_hier.algorithms import RD_MIN_HOSTS, AllReduceRule, parse_algorithm
 
     rule = AllReduceRule(4096, 65536, None)
-    assert choose_all_reduce(8, 2, 2, 1, True, rule) == "flat"
-    small_many = "flat" if RD_MIN_HOSTS is None or RD_MIN_HOSTS > 8 else "recursive_doubling"
-    assert choose_all_reduce(8, 2, 8, 2, True, rule) == small_many
+    assert RD_MIN_HOSTS == 2
+    # Small messages: recursive doubling between hosts, whatever the ranks per host.
+    for nhosts, local_size in ((2, 1), (3, 1), (8, 2), (4, 3)):
+        assert choose_all_reduce(8, 2, nhosts, local_size, True, rule) == "recursive_doubling"
+        assert choose_all_reduce(4096, 1024, nhosts, local_size, True, rule) == (
+            "recursive_doubling"
+        )
+    none_small = AllReduceRule(0, 65536, None)  # hier::flat_max_bytes=0
+    assert choose_all_reduce(8, 2, 8, 1, True, none_small) == "levels"
+    flat = AllReduceRule(4096, 65536, parse_algorithm("flat"))
+    assert choose_all_reduce(8, 2, 8, 1, True, flat) == "flat"
     rd = AllReduceRule(4096, 65536, parse_algorithm("recursive_doubling"))
     assert choose_all_reduce(8, 2, 8, 1, True, rd) == "recursive_doubling"
     assert choose_all_reduce(4097, 1025, 2, 2, True, rule) == "levels"

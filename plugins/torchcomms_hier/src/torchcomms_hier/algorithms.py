@@ -7,7 +7,8 @@ The algorithms (:data:`ALL_REDUCE_ALGORITHMS`):
   backend's own algorithm: gloo's ring, ``O(ranks)`` steps). One call, no local steps.
 - ``recursive_doubling``: local reduce, recursive doubling between the hosts' leaders
   (``ceil(log2 H)`` exchanges, plus one before and one after when ``H`` is not a power of
-  two), local broadcast. Exact, and bit-identical on every rank.
+  two), local broadcast (both skipped on hosts of one rank). Exact, and bit-identical on
+  every rank. The size rule's choice for small messages.
 - ``levels``: local reduce, all_reduce of the leaders on the global backend, local broadcast.
 - ``pipelined``: (even hosts, several ranks per host) local reduce_scatter, rail
   all_reduce, local all_gather, in pieces that overlap (see ``pipeline``).
@@ -35,6 +36,7 @@ from torchcomms_core.plugin import (
     Query,
     ReduceOp,
     TorchComm,
+    TorchWork,
 )
 
 #: Every all_reduce algorithm hier declares, by name.
@@ -48,16 +50,19 @@ ALGORITHM_HINT = "hier::all_reduce_algorithm"
 RS_MIN_BYTES_DEFAULT = 64 << 10
 
 #: all_reduce messages of at most this many bytes are "small": at a few bytes a call's cost
-#: is its round trips, so they take ``flat`` (one call on the global level, which already
-#: connects every rank), or ``recursive_doubling`` from :data:`RD_MIN_HOSTS` hosts on.
-#: Hint ``hier::flat_max_bytes`` changes it (0: no message is small).
+#: is its round trips and its messages, so they take ``recursive_doubling`` (from
+#: :data:`RD_MIN_HOSTS` hosts on), else ``flat`` (one call on the global level, which
+#: already connects every rank). Hint ``hier::flat_max_bytes`` changes it (0: no message is
+#: small).
 FLAT_MAX_BYTES_DEFAULT = 4 << 10
 
 #: Small messages take ``recursive_doubling`` from this many hosts on; ``None``: the rule
-#: never picks it. Over gloo its point-to-point steps, each a send and a receive through
-#: the level, measured slower than gloo's own all_reduce at 4 and 8 hosts of one rank
-#: (docs/benchmarks.md), so it is chosen by the hint (or a tuner) only.
-RD_MIN_HOSTS: int | None = None
+#: never picks it. Measured over gloo between network namespaces (docs/benchmarks.md), it
+#: sends ``log2 H`` messages per leader where gloo's ring sends 12 per rank at 2 hosts and
+#: 84 at 8 for 4 KiB, and was 1.6, 2.0 and 3.4 times as fast as gloo's all_reduce at 2, 4
+#: and 8 hosts of one rank (4 KiB), as fast at 8 bytes. Hosts of several ranks add a local
+#: reduce and broadcast through the local level, and still gained (3.7x at 4 x 2, 4 KiB).
+RD_MIN_HOSTS: int | None = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +113,9 @@ def choose_all_reduce(
 
 
 def _all_reduce_rule(backend: Any, query: Query) -> str:
-    """flat up to hier::flat_max_bytes (4 KiB), pipelined from hier::rs_min_bytes (64 KiB)
-    on even hosts, levels otherwise; hier::all_reduce_algorithm forces one"""
+    """recursive_doubling up to hier::flat_max_bytes (4 KiB), pipelined from
+    hier::rs_min_bytes (64 KiB) on even hosts, levels otherwise; hier::all_reduce_algorithm
+    forces one"""
     topo = backend._topo
     count = max(1, query.nbytes // max(1, query.dtype.itemsize))
     return choose_all_reduce(
@@ -159,15 +165,39 @@ def recursive_doubling_all_reduce(
     its readable socket keeps gloo's event loop spinning meanwhile: at 8 ranks on one
     host, receives posted one step at a time took 6.2 ms a call and 1.5 ms of CPU per rank,
     posted first 2.2 ms and 0.47 ms (docs/benchmarks.md).
+
+    While nothing observes ``comm`` (:meth:`TorchComm.takes_lean_calls`: usable, no hooks,
+    no call checking; asked on every call), the sends and receives go to its backend
+    directly: the communicator's checks and work handles cost each rank 130-200 us of CPU
+    per call at 8 hosts of one rank, a fifth of the call (docs/benchmarks.md). What the
+    communicator adds is kept: its default timeout applies, and an engine failure is
+    classified through it (it marks itself failed, and a timeout is raised as
+    ``CommTimeoutError``) as its own calls' would be. A communicator with hooks (a flight
+    recorder) gets the calls itself, so its hooks see each of them.
     """
     n, me = comm.get_size(), comm.get_rank()
     if n == 1:
         return
-    combine = ELEMENTWISE_REDUCE[op.type]
+    limit = comm.get_timeout() if timeout is None else timeout
+    target = comm.get_backend_impl() if comm.takes_lean_calls() else comm
+    try:
+        _exchange(target, n, me, tensor, ELEMENTWISE_REDUCE[op.type], limit)
+    except Exception as exc:
+        error = TorchWork.failed(exc, comm, "all_reduce").error
+        if error is None or error is exc:
+            raise
+        raise error from exc
+
+
+def _exchange(
+    backend: Any, n: int, me: int, tensor: torch.Tensor, combine: Any, timeout: timedelta
+) -> None:
+    """The steps of :func:`recursive_doubling_all_reduce` on rank ``me`` of ``n``, through
+    ``backend``: a communicator or its backend (the same positional ``async_op``)."""
     p = 1 << (n.bit_length() - 1)
     if me >= p:  # folded into rank me - p: hand over, wait for the result
-        back = comm.recv(tensor, me - p, True, timeout=timeout)
-        comm.send(tensor, me - p, timeout=timeout)  # the result comes after it is read
+        back = backend.recv(tensor, me - p, True, timeout=timeout)
+        backend.send(tensor, me - p, False, timeout=timeout)  # the result comes after it is read
         back.wait()
         return
     folded = me + p < n
@@ -176,16 +206,17 @@ def recursive_doubling_all_reduce(
         (len(partners) + folded,) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device
     )
     recvs = [
-        comm.recv(incoming[k], partner, True, timeout=timeout) for k, partner in enumerate(partners)
+        backend.recv(incoming[k], partner, True, timeout=timeout)
+        for k, partner in enumerate(partners)
     ]
     if folded:
-        comm.recv(incoming[-1], me + p, timeout=timeout)
+        backend.recv(incoming[-1], me + p, False, timeout=timeout)
         combine(tensor, incoming[-1], out=tensor)
     for k, partner in enumerate(partners):
-        sent = comm.send(tensor, partner, True, timeout=timeout)
+        sent = backend.send(tensor, partner, True, timeout=timeout)
         recvs[k].wait()
         if sent is not None:
             sent.wait()  # the outgoing data must leave before it is overwritten
         combine(tensor, incoming[k], out=tensor)
     if folded:
-        comm.send(tensor, me + p, timeout=timeout)
+        backend.send(tensor, me + p, False, timeout=timeout)

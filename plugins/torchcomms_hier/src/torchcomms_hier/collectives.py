@@ -79,13 +79,17 @@ class HierCollectives(HierBase):
             assert cross is not None
             pipelined_all_reduce(local, cross, flat, op, self._cross_device, timeout)
             return None
-        local.reduce(tensor, 0, op, timeout=timeout)
+        alone = topo.local_size == 1  # a host of one rank: nothing to reduce or spread
+        if not alone:
+            local.reduce(tensor, 0, op, timeout=timeout)
         if topo.local_rank == 0:
             assert cross is not None
             if algorithm == "recursive_doubling":
                 self._staged(tensor, lambda t: recursive_doubling_all_reduce(cross, t, op, timeout))
             else:
                 self._staged(tensor, lambda t: cross.all_reduce(t, op, timeout=timeout))
+        if alone:
+            return None
         return done(local.broadcast(tensor, 0, async_op, timeout=timeout), async_op)
 
     # -- the int8 hop between hosts ---------------------------------------------------
