@@ -657,3 +657,45 @@ def test_single_rank_gloo_comm_with_explicit_store(monkeypatch) -> None:
         torchcomms.new_comm("gloo", "cpu", name="solo", store=store)
     comm.finalize()
     assert registry.KNOWN_DISTRIBUTIONS["ncclx"] == "torchcomms-ncclx"
+
+
+def test_wait_blocking_forwards_only_where_the_backend_has_a_host_blocking_wait() -> None:
+    class Engine:  # what a GPU engine's work offers: wait() orders, wait_blocking() blocks
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+
+        def wait(self) -> bool:
+            self.calls.append("wait")
+            return True
+
+        def wait_blocking(self) -> bool:
+            self.calls.append("wait_blocking")
+            return True
+
+    class Backend:
+        def __init__(self, supports: bool) -> None:
+            self.supports_wait_blocking = supports
+
+    class Owner:
+        def __init__(self, supports: bool) -> None:
+            self._backend = Backend(supports)
+
+        def get_backend(self) -> str:
+            return "gpu" if self._backend.supports_wait_blocking else "cpu"
+
+        def get_name(self) -> str:
+            return "owner"
+
+        def is_aborted(self) -> bool:
+            return False
+
+    gpu_engine = Engine()
+    gpu = torchcomms.TorchWork(gpu_engine, None, Owner(True), "all_reduce")  # type: ignore[arg-type]
+    assert gpu.wait_blocking() and gpu_engine.calls == ["wait_blocking", "wait"]
+    assert gpu.status is WorkStatus.COMPLETED
+    cpu_engine = Engine()
+    cpu = torchcomms.TorchWork(cpu_engine, None, Owner(False), "all_reduce")  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="waitBlocking not implemented for backend 'cpu'"):
+        cpu.wait_blocking()
+    assert cpu_engine.calls == [] and cpu.status is WorkStatus.INPROGRESS
+    assert cpu.wait() and cpu_engine.calls == ["wait"]

@@ -115,9 +115,32 @@ def body_sync_work_wait_is_harmless() -> bool:
     t = torch.ones(3)
     w = comm.all_reduce(t, ReduceOp.SUM, async_op=False)
     w.wait()
-    w.wait_blocking()
+    # As in the reference: a CPU backend's wait() already blocks the host.
+    try:
+        w.wait_blocking()
+        refused = False
+    except RuntimeError as exc:
+        refused = "waitBlocking not implemented" in str(exc) and "wait()" in str(exc)
+    w.wait()  # still fine after the refusal
+    # An asynchronous work refuses too, and its wait() then completes the operation.
+    a = torch.ones(3)
+    pending = comm.all_reduce(a, ReduceOp.SUM, async_op=True)
+    try:
+        pending.wait_blocking()
+        refused_async = False
+    except RuntimeError as exc:
+        refused_async = "waitBlocking not implemented for backend 'gloo'" in str(exc)
+    pending.wait()
+    summed = a.tolist() == [float(comm.get_size())] * 3
     comm.finalize()
-    return w.status is WorkStatus.COMPLETED and w.error is None
+    return (
+        refused
+        and refused_async
+        and summed
+        and w.status is WorkStatus.COMPLETED
+        and w.error is None
+        and pending.status is WorkStatus.COMPLETED
+    )
 
 
 def test_sync_work_can_be_waited_on(pool2) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.foundation.work import TorchWork
+from torchcomms_core.foundation.work import HostWaitedWork, TorchWork
 from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 
 
@@ -140,12 +140,14 @@ def build(
     lean_calls = getattr(backend, "lean_calls", None)  # duck-typed backends lack it
     fast = lean_calls(timeout, dict(hints)) if lean_calls else {}
     fail = comm._raise_issue_error
-    # Shared completed works: nothing about one changes, and it names no communicator.
-    reduced = TorchWork.completed(None, "all_reduce")
-    broadcast_done = TorchWork.completed(None, "broadcast")
-    exchanged = TorchWork.completed(None, "all_to_all_single")
-    gathered = TorchWork.completed(None, "all_gather_single")
-    met = TorchWork.completed(None, "barrier")
+    # Shared completed works: nothing about one changes, and it names no communicator
+    # (whose backend would tell whether wait_blocking() means anything: the kind does).
+    kind = TorchWork if getattr(backend, "supports_wait_blocking", False) else HostWaitedWork
+    reduced = kind.completed(None, "all_reduce")
+    broadcast_done = kind.completed(None, "broadcast")
+    exchanged = kind.completed(None, "all_to_all_single")
+    gathered = kind.completed(None, "all_gather_single")
+    met = kind.completed(None, "barrier")
 
     def finish(inner: Any, name: str) -> TorchWork:
         work = TorchWork(inner, None, comm, name)

@@ -100,6 +100,8 @@ class NcclEngineBackend(C10dBackend):
     # NCCL gathers and reduce-scatters uneven blocks itself (grouped broadcasts/reduces).
     engine_unsupported: ClassVar[frozenset[str]] = frozenset()
     coalesce_p2p: ClassVar[bool] = True
+    # Its works' wait() orders streams; wait_blocking() blocks the host.
+    supports_wait_blocking: ClassVar[bool] = True
     #: Namespace of this backend's hints, e.g. ``"ncclx"`` for ``ncclx.register_memory``.
     hint_prefix: ClassVar[str] = "nccl"
     #: Hint names (after ``<prefix>.``) this backend reads.

@@ -158,6 +158,13 @@ def raised_by_plugin_code(exc: BaseException, backend: Any) -> bool:
     return True
 
 
+def _no_blocking_wait(backend: str) -> RuntimeError:
+    return RuntimeError(
+        f"waitBlocking not implemented for backend {backend}: its wait() already blocks the "
+        f"host until the operation is done; call wait()"
+    )
+
+
 class TorchWork:
     """Handle of an issued operation: ``wait()``, ``is_completed()``, ``status``, ``error``."""
 
@@ -307,9 +314,19 @@ class TorchWork:
     def wait_blocking(self) -> bool:
         """Block the calling host thread until the operation has completed.
 
-        On CPU this is ``wait()``. A GPU backend whose ``wait()`` only orders streams
-        provides ``wait_blocking()`` on its work object to synchronise the host too.
+        Only backends whose ``wait()`` merely orders streams have it (GPU engines, with
+        ``supports_wait_blocking``); their work objects synchronise the host. On the others
+        ``wait()`` already blocks the host, and, as in the reference, this raises.
+
+        Raises:
+            RuntimeError: the communicator's backend has no host-blocking wait; call
+                ``wait()``.
         """
+        comm = self._comm
+        backend = getattr(comm, "_backend", None)
+        if comm is not None and backend is not None:
+            if not getattr(backend, "supports_wait_blocking", False):
+                raise _no_blocking_wait(repr(comm.get_backend()))
         inner = self._inner
         blocking = getattr(inner, "wait_blocking", None)
         if blocking is None or self._status is not WorkStatus.INPROGRESS:
@@ -404,3 +421,19 @@ class TorchWork:
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._op} {self._status.name}>"
+
+
+class HostWaitedWork(TorchWork):
+    """A completed work, named by no communicator, of a backend whose ``wait()`` blocks the
+    host (the lean lane's shared works): ``wait_blocking()`` raises as
+    :meth:`TorchWork.wait_blocking` does for such backends."""
+
+    __slots__ = ()
+
+    def wait_blocking(self) -> bool:
+        """Refuse, as the reference's backends without a host-blocking wait do.
+
+        Raises:
+            RuntimeError: always; the operation is done, and ``wait()`` returns at once.
+        """
+        raise _no_blocking_wait("of this communicator")

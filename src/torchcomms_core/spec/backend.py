@@ -148,6 +148,11 @@ class TorchCommBackend(PortableDefaults, abc.ABC):
     #: such calls to the backend unchecked). ``False``: the core refuses them with a clear
     #: error first, for engines that cannot (c10d's, MPI's blocking paths).
     allows_self_p2p: ClassVar[bool] = True
+    #: Whether ``TorchWork.wait_blocking()`` means something here: its works' ``wait()``
+    #: only orders streams, and a ``wait_blocking()`` of theirs blocks the host (GPU
+    #: engines). ``False`` (CPU backends, whose ``wait()`` already blocks the host):
+    #: ``wait_blocking()`` raises ``RuntimeError``, as the reference's backends without it do.
+    supports_wait_blocking: ClassVar[bool] = False
     #: The algorithms the backend has, per operation, with its default rules (#45): the
     #: backend asks ``self.tuning.choose(op, nbytes, dtype)`` which one to run
     #: (``spec.tuning``; docs/writing-a-tuner.md). Empty: nothing to choose.
