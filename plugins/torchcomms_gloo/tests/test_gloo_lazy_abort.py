@@ -179,3 +179,48 @@ def test_an_eager_communicator_keeps_working_after_a_lazy_one_is_aborted(pool2) 
     for r in results:
         assert r["other_open_after"] == r["other_open"] == 1
         assert r["other_ok"] and r["child_ok"]
+
+
+def body_connection_accepted_meanwhile(_: int) -> dict:
+    """While rank 0 builds an eager communicator, rank 1 starts using an older lazy one, so
+    rank 0's lazy engine accepts a connection in the middle of the eager build."""
+    side = _comm(False, "side")
+    first = _comm(True, "lazy-older")
+    rank = first.get_rank()
+    side.barrier()
+    sender = None
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 is building ``other`` by now, waiting for this rank
+        # The first send connects to rank 0's listener, and waits for rank 0 to use ``first``.
+        sender = threading.Thread(target=first.send, args=(torch.ones(4), 0))
+        sender.start()
+        time.sleep(1.0)  # rank 0's lazy engine may accept meanwhile
+    other = _comm(False, "eager-newer")
+    out: dict = {"other_open": len(other.get_backend_impl().peer_connections())}
+    if rank == 0:
+        got = torch.zeros(4)
+        first.recv(got, 1)
+        out["received"] = got.tolist()
+    else:
+        assert sender is not None
+        sender.join()
+    side.barrier()
+    first.abort()  # closes ``first``'s connections: none of them is ``other``'s
+    side.barrier()
+    out["other_open_after"] = len(other.get_backend_impl().peer_connections())
+    out["other_ok"] = all(_healthy(other) for _ in range(3))
+    other.finalize()
+    side.finalize()
+    return out
+
+
+def test_an_eager_build_does_not_take_a_connection_an_older_engine_accepts_meanwhile(
+    pool2,
+) -> None:
+    # When rank 0's lazy engine accepts rank 1's connection during the eager build (in
+    # about half the runs here), the eager engine must not record it as its own.
+    results = pool2.run(body_connection_accepted_meanwhile, 0, timeout=TIMEOUT_S + 30)
+    assert results[0]["received"] == [1.0] * 4
+    for r in results:
+        assert r["other_open"] == 1  # its own connection only
+        assert r["other_open_after"] == 1 and r["other_ok"]

@@ -65,14 +65,27 @@ def store_ports(store: Any) -> set[int]:
 
 
 def engine_sockets(before: dict[int, str], exclude_ports: set[int]) -> dict[int, str]:
-    """The connected TCP sockets opened since ``before`` that do not talk to a store port."""
+    """The connected TCP sockets opened since ``before`` that do not talk to a store port
+    and were not accepted by a listener open before (``before``'s).
+
+    An older engine of this process may accept a connection while this one is built: a
+    lazy one whose peer has just started to use it. That connection is the older engine's
+    (its local port is that engine's listener's), and aborting this engine must not close
+    it.
+    """
+    older_listeners = {
+        _port(probe.getsockname)
+        for fd, inode, probe in _tcp_streams()
+        if before.get(fd) == inode and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    }
     mine: dict[int, str] = {}
     for fd, inode, probe in _tcp_streams(before):
         if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             continue  # the device's listener: gloo treats a failed accept as fatal
-        ports = {_port(probe.getsockname)}
-        ports.add(_port(probe.getpeername))
-        if ports & exclude_ports:
+        local = _port(probe.getsockname)
+        if local is not None and local in older_listeners:
+            continue  # accepted by an older engine's listener
+        if {local, _port(probe.getpeername)} & exclude_ports:
             continue
         mine[fd] = inode
     return mine
