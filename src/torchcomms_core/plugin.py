@@ -101,6 +101,7 @@ from torchcomms_core.spec.kit import (
     WindowPeers,
     displacements,
     env_count,
+    usable_cores,
 )
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
@@ -139,6 +140,7 @@ __all__ = [
     "WindowPeers",
     "displacements",
     "env_count",
+    "usable_cores",
     "PortableDefaults",
     "overlaps",
     "settle",

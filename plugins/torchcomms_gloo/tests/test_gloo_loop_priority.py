@@ -10,6 +10,7 @@ import torch
 
 import torchcomms
 from torchcomms import CommInputError, ReduceOp
+from torchcomms_core.plugin import usable_cores
 from torchcomms_core.testing import unique_name
 from torchcomms_gloo import loop_priority
 
@@ -84,7 +85,7 @@ def body_auto(local_world_size: str | None, variable: str | None) -> list[int]:
 
 
 def test_auto_lowers_the_loop_only_where_ranks_outnumber_cores(pool2) -> None:
-    cores = loop_priority.usable_cores()
+    cores = usable_cores()
     crowded = str(4 * cores)  # each rank's thread and its loop cannot have a core each
     for loops in pool2.run(body_auto, crowded, None):
         assert loops and all(n == 19 for n in loops)

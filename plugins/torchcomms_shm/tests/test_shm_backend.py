@@ -574,14 +574,10 @@ def test_a_hint_on_one_rank_must_match_the_others_defaults(pool4: RankPool) -> N
 
 
 def test_the_default_arena_grows_with_more_ranks_than_cores_within_dev_shm() -> None:
-    from torchcomms_shm.comm import (
-        DEFAULT_ARENA_BYTES,
-        OVERSUBSCRIBED_ARENA_BYTES,
-        _cores,
-        default_arena,
-    )
+    from torchcomms_core.plugin import usable_cores
+    from torchcomms_shm.comm import DEFAULT_ARENA_BYTES, OVERSUBSCRIBED_ARENA_BYTES, default_arena
 
-    cores = _cores()
+    cores = usable_cores()
     assert default_arena(cores, 256 << 10) == DEFAULT_ARENA_BYTES
     free = os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize
     big = default_arena(cores + 1, 256 << 10)

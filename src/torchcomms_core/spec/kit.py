@@ -4,6 +4,7 @@
   backends that reduce received data themselves;
 - :func:`displacements`: the offsets of consecutive blocks of the given counts;
 - :func:`env_count`: a byte or rank count read from an environment variable, checked;
+- :func:`usable_cores`: the cores this process may run on (its affinity);
 - :class:`StoredRankAndSize`: ``get_rank``, ``get_size`` and ``get_comm_name`` answered
   from the fields a backend sets in ``init``;
 - :class:`WindowPeers`: what a window engine uses of the backend that made it;
@@ -63,6 +64,16 @@ def env_count(name: str, default: int, error: Callable[[str], Exception]) -> int
     if value < 0:
         raise error(raw)
     return value
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, else the machine's count.
+
+    Backends compare it with the ranks of a machine to tell whether they share cores."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 class StoredRankAndSize:

@@ -13,8 +13,8 @@ read, in runs of up to 4.5 ms, and the spinning took the CPU the lock holder nee
 
 At the lowest priority (nice 19) the loop still runs whenever a core is free, and a
 spinning loop gives way to the threads that hold the lock. Measured on the same machine
-(docs/benchmarks.md): gloo's 8-byte all_reduce at 8 namespaces went from 3,461 to
-2,031 us, and at 2 namespaces from 662 to 466 us.
+(docs/benchmarks.md): gloo's 8-byte all_reduce at 8 namespaces went from 3,785 to
+2,839 us, and at 2 namespaces from 857 to 485 us.
 
 The cost is where cores are all busy with computation: a loop at nice 19 then waits behind
 it. So by default (``auto``) the priority is lowered only where the launcher says this
@@ -33,7 +33,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from torchcomms_core.plugin import CommInputError
+from torchcomms_core.plugin import CommInputError, usable_cores
 
 LOOP_NICE = "loop_nice"
 LOOP_NICE_VARIABLE = "TORCHCOMM_GLOO_LOOP_NICE"
@@ -77,14 +77,6 @@ def local_ranks() -> int | None:
         if raw.isdigit() and int(raw) > 0:
             return int(raw)
     return None
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def loop_nice(hints: dict[str, str]) -> int:

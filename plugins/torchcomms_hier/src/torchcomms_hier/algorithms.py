@@ -169,8 +169,8 @@ def recursive_doubling_all_reduce(
     While nothing observes ``comm`` (:meth:`TorchComm.takes_lean_calls`: usable, no hooks,
     no call checking; asked on every call), the sends and receives go to its backend
     directly: the communicator's checks and work handles cost each rank 130-240 us of CPU
-    per call at 8 hosts of one rank, a fifth to a third of its CPU (docs/benchmarks.md). What the
-    communicator adds is kept: its default timeout applies, and an engine failure is
+    per call at 8 hosts of one rank, a fifth to a third of its CPU (docs/benchmarks.md).
+    What the communicator adds is kept: its default timeout applies, and an engine failure is
     classified through it (it marks itself failed, and a timeout is raised as
     ``CommTimeoutError``) as its own calls' would be. A communicator with hooks (a flight
     recorder) gets the calls itself, so its hooks see each of them.

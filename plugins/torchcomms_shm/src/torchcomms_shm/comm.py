@@ -35,6 +35,7 @@ from torchcomms_core.plugin import (
     bool_hint,
     int_hint,
     read_record,
+    usable_cores,
 )
 
 from . import cma
@@ -86,18 +87,11 @@ def _hello(store: Any, rank: int) -> dict[str, Any]:
     return read_record(store.get(key), key, _HELLO)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_arena(size: int, p2p_bytes: int) -> int:
     """The arena's bytes per rank when no hint or table sets them: 1 MiB, or
     :data:`OVERSUBSCRIBED_ARENA_BYTES` with more ranks than cores, at most what keeps the
     segment within a quarter of the free space of ``/dev/shm`` (never below 1 MiB)."""
-    if size <= _cores():
+    if size <= usable_cores():
         return DEFAULT_ARENA_BYTES
     try:
         st = os.statvfs(seg.SHM_DIR)
@@ -112,7 +106,7 @@ def default_arena(size: int, p2p_bytes: int) -> int:
 
 def default_wait(size: int) -> tuple[int, int]:
     """``(spin_us, yield_us)`` for ``size`` ranks on the cores this process may use."""
-    return (50, 300) if size <= _cores() else (0, 1000)
+    return (50, 300) if size <= usable_cores() else (0, 1000)
 
 
 #: Hint (and environment variable ``TORCHCOMM_SHM_HOST_ID``): this rank's host identity,
@@ -202,7 +196,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin0, yield0 = default_wait(size)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
-        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > _cores() else 0)
+        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > usable_cores() else 0)
         self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
         self._native_wanted = bool_hint(hints, NATIVE, True)
         arena -= arena % (2 * seg.PAGE)
@@ -223,11 +217,11 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._windows: list[Any] = []
         # Polls before the waiter takes over (its clock and checks cost more than a poll);
         # none with more ranks than cores, where polling keeps a core from a peer.
-        self._fast_polls = 1 if size > _cores() else 200
+        self._fast_polls = 1 if size > usable_cores() else 200
         self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
         if SPIN_US not in hints and YIELD_US not in hints:
             # Other jobs keep every core busy: sleep at once (docs/benchmarks.md).
-            self._waiter.busy = seg.BusyMachine(size, _cores())
+            self._waiter.busy = seg.BusyMachine(size, usable_cores())
         timeout = options.timeout or timedelta(seconds=600)
         self._default_s = timeout.total_seconds()
 
