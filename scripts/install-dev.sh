@@ -12,7 +12,8 @@ plugins=()
 for dir in plugins/*/; do
     plugins+=(-e "./${dir%/}")
 done
-python -m pip install --quiet torch==2.13.0 -e ".[test,docs]" "${plugins[@]}"
+TORCH_SPEC="torch==${TORCHCOMM_TORCH_VERSION:-2.13.0}"
+python -m pip install --quiet "$TORCH_SPEC" -e ".[test,docs]" "${plugins[@]}"
 
 # Lightning Fabric and Accelerate (tests/bridge/test_c10d_backend_names.py: their DDP steps
 # on a torchcomms backend by name), with --no-deps so their torch requirement cannot move the

@@ -41,6 +41,7 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.c10d.world import describe
 from torchcomms_core.comm.base import is_bound_and_usable
 from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
 from torchcomms_core.hooks.flight_recorder import lane_track, set_group_describer
 
@@ -683,10 +684,15 @@ def complete_registration() -> None:
         return
     from torchcomms_core.comm.create import new_comm
     from torchcomms_core.hooks.flight_recorder import FlightRecorderHook
+    from torchcomms_core.plugin_host.backends import _is_backend_registered, is_backend_built
 
     c10d._BackendWrapper = _BackendWrapper
     c10d.new_comm = new_comm
     c10d.FlightRecorderHook = FlightRecorderHook
+    if torch_compat.SWITCH_ASKS_BACKEND_BUILT:
+        # Its failed lookup left stubs that route no name to us.
+        c10d._torchcomms_is_backend_built = is_backend_built
+        c10d._torchcomms_is_backend_registered = _is_backend_registered
     c10d._TORCHCOMM_AVAILABLE = True
 
 
