@@ -85,6 +85,14 @@ def main() -> None:
 
     dist.barrier()
     out["group_type"] = type(dist.group.WORLD).__name__
+    # What c10d says the group is, and (for ours) the name torchcomms knows it by.
+    world_pg = dist.group.WORLD
+    out["identity"] = [
+        world_pg.name(),
+        world_pg._get_backend_name(),
+        dist.get_backend(world_pg),
+        world_pg.get_comm().get_backend() if hasattr(world_pg, "get_comm") else None,
+    ]
     dist.destroy_process_group()
     print("RESULT " + json.dumps(out), flush=True)
 

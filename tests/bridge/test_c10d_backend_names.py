@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from torchcomms_core.foundation import torch_compat
+
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "c10d_names_script.py"
 TIMEOUT = 240
@@ -123,11 +125,17 @@ def gloo_reference(world: int) -> list[dict[str, Any]]:
 
 def check_against_gloo(got: list[dict[str, Any]], world: int, backend: str) -> None:
     ref = gloo_reference(world)
+    own = backend.split(":")[-1]
     for mine, theirs in zip(got, ref, strict=True):
         assert mine["backend"] == backend
         assert mine["group_type"] == "_BackendWrapper"
+        # One identity, switch off or on (#59): c10d calls a registered backend's group
+        # "custom"; get_backend gives the string the group was made with; the communicator
+        # gives our own name. Plain gloo names itself.
+        assert mine["identity"] == ["custom", "custom", backend, own]
+        assert theirs["identity"] == ["gloo", "gloo", "gloo", None]
         for key, value in theirs.items():
-            if key in ("backend", "group_type"):
+            if key in ("backend", "group_type", "identity"):
                 continue
             _close(mine[key], value, key)
 
@@ -161,23 +169,36 @@ def test_backend_normalises_any_name_as_c10d_does() -> None:
     assert res.stdout.split() == ["torchcomm", "shm"]
 
 
+# What a process sees of our names before it uses one: torch 2.13 learns them at
+# ``import torch`` (the autoload); 2.14 finds them when a group first names one (the
+# ``torch.distributed.backends`` entry points), so c10d's lists start as torch's own.
+_REGISTERED_AT_IMPORT = not torch_compat.C10D_BACKEND_ENTRY_POINTS
+
+_USE_SHM_ONCE = (
+    "dist.init_process_group('shm', rank=0, world_size=1, store=dist.HashStore())\n"
+    "dist.destroy_process_group()\n"
+)
+
+
 def test_c10d_names_keep_their_meaning_without_the_switch() -> None:
-    code = textwrap.dedent(
-        """
-        import torch.distributed as dist
-        B = dist.Backend
-        print(sorted(n for n in B._plugins))
-        print(B.backend_capability["shm"], B.backend_capability["gloo"])
-        print(B.default_device_backend_map["cpu"])
-        """
+    code = (
+        "import torch.distributed as dist\n"
+        "B = dist.Backend\n"
+        "print('SHM' in B._plugins, 'shm' in B.backend_list)\n"
+        + _USE_SHM_ONCE
+        + "print(sorted(n for n in B._plugins))\n"
+        "print(B.backend_capability['shm'], B.backend_capability['gloo'])\n"
+        "print(B.default_device_backend_map['cpu'])\n"
     )
     res = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(), timeout=120
     )
     assert res.returncode == 0, res.stderr
-    plugins, caps, default = res.stdout.splitlines()
+    before, plugins, caps, default = res.stdout.splitlines()
+    assert before == f"{_REGISTERED_AT_IMPORT} {_REGISTERED_AT_IMPORT}"
     names = eval(plugins)  # a printed list of strings
-    assert "SHM" in names and "HIER" in names
+    assert "SHM" in names
+    assert ("HIER" in names) == _REGISTERED_AT_IMPORT  # 2.14: only the name used
     assert not {"GLOO", "NCCL", "MPI", "UCC", "FAKE"} & set(names)
     assert caps == "['cpu'] ['cpu', 'cuda']"
     assert default == "gloo"
@@ -200,12 +221,17 @@ def test_autoload_opt_out() -> None:
 
 
 def test_torchcomms_imported_before_torch_still_registers() -> None:
-    code = "import torchcomms, torch.distributed as dist; print('SHM' in dist.Backend._plugins)"
+    code = (
+        "import torchcomms, torch.distributed as dist\n"
+        "print('SHM' in dist.Backend._plugins)\n"
+        + _USE_SHM_ONCE
+        + "print('SHM' in dist.Backend._plugins)\n"
+    )
     res = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(), timeout=120
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "True"
+    assert res.stdout.split() == [str(_REGISTERED_AT_IMPORT), "True"]
 
 
 _PG_OPTIONS = textwrap.dedent(

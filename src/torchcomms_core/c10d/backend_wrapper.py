@@ -33,6 +33,7 @@ from torchcomms_core.c10d.engine_access import (
     _guard_register_backend,
     _name_group_engine,
     _records_into_c10d,
+    c10d_identity,
 )
 from torchcomms_core.c10d.ops import OPS, BridgeOp, barrier_tensor
 from torchcomms_core.c10d.p2p_batch import P2PBatch
@@ -83,6 +84,8 @@ class _BackendWrapper(ProcessGroup):
             raise CommTypeError(
                 f"_BackendWrapper needs a torchcomms TorchComm, got {type(comm).__name__}"
             )
+        # A torch whose c10d internals the bridge does not know fails here, clearly.
+        torch_compat.check_tested()
         # The (store, rank, size) constructor cannot build Python subclasses.
         # The stub lists only that one; c10d also binds (rank, size), which we use.
         super().__init__(comm.get_rank(), comm.get_size())  # type: ignore[call-arg]
@@ -106,6 +109,15 @@ class _BackendWrapper(ProcessGroup):
             self._backend_name = str(self._group_engine.getBackendName())
         else:
             self._backend_name = comm.get_backend()
+        # What c10d reports for this group (pg.name(), _get_backend_name()): a backend c10d
+        # builds in keeps its name, any other (shm, hier, ncclx, a vendor's) is one c10d
+        # registered, which it calls "custom", with the switch on or off. Our own name is
+        # the communicator's: group.get_comm().get_backend().
+        # An engine that is c10d's own (or a Python group) already says what c10d says.
+        if self._engine is None and self._group_engine is None:
+            self._c10d_name = c10d_identity(self._backend_name)
+        else:
+            self._c10d_name = self._backend_name
         self._options: Any = None
         # c10d keeps a group's name in its backends, and we register none of our own.
         self._group_name = ""
@@ -150,7 +162,7 @@ class _BackendWrapper(ProcessGroup):
         return store if isinstance(store, Store) else None
 
     def getBackendName(self) -> str:  # noqa: N802 - c10d's virtual method name
-        return self._backend_name
+        return self._c10d_name
 
     def getGroupName(self) -> str:  # noqa: N802
         return self._group_name

@@ -89,6 +89,23 @@ def _backend_type(name: str) -> Any:
     }.get(name, kinds.CUSTOM)
 
 
+#: The backends c10d builds in: a group of one reports its name. c10d reports any other,
+#: registered with ``Backend.register_backend``, as ``"custom"`` (its ``BackendType``).
+C10D_BUILTIN_NAMES = frozenset({"gloo", "nccl", "ucc", "mpi", "xccl", "fake"})
+
+
+def c10d_identity(backend: str) -> str:
+    """The name c10d gives a group of ``backend`` (``pg.name()``): the backend's own name
+    for one c10d builds in, ``"custom"`` for one it has registered. A Python group (such as
+    PyTorch's ``threaded``) names itself; its name is passed through here unchanged when it
+    is not a torchcomms backend."""
+    if backend in C10D_BUILTIN_NAMES or backend == "custom":
+        return backend
+    from torchcomms_core.plugin_host.backends import is_backend_built
+
+    return "custom" if is_backend_built(backend) else backend
+
+
 def _guard_register_backend(wrapper: type) -> None:
     """Make ``pg._register_backend(device, type, wrapper(comm))`` fail clearly (``wrapper``:
     ``_BackendWrapper``).

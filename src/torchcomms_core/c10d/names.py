@@ -39,6 +39,7 @@ from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
 from torchcomms_core.comm.create import new_comm
 from torchcomms_core.creation.group_record import GroupContext, creating_device, given_group
 from torchcomms_core.foundation import env as _env
+from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import (
     BackendLoadError,
     BackendNotFoundError,
@@ -50,7 +51,9 @@ from torchcomms_core.plugin_host.backends import BACKENDS, get_backend_class
 
 __all__ = [
     "C10D_OWNED",
+    "autoload_names",
     "c10d_backend_names",
+    "c10d_entry_point_names",
     "register_c10d_backend",
     "register_c10d_backends",
 ]
@@ -215,14 +218,40 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def c10d_entry_point_names() -> frozenset[str]:
+    """The names c10d can resolve itself, through the entry-point group
+    ``torch.distributed.backends`` (torch 2.14 and later; empty before)."""
+    if not torch_compat.C10D_BACKEND_ENTRY_POINTS:
+        return frozenset()
+    from importlib import metadata
+
+    return frozenset(ep.name for ep in metadata.entry_points(group="torch.distributed.backends"))
+
+
+def autoload_names() -> list[str]:
+    """The names the autoload registers at ``import torch``: every installed torchcomms
+    backend on torch 2.13; on 2.14, only those whose distribution publishes no
+    ``torch.distributed.backends`` entry point (c10d finds the others when a group first
+    names them, so a backend installed and not used leaves c10d's lists as they were)."""
+    published = c10d_entry_point_names()
+    return [name for name in c10d_backend_names() if name not in published]
+
+
 def autoload_registration() -> None:
     """What torch's autoload and the faces' completion run: register unless opted out,
     never raising (a failure here must not break ``import torch``)."""
     if not _env.c10d_autoload():
         return
+    reason = torch_compat.untested_reason()
+    if reason:
+        print(
+            f"torchcomms: backends not registered with torch.distributed: {reason}", file=sys.stderr
+        )
+        return
     try:
         with _quiet():
-            register_c10d_backends()
+            for name in autoload_names():
+                register_c10d_backend(name)
     except (BackendLoadError, BackendNotFoundError, ImportError, RuntimeError) as exc:
         print(
             f"torchcomms: could not register torchcomms backends with torch.distributed "
