@@ -19,16 +19,22 @@ from torch.distributed import distributed_c10d
 
 from torchcomms_core.c10d import ops as bridge_ops
 from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
+from torchcomms_core.foundation import torch_compat
 from torchcomms_core.testing import unique_name
 
 
-def test_batch_isend_irecv_still_names_its_list_and_skips_coalescing_for_subclasses() -> None:
+def test_batch_isend_irecv_still_names_its_list_and_coalesces_as_the_release_says() -> None:
     fn = inspect.unwrap(distributed_c10d.batch_isend_irecv)
     assert "p2p_op_list" in fn.__code__.co_varnames, (
         "torch renamed batch_isend_irecv's argument: update torchcomms_core.c10d.p2p_batch"
     )
-    # If torch lets Python process groups coalesce, the frame read is no longer needed.
-    assert "type(group) is ProcessGroup" in inspect.getsource(fn)
+    source = inspect.getsource(fn)
+    if torch_compat.BATCH_P2P_COALESCES_SUBCLASSES:
+        # 2.14 brackets any group whose backend supports coalescing (ours says it does).
+        assert "isinstance(group, ProcessGroup)" in source and "supports_coalescing" in source
+    else:
+        # 2.13 brackets only c10d's own class: the bridge reads the list from the frame.
+        assert "type(group) is ProcessGroup" in source
 
 
 def test_c10d_still_creates_groups_with_the_locals_new_comm_reads() -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
-from torchcomms_core.c10d import comm_lane, profiling
+from torchcomms_core.c10d import backend_adapter, comm_lane, profiling
 from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
@@ -42,6 +42,7 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.c10d.world import describe
 from torchcomms_core.comm.base import is_bound_and_usable
 from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.creation.group_record import group_being_created
 from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
 from torchcomms_core.hooks.flight_recorder import lane_track, set_group_describer
@@ -148,6 +149,11 @@ class _BackendWrapper(ProcessGroup):
             self._name_engine(comm.get_name())
         _listen_for_lane_changes(self, comm)
         self._update_lane()
+        # Built by c10d's helper (a group of torch 2.14's switch, or a registered backend's
+        # creator): its members' global ranks, as c10d gives a backend's options.
+        context = group_being_created()
+        if context is not None and len(context.global_ranks) == comm.get_size():
+            self._set_global_ranks(context.global_ranks)
 
     # -- identity --------------------------------------------------------------------
 
@@ -532,7 +538,13 @@ class _BackendWrapper(ProcessGroup):
 
     def _end_coalescing(self, device: Any = None) -> CommWork:
         works, self.coalescing = self.coalescing or [], None
-        self.flush()
+        if _profiler_enabled():
+            # Sends and receives of the block run now (torch 2.14's batch_isend_irecv
+            # brackets our groups too); their records were written when each was called.
+            with profiling.quiet():
+                self.flush()
+        else:
+            self.flush()
         return CommWork(works, [t for w in works for t in w.result()])
 
     # -- operations: the methods are made from bridge_ops.OPS below -------------------
@@ -673,7 +685,7 @@ def _listen_for_lane_changes(wrapper: _BackendWrapper, comm: TorchComm) -> None:
     handles.append(comm.register_lane_listener(changed))
 
 
-_guard_register_backend(_BackendWrapper)
+_guard_register_backend(_BackendWrapper, backend_adapter.ADAPTER)
 # Flight-recorder dumps name a communicator's c10d group as torch.distributed knows it.
 set_group_describer(describe)
 

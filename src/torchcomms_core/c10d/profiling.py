@@ -13,8 +13,9 @@ profiler's functions are looked up when called.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -134,6 +135,17 @@ def begin(
         # What torchcomms runs underneath must not add engine records of its own shape.
         _enable_record_function(False)
     return CallRecord(op, work)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Within this block, what torchcomms runs adds no records of its own (the call's
+    records were opened already)."""
+    _enable_record_function(False)
+    try:
+        yield
+    finally:
+        _enable_record_function(True)
 
 
 def slots(n: int) -> tuple[None, ...]:

@@ -15,6 +15,7 @@ from torchcomms_core.creation.bootstrap import default_store, hosts_store, resol
 from torchcomms_core.creation.group_record import GroupContext, creating_group, given_group
 from torchcomms_core.creation.join import join_or_finalize
 from torchcomms_core.creation.names import auto_name, check_name, claim_name, release_name
+from torchcomms_core.creation.pg_options import hints_from_pg_options
 from torchcomms_core.creation.signing import HINT as _TOKEN_HINT
 from torchcomms_core.creation.signing import (
     TOKEN_ADVICE,
@@ -23,6 +24,7 @@ from torchcomms_core.creation.signing import (
     signing_store,
 )
 from torchcomms_core.creation.signing import refusal as token_refusal
+from torchcomms_core.engines.c10d_registered import C10dRegisteredBackend
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import (
     BackendLoadError,
@@ -129,6 +131,8 @@ def new_comm(
     if store is not None:
         backend = _c10d_alias(backend, store)
     cls = _backend_class(backend)
+    if not issubclass(cls, C10dRegisteredBackend):  # that one hands c10d's options on as is
+        hints = _c10d_group_hints(backend, store, hints)
     warn_unknown_hints(backend, core_hint_keys(cls.hint_keys), hints)
     ok, reason = cls.is_available()
     if not ok:
@@ -288,6 +292,18 @@ def new_member_comm(
             hints=hints,
             abort_process_on_timeout_or_error=abort_process_on_timeout_or_error,
         )
+
+
+def _c10d_group_hints(backend: str, store: Any, hints: dict[str, str]) -> dict[str, str]:
+    """The hints of a group c10d is creating with ``pg_options``: what those options say
+    (``creation.pg_options``), with c10d's ``persistent_store``, whichever route c10d took.
+    torch 2.14's switch passes them only flattened into strings (every attribute of the
+    options object, none of a dict's entries); any other call keeps its hints."""
+    group = creating_group(store)
+    if group is None or group.backend_options is None:
+        return hints
+    keep = {k: v for k, v in hints.items() if k == "persistent_store"}
+    return {**keep, **hints_from_pg_options(backend, group.backend_options)}
 
 
 def _c10d_alias(backend: str, store: Any) -> str:

@@ -105,6 +105,16 @@ def creating_group(store: Any) -> GroupContext | None:
     return _read(local) if local is not None else None
 
 
+def group_being_created() -> GroupContext | None:
+    """The context of the c10d group whose creation is running the caller (stated with
+    :func:`given_group`, or read from ``_new_process_group_helper``), else ``None``."""
+    given = _given.get()
+    if given is not None:
+        return given
+    local = _helper_locals()
+    return _read(local) if local is not None else None
+
+
 def creating_device() -> str | None:
     """The device type c10d is creating a backend for (``"cpu"``, ``"cuda"``), read from
     ``_new_process_group_helper``'s loop over the group's devices, when the caller runs

@@ -4,18 +4,19 @@ The c10d bridge reaches into ``torch.distributed``'s internals, which change fro
 release to the next. Every such difference the bridge follows is a name here, decided once
 from the release in use; the bridge reads the name and never compares versions itself.
 
-=================================  ===========  ===========
-difference                         torch 2.13   torch 2.14
-=================================  ===========  ===========
-c10d loads ``torch.distributed.    no           yes
-backends`` entry points by name
-c10d asks ``torchcomms.            no           yes
-is_backend_built`` under the switch
-``c10d.Backend`` subclassable and  no           yes
-constructible from Python
-a non-root ``gather`` under the    ``[]``       ``[[]]``
-switch passes as output
-=================================  ===========  ===========
+What differs, torch 2.13 against 2.14:
+
+- c10d loads the ``torch.distributed.backends`` entry points by name: no; yes.
+- under the switch, c10d asks ``torchcomms.is_backend_built`` before routing a name: no
+  (every name goes to torchcomms); yes (a foreign c10d backend stays on c10d's path).
+- ``c10d.Backend`` can be subclassed and constructed from Python: no; yes.
+- a non-root ``gather`` under the switch passes as output: ``[]``; ``[[]]``.
+- ``new_group(use_local_synchronization=True)`` under the switch: refused; built.
+- ``batch_isend_irecv`` brackets a Python group's operations in a coalescing block: no;
+  yes, when the group's backend supports coalescing.
+- under the switch, ``new_group`` builds a subgroup with ``new_comm`` over the store (its
+  ``pg_options`` reach ``new_comm`` only flattened into strings); 2.13 splits the parent
+  through the wrapper's ``split_group``.
 
 A release outside :data:`TESTED` is refused by the bridge (``init_process_group`` on a
 torchcomms backend, the switch, by-name registration) with a message that names the
@@ -33,10 +34,12 @@ import torch
 
 __all__ = [
     "ALLOW_UNTESTED",
+    "BATCH_P2P_COALESCES_SUBCLASSES",
     "C10D_BACKEND_ENTRY_POINTS",
     "PYTHON_C10D_BACKEND",
     "RELEASE",
     "SWITCH_ASKS_BACKEND_BUILT",
+    "SWITCH_LOCAL_SYNCHRONIZATION",
     "TESTED",
     "UntestedTorchError",
     "check_tested",
@@ -67,8 +70,17 @@ RELEASE: tuple[int, int] = parse_release(torch.__version__)
 #: backend needs no registration at ``import torch``.
 C10D_BACKEND_ENTRY_POINTS: bool = RELEASE >= (2, 14)
 #: Under the switch, c10d routes a name to torchcomms only if ``torchcomms.is_backend_built``
-#: or ``torchcomms._comms._is_backend_registered`` says so (2.13 routes every name).
+#: or ``torchcomms._comms._is_backend_registered`` says so; a backend registered with c10d
+#: by another library keeps c10d's own path (2.13 routes every name to torchcomms, which
+#: wraps such a backend in a communicator).
 SWITCH_ASKS_BACKEND_BUILT: bool = RELEASE >= (2, 14)
+#: Under the switch, ``new_group(..., use_local_synchronization=True)`` builds the group
+#: (2.13 raises ``NotImplementedError``, PyTorch's own refusal).
+SWITCH_LOCAL_SYNCHRONIZATION: bool = RELEASE >= (2, 14)
+#: ``batch_isend_irecv`` brackets a Python group's sends and receives in a coalescing block
+#: when its backend supports coalescing (2.13 only brackets c10d's own ``ProcessGroup``
+#: class, and the bridge reads the batch's length from the caller's frame).
+BATCH_P2P_COALESCES_SUBCLASSES: bool = RELEASE >= (2, 14)
 #: ``torch._C._distributed_c10d.Backend`` has a Python constructor: a Python class can be a
 #: c10d ``Backend`` and be registered in a ``ProcessGroup`` (``_register_backend``).
 PYTHON_C10D_BACKEND: bool = RELEASE >= (2, 14)
