@@ -12,12 +12,14 @@ the bridge.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch._C._distributed_c10d import ProcessGroup
 
 from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import CommTypeError
 
 
@@ -106,18 +108,22 @@ def c10d_identity(backend: str) -> str:
     return "custom" if is_backend_built(backend) else backend
 
 
-def _guard_register_backend(wrapper: type) -> None:
-    """Make ``pg._register_backend(device, type, wrapper(comm))`` fail clearly (``wrapper``:
-    ``_BackendWrapper``).
+def _guard_register_backend(wrapper: type, adapter: Callable[[Any], Any] | None = None) -> None:
+    """Make ``pg._register_backend(device, type, wrapper(comm))`` register the wrapper
+    where c10d can take it, and fail clearly where it cannot (``wrapper``:
+    ``_BackendWrapper``; ``adapter``: ``backend_adapter.ADAPTER``).
 
-    c10d's ``ProcessGroup._register_backend`` takes a C++ ``Backend``, and torch 2.13 gives
-    Python no way to make one (``Backend`` has no Python constructor), so a wrapper cannot be
-    registered inside another group. pybind's own refusal lists C++ signatures; this says
+    c10d's ``ProcessGroup._register_backend`` takes a C++ ``Backend``, and a wrapper is a
+    whole ``ProcessGroup``. Where a Python class can be a ``Backend``
+    (``torch_compat.PYTHON_C10D_BACKEND``), ``adapter(wrapper)`` is registered in its place,
+    so the group's operations run on the communicator. Elsewhere ``Backend`` has no Python
+    constructor and the call raises: pybind's own refusal lists C++ signatures; this says
     what works instead. Every other call goes to c10d untouched.
     """
     original = ProcessGroup._register_backend
     if getattr(original, "__torchcomms_guard__", False):
         return
+    release = ".".join(str(n) for n in torch_compat.RELEASE)
 
     def _register_backend(
         self: Any,
@@ -126,13 +132,15 @@ def _guard_register_backend(wrapper: type) -> None:
         backend: Any = None,
     ) -> Any:
         if isinstance(backend, wrapper):
-            raise CommTypeError(
-                "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "
-                "ProcessGroup, not a c10d Backend, and torch 2.13 offers no way to build a "
-                "Backend from Python. Use the wrapper itself as the group: "
-                "torchcomms.device_mesh._create_torchcomm_process_group(comm, group_name), "
-                "or init_process_group/new_group with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
-            )
+            if adapter is None or not torch_compat.PYTHON_C10D_BACKEND:
+                raise CommTypeError(
+                    "ProcessGroup._register_backend: a torchcomms _BackendWrapper is a whole "
+                    f"ProcessGroup, not a c10d Backend, and torch {release} offers no way to "
+                    "build a Backend from Python. Use the wrapper itself as the group: "
+                    "torchcomms.device_mesh._create_torchcomm_process_group(comm, group_name), "
+                    "or init_process_group/new_group with TORCH_DISTRIBUTED_USE_TORCHCOMMS=1"
+                )
+            backend = adapter(backend)
         return original(self, device, backend_type, backend)
 
     _register_backend.__torchcomms_guard__ = True  # type: ignore[attr-defined]
