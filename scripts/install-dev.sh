@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Install torch (CPU build, pinned), the core and every plugin in editable mode, plus the
-# test and documentation dependencies, into the active Python environment.
+# Install torch (pinned), the core and every plugin in editable mode, plus the test and
+# documentation dependencies, into the active Python environment.
+#
+# torch is 2.13.0 (its CPU build) unless TORCHCOMM_TORCH_VERSION names another tested
+# release: TORCHCOMM_TORCH_VERSION=2.14.1 ./scripts/install-dev.sh (the registry's CUDA
+# build, about 5.5 GB with its nvidia-* wheels, which runs on the CPU).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -13,8 +13,9 @@ every test is a torchcomms communicator behind ``_BackendWrapper``.
     python scripts/torch_suite.py -k barrier         # a subset (no gate on the rest)
     python scripts/torch_suite.py --start spawn      # ranks spawned, as torch does
 
-The gate: every test listed in ``tests/bridge/torch_suite/gloo-<N>ranks.txt`` (the tests that
-pass on plain gloo with this torch, written by ``--refresh`` with the switch off) must pass
+The gate: every test listed in ``tests/bridge/torch_suite/gloo-<N>ranks-torch<release>.txt``
+(the tests that pass on plain gloo with this torch release, written by ``--refresh`` with the
+switch off; one per release, ``torch2.13`` and ``torch2.14``) must pass
 with the switch on. A listed test that fails, errors or is skipped fails the run; the
 summary names each. Tests that plain gloo does not pass (CUDA/NCCL-only ones skip here)
 are reported but not gated.
@@ -38,7 +39,10 @@ SUITE = ROOT / "tests" / "bridge" / "torch_suite" / "dist_spawn_suite.py"
 
 
 def baseline_path(world_size: int) -> Path:
-    return ROOT / "tests" / "bridge" / "torch_suite" / f"gloo-{world_size}ranks.txt"
+    """The baseline of this torch release: each release passes its own set on plain gloo."""
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    name = f"gloo-{world_size}ranks-torch{major}.{minor}.txt"
+    return ROOT / "tests" / "bridge" / "torch_suite" / name
 
 
 def run_suite(

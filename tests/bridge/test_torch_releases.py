@@ -195,3 +195,16 @@ def test_a_registrar_refuses_a_name_c10d_owns() -> None:
 
     with pytest.raises(BackendNotFoundError, match="c10d owns the name"):
         registrars.gloo()
+
+
+def test_autoload_keeps_to_the_names_listed() -> None:
+    code = (
+        "import torch.distributed as dist\n"
+        "print('SHM' in dist.Backend._plugins, 'HIER' in dist.Backend._plugins)\n"
+    )
+    env = {**_clean_env(), "TORCHCOMM_C10D_AUTOLOAD": "shm"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # 2.13 registers the listed name at import torch; 2.14 registers none until used.
+    at_import = not torch_compat.C10D_BACKEND_ENTRY_POINTS
+    assert res.stdout.split() == [str(at_import), "False"]

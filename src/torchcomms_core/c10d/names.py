@@ -232,9 +232,15 @@ def autoload_names() -> list[str]:
     """The names the autoload registers at ``import torch``: every installed torchcomms
     backend on torch 2.13; on 2.14, only those whose distribution publishes no
     ``torch.distributed.backends`` entry point (c10d finds the others when a group first
-    names them, so a backend installed and not used leaves c10d's lists as they were)."""
+    names them, so a backend installed and not used leaves c10d's lists as they were).
+    ``TORCHCOMM_C10D_AUTOLOAD=shm,hier`` keeps only the names it lists."""
     published = c10d_entry_point_names()
-    return [name for name in c10d_backend_names() if name not in published]
+    chosen = _env.c10d_autoload_names()
+    return [
+        name
+        for name in c10d_backend_names()
+        if name not in published and (chosen is None or name in chosen)
+    ]
 
 
 def autoload_registration() -> None:

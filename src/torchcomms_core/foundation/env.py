@@ -380,7 +380,8 @@ def fr_buffer_size() -> int:
 
 
 #: Register every installed torchcomms backend with ``torch.distributed`` at ``import torch``
-#: (torch's device-backend autoload); ``0`` opts out.
+#: (torch's device-backend autoload); ``0`` opts out, a comma-separated list of names
+#: (``shm,hier``) registers only those.
 C10D_AUTOLOAD = "TORCHCOMM_C10D_AUTOLOAD"
 
 
@@ -389,6 +390,16 @@ def c10d_autoload() -> bool:
     true; an unreadable value counts as true, since ``import torch`` must not fail on it)."""
     value = parse_bool(os.environ.get(C10D_AUTOLOAD, ""))
     return value is not False
+
+
+def c10d_autoload_names() -> frozenset[str] | None:
+    """The names ``TORCHCOMM_C10D_AUTOLOAD`` limits the autoload to (``shm,hier``), or
+    ``None`` when it names none (every installed backend, or none when it opts out)."""
+    raw = os.environ.get(C10D_AUTOLOAD, "").strip()
+    if raw == "" or parse_bool(raw) is not None:
+        return None
+    names = frozenset(part.strip().lower() for part in raw.split(",") if part.strip())
+    return names or None
 
 
 #: c10d backend names served by another torchcomms backend while c10d creates a group
