@@ -14,7 +14,11 @@ nearest one whose files import against the wheel, laid out as in the repository
     python scripts/torch_dist_files.py --list                              # the files
 
 Each file runs twice under pytest, in its own directory (files import their siblings):
-plainly and with ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``. The script prints, per file,
+plainly and with ``TORCH_DISTRIBUTED_USE_TORCHCOMMS=1``. With ``--clean-python PYTHON``
+(an environment with the same torch and none of our distributions, e.g. a venv made with
+``pip install torch==<version> pytest expecttest numpy``) it runs a third time there, switch
+off, and fails when a test passes with torch alone and not with our distributions
+installed: installed and not used must change nothing. The script prints, per file,
 the counts of both runs and every test that passes plainly and fails under the switch;
 it exits 1 when there is one (a gate), 0 otherwise. Without a PyTorch tree it says so and
 exits 0 ("skipped: ..."), so a machine without one passes.
@@ -119,9 +123,11 @@ def run_file(
     timeout: float,
     world_size: int | None,
     log: Path | None,
+    python: str = sys.executable,
 ) -> tuple[dict[str, str], float, str, dict[str, str]]:
-    """Run one file: each test's outcome, the seconds taken, a note (timed out...), and
-    the failures that show one of PyTorch's own switch errors (``torch_own``)."""
+    """Run one file with ``python``: each test's outcome, the seconds taken, a note (timed
+    out...), and the failures that show one of PyTorch's own switch errors
+    (``torch_own``)."""
     path = tree / entry.path
     env = dict(os.environ)
     env["TORCHCOMMS_TORCH_FILES_HOOKS"] = "1"
@@ -136,7 +142,7 @@ def run_file(
         env["TORCH_DISTRIBUTED_USE_TORCHCOMMS"] = "1"
     else:
         env.pop("TORCH_DISTRIBUTED_USE_TORCHCOMMS", None)
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", path.name]
+    cmd = [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", path.name]
     chosen = select if select is not None else entry.select
     if chosen:
         cmd += ["-k", chosen]
@@ -228,6 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per file run")
     parser.add_argument("--logs", type=Path, help="keep each run's pytest output here")
     parser.add_argument("--list", action="store_true", help="list the files and exit")
+    parser.add_argument(
+        "--clean-python",
+        help="the interpreter of an environment with the same torch and none of our "
+        "distributions: each file runs there too, and a test that passes there and not "
+        "here with the switch off fails the run (installed, not used, changes nothing)",
+    )
     args = parser.parse_args(argv)
 
     if args.list:
@@ -255,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, int, int, int, float, str]] = []
     regressions: list[tuple[str, str]] = []
     torch_side: list[tuple[str, str]] = []
+    # Tests that pass in the clean environment and not with our distributions installed.
+    installed: list[tuple[str, str]] = []
     for entry in chosen:
         if not (tree / entry.path).is_file():
             print(f"skipped {entry.path}: not in {tree}")
@@ -277,6 +291,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"({secs:.0f} s){' - ' + note if note else ''}",
                 flush=True,
             )
+        if args.clean_python and False in seen:
+            log = args.logs / f"{entry.name}-clean.log" if args.logs else None
+            outcomes, secs, note, _ = run_file(
+                tree,
+                entry,
+                False,
+                args.select,
+                args.timeout,
+                args.world_size,
+                log,
+                python=args.clean_python,
+            )
+            p, f, s_ = counts(outcomes)
+            rows.append((entry.path, "clean", p, f, s_, secs, note))
+            print(
+                f"{entry.path} clean (torch alone): {p} passed, {f} failed, {s_} skipped "
+                f"({secs:.0f} s){' - ' + note if note else ''}",
+                flush=True,
+            )
+            for test, outcome in sorted(outcomes.items()):
+                if outcome == "PASSED" and seen[False].get(test) != "PASSED":
+                    installed.append((test, seen[False].get(test, "not run")))
         if False in seen and True in seen:
             for test, outcome in sorted(seen[False].items()):
                 if outcome == "PASSED" and seen[True].get(test) != "PASSED":
@@ -298,10 +334,21 @@ def main(argv: list[str] | None = None) -> int:
         )
         for test, why in torch_side:
             print(f"  {test}: {why}")
+    if installed:
+        print(
+            f"\n{len(installed)} test(s) pass with torch alone and not with torchcomms "
+            f"installed (switch off):"
+        )
+        for test, outcome in installed:
+            print(f"  {test}: {outcome}")
+    elif args.clean_python:
+        print("\nwith the switch off, every test that passes with torch alone passes")
     if regressions:
         print(f"\n{len(regressions)} test(s) pass with the switch off and not with it on:")
         for test, outcome in regressions:
             print(f"  {test}: {outcome}")
+        return 1
+    if installed:
         return 1
     if len(modes) == 2:
         print(

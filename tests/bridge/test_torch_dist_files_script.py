@@ -135,3 +135,51 @@ def test_the_swallowed_error_would_pass_without_the_hooks(tmp_path) -> None:
         timeout=300,
     )
     assert "1 passed" in done.stdout, done.stdout + done.stderr
+
+
+_CLEAN_FILE = textwrap.dedent(
+    """
+    import os
+    import unittest
+
+    from torch.testing._internal.common_utils import run_tests
+
+
+    class Installed(unittest.TestCase):
+        def test_same_everywhere(self):
+            self.assertTrue(True)
+
+        def test_changed_by_being_installed(self):
+            # Stands in for a test our distributions change merely by being installed.
+            self.assertEqual(os.environ.get("STAND_IN_CLEAN"), "1")
+
+
+    if __name__ == "__main__":
+        run_tests()
+    """
+)
+
+
+def test_a_clean_environment_is_the_baseline_of_the_switch_off_run(tmp_path) -> None:
+    folder = tmp_path / "pytorch" / "test" / "distributed"
+    folder.mkdir(parents=True)
+    (folder / "test_installed.py").write_text(_CLEAN_FILE)
+    # The clean interpreter: this one, marked, standing in for an environment without us.
+    clean = tmp_path / "clean-python"
+    clean.write_text(f'#!/bin/sh\nSTAND_IN_CLEAN=1 exec {sys.executable} "$@"\n')
+    clean.chmod(0o755)
+    done = _run(
+        "--pytorch",
+        str(tmp_path / "pytorch"),
+        "--files",
+        "test/distributed/test_installed.py",
+        "--switch",
+        "off",
+        "--clean-python",
+        str(clean),
+    )
+    out = done.stdout
+    assert "test_installed.py clean (torch alone): 2 passed, 0 failed, 0 skipped" in out, out
+    assert "1 test(s) pass with torch alone and not with torchcomms installed" in out, out
+    assert "test_installed.py::Installed::test_changed_by_being_installed: FAILED" in out
+    assert done.returncode == 1
