@@ -15,7 +15,6 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as _c10d
 
-from torchcomms_core.creation.pg_options import hints_from_pg_options  # noqa: F401 - re-exported
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 from torchcomms_core.operations.reduce_op import ReduceOp, coerce_reduce_op
 

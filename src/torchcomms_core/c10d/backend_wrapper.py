@@ -23,7 +23,7 @@ import torch
 from torch._C._distributed_c10d import ProcessGroup, Store
 
 from torchcomms_core.c10d import backend_adapter, comm_lane, profiling
-from torchcomms_core.c10d.args import engine_label, hints_from_pg_options
+from torchcomms_core.c10d.args import engine_label
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
     _backend_type,
@@ -43,6 +43,7 @@ from torchcomms_core.c10d.world import describe
 from torchcomms_core.comm.base import is_bound_and_usable
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.creation.group_record import group_being_created
+from torchcomms_core.creation.pg_options import hints_from_pg_options
 from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
 from torchcomms_core.hooks.flight_recorder import lane_track, set_group_describer

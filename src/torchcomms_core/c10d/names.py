@@ -34,10 +34,10 @@ from typing import Any, SupportsIndex, cast
 
 import torch
 
-from torchcomms_core.c10d.args import hints_from_pg_options
 from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
 from torchcomms_core.comm.create import new_comm
 from torchcomms_core.creation.group_record import GroupContext, creating_device, given_group
+from torchcomms_core.creation.pg_options import hints_from_pg_options
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation import torch_compat
 from torchcomms_core.foundation.errors import (

@@ -20,7 +20,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import torch
 
@@ -90,7 +90,7 @@ class C10dRegisteredBackend(C10dBackend):
         opts.group_rank = rank
         opts.group_size = size
         opts.timeout = timeout
-        opts.group_id = options.name
+        opts.group_id = cast(Any, options.name)  # a str; 2.14 types it GroupName
         opts.global_ranks_in_group = list(self._global_ranks)
         return plugin.creator_fn(opts, group.backend_options if group is not None else None)
 
