@@ -19,6 +19,15 @@ done
 TORCH_SPEC="torch==${TORCHCOMM_TORCH_VERSION:-2.13.0}"
 python -m pip install --quiet "$TORCH_SPEC" -e ".[test,docs]" "${plugins[@]}"
 
+# Triton for the device windows' kernels (torchcomms.triton; tests/device run them under its
+# interpreter on CPU tensors). torch's CUDA builds ship it (2.14.1: triton 3.8.0); torch
+# 2.13's CPU build does not, so triton 3.9.0 is added with --no-deps, which cannot move the
+# pinned torch. Its tests skip, saying why, if this fails.
+if ! python -c "import triton" 2>/dev/null &&
+    ! python -m pip install --quiet --no-deps "triton==3.9.0"; then
+    echo "install-dev.sh: triton could not be installed; tests/device will be skipped" >&2
+fi
+
 # Lightning Fabric and Accelerate (tests/bridge/test_c10d_backend_names.py: their DDP steps
 # on a torchcomms backend by name), with --no-deps so their torch requirement cannot move the
 # pinned torch, then their small dependencies. Those tests skip, saying why, without them.

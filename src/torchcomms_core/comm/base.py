@@ -92,6 +92,7 @@ class CommBase:
             "_raise_issue_error",
             "_reduced",
             "_release_quietly",  # release at interpreter exit (comm.lifetime)
+            "_on_ending",  # a step before the backend is torn down (device windows)
         }
     )
 
@@ -122,6 +123,9 @@ class CommBase:
         self._pre_hooks: dict[int, Callable[..., Any]] = {}
         self._post_hooks: dict[int, Callable[..., Any]] = {}
         self._abort_hooks: dict[int, Callable[..., Any]] = {}
+        # Run when the communicator starts to end, before its backend is torn down
+        # (``_on_ending``): device windows stop their proxy threads there.
+        self._ending_steps: dict[int, Callable[..., Any]] = {}
         # Told after every _relean (see register_lane_listener).
         self._lane_listeners: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
@@ -350,6 +354,11 @@ class CommBase:
         self._run_finalized_steps()
         call_lifecycle("torchcomms_comm_finalized", comm=self)
 
+    def _on_ending(self, step: Callable[[], object]) -> RemovableHandle:
+        """Run ``step`` when the communicator starts to end (finalize, abort, release at exit),
+        before its backend is torn down; the handle's ``remove()`` drops it."""
+        return RemovableHandle(self._ending_steps, step, "_on_ending")
+
     def _on_finalized(self, step: Callable[[], object]) -> None:
         """Run ``step`` once the communicator is finalized or aborted (its name is given
         back this way)."""
@@ -390,6 +399,11 @@ class CommBase:
                 return False
             self._state = state
         self._relean()
+        for step in tuple(self._ending_steps.values()):
+            try:
+                step()
+            except Exception:  # ending goes on whatever a step does
+                pass
         self._finalizer.detach()
         self._membership.clients.clear()  # connections to other members' rendezvous
         return True

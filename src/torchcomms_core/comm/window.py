@@ -9,15 +9,19 @@ engine-specific steps (MPI RMA, shared memory, ...).
 from __future__ import annotations
 
 import copy
+import itertools
 import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchcomms_core.comm.handles import RemovableHandle
+from torchcomms_core.device.window import DeviceWindow, resolve_counts
 from torchcomms_core.foundation.errors import CommInputError, CommStateError, CommTypeError
 from torchcomms_core.foundation.work import TorchWork, WorkStatus
 from torchcomms_core.spec import TorchCommWinAccessType, WindowEngine
+from torchcomms_core.spec.window import DeviceSide
 
 if TYPE_CHECKING:
     from torchcomms_core.comm.base import CommBase as TorchComm
@@ -60,7 +64,10 @@ class TorchCommWindow:
         win.wait_signal(peer, async_op=False)     # then read win.get_tensor()
     """
 
-    def __init__(self, comm: TorchComm, engine: WindowEngine) -> None:
+    #: Numbers the windows of this process, for the names errors give them.
+    _ids = itertools.count(1)
+
+    def __init__(self, comm: TorchComm, engine: WindowEngine, name: str = "window") -> None:
         self._comm = comm
         self._engine = engine
         self._tensor: torch.Tensor | None = None
@@ -71,6 +78,10 @@ class TorchCommWindow:
         #: Asynchronous works issued on the window, kept until they complete.
         self._works: list[TorchWork] = []
         self._mapped: list[weakref.ref[torch.Tensor]] = []
+        self._name = name
+        #: The device side, from ``get_device_window`` until the tensor is deregistered.
+        self._device: DeviceSide | None = None
+        self._device_hooks: tuple[RemovableHandle, ...] = ()
 
     # -- buffer ----------------------------------------------------------------------
 
@@ -127,6 +138,7 @@ class TorchCommWindow:
                 f"{where}: {mapped} tensor(s) from map_remote_tensor() still reference peers' "
                 f"buffers; drop them (del) before deregistering"
             )
+        self._close_device(collective=True)
         self._engine.deregister()
         self._meta = None
         self._tensor = None
@@ -257,28 +269,125 @@ class TorchCommWindow:
         self._mapped.append(weakref.ref(view))
         return view
 
-    # -- device-side handles (GPU kernels) ---------------------------------------------
+    # -- device-side handles (kernels) -----------------------------------------------------
 
     def get_device_window(
         self, signal_count: int = -1, counter_count: int = -1, barrier_count: int = 1
     ) -> int:
-        """A handle GPU kernels use to put and signal directly; GPU backends only."""
-        raise CommStateError(self._no_device_side("get_device_window"))
+        """The handle a Triton kernel passes to ``torchcomms.triton``'s device functions.
+
+        Collective (every rank calls it, with the same counts) the first time; later calls
+        return the same handle. The window's puts, signals and barriers from kernels are
+        carried out by a proxy thread over this window's own engine (docs/device.md).
+
+        Args:
+            signal_count: signal ids per peer (``-1``: one per rank).
+            counter_count: local completion counters (``-1``: one per rank).
+            barrier_count: barrier ids.
+
+        Raises:
+            CommStateError: no tensor is registered, the window is not on the CPU, or the
+                handle exists with other counts.
+            CommInputError / CommTypeError: a count is out of range.
+        """
+        where = "get_device_window"
+        meta = self._bound(where)
+        counts = resolve_counts(signal_count, counter_count, barrier_count, self._comm.get_size())
+        device = self._device
+        if device is not None:
+            if device.counts != counts:
+                raise CommStateError(
+                    f"{where}: this window's device handle has (signal, counter, barrier) "
+                    f"counts {device.counts}, not {counts}; one handle per window"
+                )
+            return device.handle
+        timeout = self._comm.get_timeout()
+        native = getattr(self._engine, "device_window", None)
+        if native is not None:  # the backend's own device path (spec: DeviceSide)
+            device = native(counts, timeout)
+        else:
+            device = self._proxied(meta, counts, timeout)
+        self._device = device
+        # Abort wakes every waiting kernel; the communicator's end stops the proxy before
+        # the backend tears the engines down under it.
+        self._device_hooks = (
+            self._comm.register_abort_hook(device.abort),
+            self._comm._on_ending(device.abort),
+        )
+        return device.handle
+
+    def _proxied(
+        self,
+        meta: tuple[torch.dtype, list[int], torch.device],
+        counts: tuple[int, int, int],
+        timeout: timedelta,
+    ) -> DeviceSide:
+        """The core's device side: a command ring drained by a proxy over this engine."""
+        if meta[2].type != "cpu":
+            raise CommStateError(
+                f"get_device_window: the core's proxy serves windows on the CPU; this one is "
+                f"on {meta[2]} and backend {self._comm.get_backend()!r} declares no native "
+                f"device path"
+            )
+        element = torch.empty((), dtype=meta[0]).element_size()
+        tensor = self._tensor
+        return DeviceWindow(
+            self._name,
+            self._comm.get_rank(),
+            self._comm.get_size(),
+            self._engine,
+            self._comm.get_backend_impl().new_window(),
+            meta[0],
+            [n * element for n in self._numels],
+            tensor.data_ptr() if tensor is not None else 0,
+            counts,
+            timeout,
+        )
 
     def register_local_buffer(self, tensor: torch.Tensor) -> int:
-        """Register a local source buffer for device-side puts; GPU backends only."""
-        raise CommStateError(self._no_device_side("register_local_buffer"))
+        """A source handle for ``tensor`` that kernels pass to ``put_block`` (not collective;
+        after :meth:`get_device_window`). The tensor stays referenced until
+        :meth:`deregister_local_buffer`."""
+        return self._device_side("register_local_buffer").register_buffer(tensor)
 
     def deregister_local_buffer(self, handle: int) -> None:
-        """Release a buffer from ``register_local_buffer``; GPU backends only."""
-        raise CommStateError(self._no_device_side("deregister_local_buffer"))
+        """Forget a handle from :meth:`register_local_buffer`, after the puts already queued
+        from it are done."""
+        self._device_side("deregister_local_buffer").deregister_buffer(handle)
 
-    def _no_device_side(self, where: str) -> str:
-        return (
-            f"{where}: windows on backend {self._comm.get_backend()!r} have no device-side "
-            f"handles (those drive puts from GPU kernels on the reference's ncclx); use the "
-            f"host-side put(), signal() and wait_signal()"
-        )
+    def check_device_errors(self) -> None:
+        """Raise the first failure kernels met on this window (a negative code they returned),
+        naming the window, the peer and the signal or counter id; then forget it.
+
+        Raises:
+            CommTimeoutError: a wait ran past the communicator's timeout, or the ring stayed
+                full.
+            CommStateError: the window (its communicator) was aborted while a kernel waited.
+            CommOperationError: the proxy failed carrying out a command (a peer is gone).
+            CommInputError: a call was refused before anything was queued.
+        """
+        device = self._device
+        if device is None:
+            return
+        error = device.failure()
+        if error is not None:
+            device.clear_failure()
+            raise error
+
+    def _device_side(self, where: str) -> DeviceSide:
+        self._bound(where)
+        if self._device is None:
+            raise CommStateError(f"{where}: call window.get_device_window() (on every rank) first")
+        return self._device
+
+    def _close_device(self, collective: bool) -> None:
+        device, self._device = self._device, None
+        if device is None:
+            return
+        for hook in self._device_hooks:
+            hook.remove()
+        self._device_hooks = ()
+        device.close(collective)
 
     # -- copies ----------------------------------------------------------------------
 
@@ -339,6 +448,7 @@ class TorchCommWindow:
 
     def _release(self) -> None:
         """Free the engine without the collective handshake (communicator going away)."""
+        self._close_device(collective=False)
         self._engine.free(abort=True)
 
 
@@ -352,7 +462,7 @@ def create_window(comm: TorchComm, tensor: torch.Tensor | None) -> TorchCommWind
         )
     args = comm._hooks_before("new_window", ())
     engine = comm.get_backend_impl().new_window()
-    window = TorchCommWindow(comm, engine)
+    window = TorchCommWindow(comm, engine, f"{comm.get_name()}/window{next(TorchCommWindow._ids)}")
     if tensor is not None:
         window.tensor_register(tensor)
     comm._hooks_after(args)

@@ -1,7 +1,8 @@
 """The one-sided window contract: what a backend's ``new_window()`` returns.
 
 :class:`WindowEngine` is the protocol the core's ``TorchCommWindow`` drives;
-:class:`TorchCommWinAccessType` says how a rank reaches a peer's window memory.
+:class:`TorchCommWinAccessType` says how a rank reaches a peer's window memory;
+:class:`DeviceSide` is what an engine with a native device path gives kernels (#56).
 
 Imports: ``torch`` only.
 """
@@ -22,6 +23,39 @@ class TorchCommWinAccessType(enum.IntEnum):
     WIN_ACCESS_TYPE_UNIFIED = 0
     #: Through the engine only (network RMA).
     WIN_ACCESS_TYPE_SEPARATE = 1
+
+
+class DeviceSide(Protocol):
+    """A window's device side: the handle kernels take, and the host's view of it.
+
+    The core's proxy (``torchcomms_core.device.window.DeviceWindow``) is one; an engine with
+    a native device path (GIN, NVSHMEM) returns its own from an optional
+    ``device_window(counts, timeout)`` method, and the core then uses it instead of the
+    proxy. The handle must work with the device functions kernels call on it.
+    """
+
+    #: The value ``get_device_window`` returns; ``counts`` are the resolved
+    #: ``(signal_count, counter_count, barrier_count)``.
+    handle: int
+    counts: tuple[int, int, int]
+
+    def register_buffer(self, tensor: torch.Tensor) -> int:
+        """A source handle for ``put_block`` (``register_local_buffer``)."""
+
+    def deregister_buffer(self, handle: int) -> None:
+        """Forget a source handle (``deregister_local_buffer``)."""
+
+    def failure(self) -> Exception | None:
+        """The first failure kernels met, as the exception the host raises; ``None`` if none."""
+
+    def clear_failure(self) -> None:
+        """Forget the failure :meth:`failure` reported."""
+
+    def abort(self) -> None:
+        """Wake every waiting kernel with a negative code; return once none reads the window."""
+
+    def close(self, collective: bool) -> None:
+        """Release the device side (collective unless the communicator is going away)."""
 
 
 class WindowEngine(Protocol):

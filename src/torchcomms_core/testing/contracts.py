@@ -68,6 +68,19 @@ RULES: dict[str, str] = {
         "mark its work TIMEDOUT and refuse later operations"
     ),
     "bad_input": "invalid calls are refused before communicating",
+    "device_exchange": (
+        "a Triton kernel's put_block + signal lands every row exactly in every peer's window "
+        "before the signal, and counts its counter once the source may be reused "
+        "(docs/device.md)"
+    ),
+    "device_refusals": (
+        "a device call with a bad rank, range, source buffer or id returns its negative "
+        "code, queues nothing and writes nothing (docs/device.md)"
+    ),
+    "device_timeout": (
+        "a kernel waiting for a signal that never comes returns E_TIMEOUT within the "
+        "communicator's timeout, and the host's error names the window, peer and signal"
+    ),
 }
 
 

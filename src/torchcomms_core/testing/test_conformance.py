@@ -238,3 +238,67 @@ def test_bad_input_is_refused_before_communication(
     ):
         assert len(messages) == 8
         assert "was finalized" in messages[-1]
+
+
+# -- device windows (#56): run where triton is installed -------------------------------------
+
+
+def _device_contracts() -> Any:
+    pytest.importorskip(
+        "triton", reason="the device-window contracts run Triton kernels: pip install triton"
+    )
+    from torchcomms_core.testing import device_contracts
+
+    return device_contracts
+
+
+def _windows_or_skip(results: list[Any], backend: str) -> None:
+    if any(r is None for r in results):
+        pytest.skip(f"backend {backend!r} has no windows (method_support()['new_window'])")
+
+
+@pytest.mark.usefixtures("numerical")
+def test_device_put_and_signal_land_exactly(
+    contract: Contract, torchcomms_backend: str, torchcomms_device: str
+) -> None:
+    dc = _device_contracts()
+    results = contract(
+        "device_exchange", dc.body_device_exchange, torchcomms_backend, torchcomms_device
+    )
+    _windows_or_skip(results, torchcomms_backend)
+    rule = contracts.RULES["device_exchange"]
+    for r in results:
+        assert r["codes"] == [0] * r["n"] and r["exact"], f"{rule}: {r}"
+        assert r["settled"] == [0, r["n"]], f"{rule}: {r}"
+
+
+def test_device_calls_are_refused_before_anything_is_queued(
+    contract: Contract, torchcomms_backend: str, torchcomms_device: str
+) -> None:
+    dc = _device_contracts()
+    results = contract(
+        "device_refusals", dc.body_device_refusals, torchcomms_backend, torchcomms_device
+    )
+    _windows_or_skip(results, torchcomms_backend)
+    rule = contracts.RULES["device_refusals"]
+    codes = [dc.L.E_RANK, dc.L.E_RANGE, dc.L.E_BUFFER, dc.L.E_SIGNAL_ID, dc.L.E_SIGNAL_ID]
+    for r in results:
+        assert r["codes"] == codes, f"{rule}: {r}"
+        assert r["queued"] == 0 and r["untouched"], f"{rule}: {r}"
+        assert r["raised"] == "CommInputError", f"{rule}: {r}"
+
+
+@pytest.mark.usefixtures("numerical")
+def test_device_wait_for_a_missing_signal_times_out(
+    contract: Contract, torchcomms_backend: str, torchcomms_device: str
+) -> None:
+    dc = _device_contracts()
+    results = contract(
+        "device_timeout", dc.body_device_timeout, torchcomms_backend, torchcomms_device, 1.5
+    )
+    _windows_or_skip(results, torchcomms_backend)
+    rule = contracts.RULES["device_timeout"]
+    first = results[0]
+    assert first["code"] == dc.L.E_TIMEOUT and first["elapsed"] < 1.5 + 5, f"{rule}: {first}"
+    assert "CommTimeoutError" in first["message"], f"{rule}: {first}"
+    assert "signal 0 from peer 1" in first["message"], f"{rule}: {first}"
