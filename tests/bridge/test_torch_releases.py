@@ -74,6 +74,7 @@ def test_the_differences_follow_the_release() -> None:
     assert torch_compat.C10D_BACKEND_ENTRY_POINTS == newer
     assert torch_compat.SWITCH_ASKS_BACKEND_BUILT == newer
     assert torch_compat.PYTHON_C10D_BACKEND == newer
+    assert torch_compat.COMPILE_KEEPS_COLLECTIVE_ORDER == (not newer)
     # What each flag stands for is what the torch in use does.
     from torch.distributed import distributed_c10d as c10d
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from torchcomms_core.foundation import torch_compat
+
 from torchcomms_core.testing import RankPool, current_rank, unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -218,6 +220,13 @@ def _every_op_body() -> dict[str, Any]:
     }
 
 
+@pytest.mark.xfail(
+    not torch_compat.COMPILE_KEEPS_COLLECTIVE_ORDER,
+    reason="torch 2.14's inductor threads no effect token through the torchcomms ops and "
+    "moved one rank's blocking recv after its all_to_all_v_single: the ranks deadlock until "
+    "the timeout (docs/pytorch-integration.md, Supported PyTorch releases)",
+    strict=False,
+)
 def test_every_op_compiles_fullgraph_and_matches_eager(cpool: RankPool) -> None:
     results = cpool.run(_every_op_body, timeout=TIMEOUT)
     for rank, res in enumerate(results):

@@ -9,12 +9,17 @@ a change to hier's levels or to shm should."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 import torchcomms
 from torchcomms_core.testing import run_conformance
+
+# The conformance suite's device-window contracts (test_device_*): they skip on hier, whose
+# windows have no device side, and wherever triton is not installed.
+DEVICE_CONTRACTS = 3
 
 REPO = Path(__file__).resolve().parents[3]
 VENDOR_SRC = REPO / "examples" / "vendor_plugin" / "src"
@@ -82,7 +87,10 @@ def test_hier_passes_the_conformance_suite(configuration: str, tmp_path: Path) -
     )
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
     summary = res.stdout.strip().splitlines()[-1]
-    assert "passed" in summary and "failed" not in summary and "skipped" not in summary
+    assert "passed" in summary and "failed" not in summary
+    # Only the device-window contracts may skip: hier's windows offer no device side.
+    skipped = re.search(r"(\d+) skipped", summary)
+    assert skipped is None or int(skipped.group(1)) == DEVICE_CONTRACTS, summary
     assert f"'hier', {len(hosts)} ranks" in res.stdout
     for host in sorted(set(hosts)):  # the header lists each rank's environment
         assert f"TORCHCOMM_LOCAL_BACKEND={backends[host]}" in res.stdout

@@ -12,6 +12,8 @@ What differs, torch 2.13 against 2.14:
 - ``c10d.Backend`` can be subclassed and constructed from Python: no; yes.
 - a non-root ``gather`` under the switch passes as output: ``[]``; ``[[]]``.
 - ``new_group(use_local_synchronization=True)`` under the switch: refused; built.
+- ``torch.compile`` keeps the torchcomms ops in program order: yes; not always (a known
+  failure, see :data:`COMPILE_KEEPS_COLLECTIVE_ORDER`).
 - ``batch_isend_irecv`` brackets a Python group's operations in a coalescing block: no;
   yes, when the group's backend supports coalescing.
 - under the switch, ``new_group`` builds a subgroup with ``new_comm`` over the store (its
@@ -36,6 +38,7 @@ __all__ = [
     "ALLOW_UNTESTED",
     "BATCH_P2P_COALESCES_SUBCLASSES",
     "C10D_BACKEND_ENTRY_POINTS",
+    "COMPILE_KEEPS_COLLECTIVE_ORDER",
     "PYTHON_C10D_BACKEND",
     "RELEASE",
     "SWITCH_ASKS_BACKEND_BUILT",
@@ -81,6 +84,11 @@ SWITCH_LOCAL_SYNCHRONIZATION: bool = RELEASE >= (2, 14)
 #: when its backend supports coalescing (2.13 only brackets c10d's own ``ProcessGroup``
 #: class, and the bridge reads the batch's length from the caller's frame).
 BATCH_P2P_COALESCES_SUBCLASSES: bool = RELEASE >= (2, 14)
+#: ``torch.compile`` keeps the torchcomms ops of a graph in program order (an effect token
+#: threads through them). 2.14's inductor output carries no token, and a rank's blocking
+#: ``recv`` was seen scheduled after a later ``all_to_all_v_single``: code that compiles
+#: point-to-point calls followed by collectives can deadlock there. Not yet worked around.
+COMPILE_KEEPS_COLLECTIVE_ORDER: bool = RELEASE < (2, 14)
 #: ``torch._C._distributed_c10d.Backend`` has a Python constructor: a Python class can be a
 #: c10d ``Backend`` and be registered in a ``ProcessGroup`` (``_register_backend``).
 PYTHON_C10D_BACKEND: bool = RELEASE >= (2, 14)

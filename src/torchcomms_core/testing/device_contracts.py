@@ -124,9 +124,13 @@ def body_device_refusals(backend: str, device: str) -> dict[str, Any] | None:
 
 def body_device_timeout(backend: str, device: str, seconds: float) -> dict[str, Any] | None:
     """Rank 0 waits for a signal rank 1 never sends: the code, the time, the host's error."""
-    comm, win = _window(backend, device, 8, timedelta(seconds=seconds))
+    # Made with the usual timeout (a short one would also bound the rendezvous of many
+    # ranks on a busy machine); the device window takes the short one, set once all arrived.
+    comm, win = _window(backend, device, 8)
     if comm is None:
         return None
+    comm.barrier(False, timeout=timedelta(seconds=seconds + 60))
+    comm.set_timeout(timedelta(seconds=seconds))
     handle = win.get_device_window()
     code, elapsed, message = 0, 0.0, ""
     if comm.get_rank() == 0:
