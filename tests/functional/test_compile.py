@@ -20,7 +20,6 @@ import pytest
 import torch
 
 from torchcomms_core.foundation import torch_compat
-
 from torchcomms_core.testing import RankPool, current_rank, unique_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
