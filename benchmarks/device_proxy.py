@@ -1,10 +1,11 @@
-"""The device-window proxy alone against the host-driven window, on the same backend (#56).
+"""The device-window proxies alone against the host-driven window, on the same backend (#56).
 
 Two ranks. ``host``: rank 0 calls ``window.put`` + ``signal``, rank 1 ``wait_signal``.
-``proxy``: the same puts and signals written into the device window's command ring by a
-Python host writer (``CommandRing.push``, the protocol a kernel follows), carried out by the
-proxy thread, and awaited by polling the signal words as a kernel does. Two figures per
-backend, each the median of rounds that alternate between the two ways:
+``native`` and ``python``: the same puts and signals written into a device window's command
+ring by a Python host writer (``CommandRing.push``, the protocol a kernel follows), carried
+out by the window's C proxy or its Python proxy (one window each), and awaited by polling
+the signal words as a kernel does. Two figures per backend, each the median of rounds that
+rotate the three ways:
 
 - bandwidth: ``--iters`` puts of ``--bytes`` (64 MiB) each with a signal, then one signal
   back (so the time covers delivery);
@@ -120,6 +121,9 @@ def _round_trip(
     return (time.perf_counter() - start) / iters * 1e6
 
 
+MODES = ("host", "native", "python")
+
+
 def _rank(backend: str, nbytes: int, iters: int, rounds: int) -> dict[str, Any]:
     import torchcomms
 
@@ -132,18 +136,27 @@ def _rank(backend: str, nbytes: int, iters: int, rounds: int) -> dict[str, Any]:
         ("round_trip_us", 8, _round_trip, 2000),
     ):
         data = torch.ones(size // 4)
-        win = comm.new_window(torch.zeros(size // 4))
-        win.get_device_window(signal_count=1, counter_count=1)
-        side = _ProxySide(win, peer, win.register_local_buffer(data))
-        samples: dict[str, list[float]] = {"host": [], "proxy": []}
-        measure(comm, win, side, data, "host", max(1, count // 4))  # warm up
-        measure(comm, win, side, data, "proxy", max(1, count // 4))
+        windows, sides, kinds = {}, {}, {}
+        for mode in ("native", "python"):  # one window per proxy; the host uses the first
+            os.environ["TORCHCOMM_DEVICE_NATIVE_PROXY"] = "1" if mode == "native" else "0"
+            win = windows[mode] = comm.new_window(torch.zeros(size // 4))
+            win.get_device_window(signal_count=1, counter_count=1)
+            kinds[mode] = win._device.proxy_kind
+            sides[mode] = _ProxySide(win, peer, win.register_local_buffer(data))
+        os.environ.pop("TORCHCOMM_DEVICE_NATIVE_PROXY", None)
+        windows["host"], sides["host"] = windows["native"], sides["native"]
+        samples: dict[str, list[float]] = {mode: [] for mode in MODES}
+        for mode in MODES:  # warm up
+            measure(comm, windows[mode], sides[mode], data, mode, max(1, count // 4))
         for r in range(rounds):
-            for mode in ("host", "proxy") if r % 2 == 0 else ("proxy", "host"):
-                samples[mode].append(measure(comm, win, side, data, mode, count))
+            order = MODES[r % 3 :] + MODES[: r % 3]
+            for mode in order:
+                samples[mode].append(measure(comm, windows[mode], sides[mode], data, mode, count))
         results[figure] = {mode: statistics.median(v) for mode, v in samples.items()}
+        results["proxies"] = kinds
         comm.barrier(False)
-        win.tensor_deregister()
+        for win in (windows["native"], windows["python"]):
+            win.tensor_deregister()
     comm.finalize()
     return results
 
@@ -166,16 +179,21 @@ def main() -> None:
             rows.append({"backend": backend, **result})
     load = os.getloadavg()
     print(f"# 2 ranks; memcpy {copy:.1f} GB/s; load average {load[0]:.2f} {load[1]:.2f}")
-    print(f"# {'backend':8} {'figure':22} {'host':>10} {'proxy':>10} {'proxy/host':>11}")
+    print(
+        f"# {'backend':8} {'figure':22} {'host':>10} {'C proxy':>10} {'Py proxy':>10} "
+        f"{'C/host':>7} {'Py/host':>7}"
+    )
     for row in rows:
         for figure, label, form in (
             ("bandwidth_gbps", "put 64 MiB (GB/s)", "10.2f"),
             ("round_trip_us", "8 B round trip (us)", "10.1f"),
         ):
             got = row[figure]
-            ratio = got["proxy"] / got["host"]
-            host, proxy = format(got["host"], form), format(got["proxy"], form)
-            print(f"  {row['backend']:8} {label:22} {host} {proxy} {ratio:11.2f}")
+            cells = " ".join(format(got[mode], form) for mode in MODES)
+            ratios = " ".join(f"{got[mode] / got['host']:7.2f}" for mode in MODES[1:])
+            print(f"  {row['backend']:8} {label:22} {cells} {ratios}")
+        if row["proxies"]["native"] != "native":
+            print(f"  ({row['backend']}: the C proxy was not available; both columns are Python)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"memcpy_gbps": copy, "load": load, "rows": rows}, f, indent=2)

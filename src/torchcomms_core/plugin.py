@@ -103,6 +103,7 @@ from torchcomms_core.spec.kit import (
     env_count,
     usable_cores,
 )
+from torchcomms_core.spec.native_build import NativeBuild
 from torchcomms_core.spec.transport import (
     RESULT_SUCCESS,
     TRANSPORT_SPEC_VERSION,
@@ -135,6 +136,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     # backend authors' kit (torchcomms_core.spec.kit)
     "ELEMENTWISE_REDUCE",
+    "NativeBuild",
     "SignalFile",
     "StoredRankAndSize",
     "WindowPeers",

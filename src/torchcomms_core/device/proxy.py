@@ -71,20 +71,12 @@ class Proxy:
     ) -> None:
         self._state, self._ring, self._perform = state, ring, perform
         self._stop = threading.Event()
-        self._start = time.monotonic()
         #: The exception that stopped the proxy, for the host's error message.
         self.failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"torchcomms-proxy {name}")
         self._thread.daemon = True
-        self._clock = threading.Thread(target=self._tick, name=f"torchcomms-clock {name}")
-        self._clock.daemon = True
-        self._clock.start()
+        self._clock = Clock(state, name)
         self._thread.start()
-
-    def _tick(self) -> None:
-        state, start, stop = self._state, self._start, self._stop
-        while not stop.wait(CLOCK_S):
-            state[L.TICK] = int((time.monotonic() - start) * 1000)
 
     def _run(self) -> None:
         state, ring, perform, stop = self._state, self._ring, self._perform, self._stop
@@ -132,4 +124,27 @@ class Proxy:
         self.abort()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
-        self._clock.join(timeout_s)
+        self._clock.stop(timeout_s)
+
+
+class Clock:
+    """A sleeping thread that advances the state block's ``TICK`` every ``CLOCK_S``, so a
+    kernel's wait ends in time even while its proxy is stuck in a slow or hung command."""
+
+    def __init__(self, state: ctypes.Array[ctypes.c_int64], name: str) -> None:
+        self._state, self._start = state, time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name=f"torchcomms-clock {name}")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _tick(self) -> None:
+        state, start, stop = self._state, self._start, self._stop
+        while not stop.wait(CLOCK_S):
+            state[L.TICK] = int((time.monotonic() - start) * 1000)
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop advancing ``TICK``."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)

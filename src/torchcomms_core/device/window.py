@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from torchcomms_core.device import layout as L
+from torchcomms_core.device import native_proxy
+from torchcomms_core.device.native_proxy import NativeProxy
 from torchcomms_core.device.proxy import CommandFailed, Proxy
 from torchcomms_core.device.ring import Command, CommandRing, words_at
 from torchcomms_core.foundation.errors import (
@@ -143,11 +145,40 @@ class DeviceWindow:
         self._generations = [0] * L.MAX_BUFFERS
         self._sent = [[0] * n_signal for _ in range(size)]
         self._lock = threading.Lock()
+        # Where a registered source is, for the C proxy (the Python one keeps the tensors).
+        self._source_at = torch.zeros(L.MAX_BUFFERS, dtype=torch.int64)
         s[L.MAGIC] = L.MAGIC_VALUE  # usable from here on
         self.ring = CommandRing(s)
-        self._proxy = Proxy(s, self.ring, self._perform, name)
+        self._proxy: Proxy | NativeProxy = self._start_proxy(name)
         self.handle = state.data_ptr()
         self._closed = False
+
+    def _start_proxy(self, name: str) -> Proxy | NativeProxy:
+        """The C proxy where every peer's window and signal words are mapped here and it
+        builds; else the Python proxy."""
+        lib = native_proxy.library()
+        if lib is not None:
+            data = native_proxy.mapped_peers(self._data, self.size)
+            signals = native_proxy.mapped_peers(self._signals, self.size)
+            if data is not None and signals is not None:
+                sent = torch.zeros(max(1, self.size * self.counts[0]), dtype=torch.int64)
+                return NativeProxy(
+                    lib,
+                    self._state,
+                    data,
+                    signals,
+                    self._source_at,
+                    sent,
+                    self._barrier_at,
+                    name,
+                    self._memory,
+                )
+        return Proxy(self._state, self.ring, self._perform, name)
+
+    @property
+    def proxy_kind(self) -> str:
+        """``"native"`` (the C thread) or ``"python"``: which proxy drains the ring."""
+        return "native" if isinstance(self._proxy, NativeProxy) else "python"
 
     # -- source buffers --------------------------------------------------------------------
 
@@ -174,6 +205,7 @@ class DeviceWindow:
             generation = self._generations[slot] = self._generations[slot] + 1
             flat = tensor.view(-1).view(torch.uint8) if tensor.numel() else tensor.new_empty(0)
             self._sources[slot] = flat.view(torch.uint8)
+            self._source_at[slot] = tensor.data_ptr()
             self._buffers[slot * L.BUFFER_WORDS + L.B_BYTES] = (
                 tensor.numel() * tensor.element_size()
             )
@@ -207,13 +239,16 @@ class DeviceWindow:
         if not 0 <= c.peer < self.size:
             raise CommandFailed(L.E_RANK, c.peer, c.ident, f"peer {c.peer} is out of range")
         if c.opcode == L.OP_PUT:
+            # Every id is checked before anything is written.
+            if c.ident >= self.counts[0]:
+                raise CommandFailed(L.E_SIGNAL_ID, c.peer, c.ident, "unknown signal")
+            if c.value >= self.counts[1]:
+                raise CommandFailed(L.E_COUNTER_ID, c.peer, c.value, "unknown counter")
             if c.nbytes:
                 self._put(c)
             if c.ident >= 0:
                 self._signal(c.peer, c.ident, 1)
             if c.value >= 0:  # the source may be reused: the put above has returned
-                if c.value >= self.counts[1]:
-                    raise CommandFailed(L.E_COUNTER_ID, c.peer, c.value, "unknown counter")
                 self._counters[c.value] += 1
         elif c.opcode == L.OP_SIGNAL:
             self._signal(c.peer, c.ident, c.value)

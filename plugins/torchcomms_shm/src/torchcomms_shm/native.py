@@ -19,17 +19,12 @@ May import: the standard library and ``torchcomms_core.plugin``.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from torchcomms_core.plugin import NativeBuild
 
 _log = logging.getLogger(__name__)
 
@@ -39,10 +34,6 @@ SOURCE = Path(__file__).with_name("native.c")
 MAX_RANKS = 64
 #: dtype codes of ``native.c`` by torch dtype name.
 DTYPES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3}
-#: What the compiler is given: no contraction (a*b+c stays two roundings), no fast math.
-CFLAGS = ("-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math")
-#: Seconds a build may take.
-BUILD_TIMEOUT_S = 120
 
 
 class Plan(ctypes.Structure):
@@ -84,77 +75,10 @@ class Library:
         self.fold.argtypes = [ctypes.POINTER(Plan)]
 
 
+_BUILD = NativeBuild("shm_small", SOURCE, "TORCHCOMM_SHM_NATIVE", "small all-reduces run in Python")
 _lock = threading.Lock()
 _loaded: Library | None = None
 _tried = False
-
-
-def disabled_by_environment() -> bool:
-    return os.environ.get("TORCHCOMM_SHM_NATIVE", "1").strip().lower() in (
-        "0",
-        "false",
-        "no",
-        "off",
-    )
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TORCHCOMM_CACHE_DIR")
-    base = Path(root) if root else Path.home() / ".cache" / "torchcomms"
-    return base / "native"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _target(cc: str, source: bytes) -> Path:
-    """The library's path: one per source, compiler, flags and machine."""
-    key = hashlib.sha256()
-    for part in (source, cc.encode(), " ".join(CFLAGS).encode(), platform.machine().encode()):
-        key.update(part)
-        key.update(b"\0")
-    return cache_dir() / f"shm_small-{key.hexdigest()[:16]}-{sys.implementation.cache_tag}.so"
-
-
-def _unsafe(target: Path) -> str:
-    """Why the library at ``target`` must not be loaded ("" when it may): it and its
-    directory must belong to this user and be writable by no one else, or another user
-    could have put code there."""
-    uid = os.getuid()
-    for path in (target.parent, target):
-        st = path.stat()
-        if st.st_uid != uid:
-            return f"{path} belongs to user {st.st_uid}, not to this one ({uid})"
-        if st.st_mode & 0o022:
-            return f"{path} is writable by other users (mode {st.st_mode & 0o777:o})"
-    return ""
-
-
-def _build(cc: str, source: Path, target: Path) -> None:
-    """Compile ``source`` into ``target`` atomically (ranks that build at once each write
-    their own file and rename it; the last rename wins and every file is whole)."""
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".build-", suffix=".so")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [cc, *CFLAGS, "-o", tmp, str(source)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise OSError(f"{cc} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-        os.chmod(tmp, 0o700)  # whatever the umask: writable by this user only
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def load() -> Library | None:
@@ -164,47 +88,17 @@ def load() -> Library | None:
     if _tried:
         return _loaded
     with _lock:
-        if _tried:
-            return _loaded
-        try:
-            _loaded = _load()
-        finally:
-            _tried = True
+        if not _tried:
+            try:
+                path = _BUILD.path()
+                _loaded = Library(path) if path is not None else None
+            except OSError as exc:  # a library that does not load
+                _log.warning(
+                    "torchcomms-shm: loading failed, small all-reduces run in Python: %s", exc
+                )
+            finally:
+                _tried = True
     return _loaded
-
-
-def _load() -> Library | None:
-    if disabled_by_environment():
-        return None
-    cc = _compiler()
-    if cc is None:
-        _log.info("torchcomms-shm: no C compiler found; small all-reduces run in Python")
-        return None
-    source = SOURCE.read_bytes()
-    try:
-        target = _target(cc, source)
-    except RuntimeError as exc:  # no home directory and no TORCHCOMM_CACHE_DIR
-        _log.info("torchcomms-shm: no cache directory (%s); small all-reduces run in Python", exc)
-        return None
-    try:
-        if not target.exists():
-            _build(cc, SOURCE, target)
-        unsafe = _unsafe(target)
-        if unsafe:
-            _log.warning(
-                "torchcomms-shm: not loading %s: %s; small all-reduces run in Python",
-                target,
-                unsafe,
-            )
-            return None
-        return Library(target)
-    except (OSError, subprocess.SubprocessError) as exc:
-        _log.warning(
-            "torchcomms-shm: building %s failed, small all-reduces run in Python: %s",
-            target,
-            exc,
-        )
-        return None
 
 
 def make_plan(
