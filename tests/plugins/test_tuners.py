@@ -95,7 +95,7 @@ def _exercise(comm: Any) -> dict[str, Any]:
     r, n = comm.get_rank(), comm.get_size()
     tuning = comm.get_backend_impl().tuning
     ok, chosen = True, {}
-    for count in (2, 3000, 70000):
+    for count in (2, 3000, 70000, 400000):
         t = torch.arange(count, dtype=torch.int64) * (r + 1)
         comm.all_reduce(t, torchcomms.ReduceOp.SUM)
         ok &= bool(torch.equal(t, torch.arange(count, dtype=torch.int64) * (n * (n + 1) // 2)))
@@ -111,6 +111,7 @@ def _exercise(comm: Any) -> dict[str, Any]:
     chosen["all_to_all_single"] = str(tuning.last["all_to_all_single"])
     return {
         "ok": ok,
+        "n": n,
         "chosen": chosen,
         "status": tuning.status,
         "cma_ok": bool(getattr(comm.get_backend_impl(), "_cma_ok", False)),
@@ -213,9 +214,17 @@ def body_flight_recorder(path: str) -> dict[str, Any]:
 
 
 def _defaults_of(res: dict[str, Any]) -> None:
+    from torchcomms_shm.algorithms import one_step_limit
+
     assert res["chosen"]["all_reduce/16"] == "one_step"
-    # From 1 MiB: measured where the ranks can read each other's memory, else chunked.
-    assert res["chosen"]["all_reduce/560000"] == ("measured" if res["cma_ok"] else "chunked")
+    # One step up to the limit for the rank count (every size at 2 ranks, 1 MiB at 4);
+    # above: measured where the ranks can read each other's memory, else chunked.
+    above = "measured" if res["cma_ok"] else "chunked"
+    for nbytes in (560000, 3200000):
+        want = "one_step" if nbytes <= one_step_limit(res["n"]) else above
+        assert res["chosen"][f"all_reduce/{nbytes}"] == want, nbytes
+    if res["n"] > 2:
+        assert res["chosen"]["all_reduce/3200000"] == above
     assert res["chosen"]["all_to_all_single"] == res["a2a_default"]
 
 
@@ -227,7 +236,7 @@ def test_an_installed_tuner_changes_shms_choices_and_results_stay_exact(
         assert res["ok"], res
         assert res["warnings"] == [] and res["other_warnings"] == [], res
         assert res["status"].startswith("tuner 'scoremap' from torchcomms-exampletuner 0.1.0")
-        # The default would take one step up to 64 KiB; the tuner says chunked everywhere.
+        # The default takes one step at these sizes; the tuner says chunked everywhere.
         assert set(v for k, v in res["chosen"].items() if k.startswith("all_reduce")) == {"chunked"}
         assert res["chosen"]["all_to_all_single"] == ("direct" if res["cma_ok"] else "staged")
         if how == "env":
@@ -503,8 +512,10 @@ def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHCOMM_", "MASTER_"))}
     env.update(OMP_NUM_THREADS="1", TORCHCOMM_TUNER="none")
     ops = "all_reduce,reduce_scatter_single"
-    args = ["--backend", "shm", "--nproc", "2", "--ops", ops, "-b", "8"]
-    args += ["-e", "1M", "-f", "128", "-n", "2", "-w", "1", "--inplace", "1", "--json", "-"]
+    # 4 ranks: one step up to 1 MiB there, another path at 2 MiB (at 2 ranks every size
+    # takes one step).
+    args = ["--backend", "shm", "--nproc", "4", "--ops", ops, "-b", "8"]
+    args += ["-e", "2M", "-f", "512", "-n", "2", "-w", "1", "--inplace", "1", "--json", "-"]
     res = subprocess.run(
         [sys.executable, "-m", "torchcomms_core.cli", "bench", *args],
         capture_output=True,
@@ -515,16 +526,18 @@ def test_bench_shows_the_chosen_algorithm_per_row_and_in_json() -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     rows = json.loads(res.stdout)["rows"]
     chosen = {(r["op"], r["size"]): r["algorithm"] for r in rows}
+    large = chosen.get(("all_reduce", 2 << 20))
+    assert large in ("measured", "chunked"), chosen  # measured where ranks read each other
     assert chosen == {
         ("all_reduce", 8): "one_step",
-        ("all_reduce", 1024): "one_step",
-        ("all_reduce", 131072): "chunked",
-        ("reduce_scatter_single", 8): None,  # shm declares no algorithms for it
-        ("reduce_scatter_single", 1024): None,
-        ("reduce_scatter_single", 131072): None,
+        ("all_reduce", 4096): "one_step",
+        ("all_reduce", 2 << 20): large,
+        ("reduce_scatter_single", 16): None,  # shm declares no algorithms for it
+        ("reduce_scatter_single", 4096): None,
+        ("reduce_scatter_single", 2 << 20): None,
     }, chosen
     lines = [line.split() for line in res.stderr.splitlines() if line.strip()]
-    assert any(line[-1] == "chunked" and line[0] == "131072" for line in lines)
+    assert any(line[-1] == large and line[0] == str(2 << 20) for line in lines)
     assert sum("algorithm" in line for line in lines) == 1  # only all_reduce's table has it
 
 

@@ -10,6 +10,7 @@ lane), the methods (asynchronous calls) and ``torch.distributed`` under PyTorch'
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from datetime import timedelta
@@ -364,3 +365,71 @@ def test_measured_copies_are_exact_whichever_path_rank0_takes(world_size: int) -
     for op in ("broadcast", "all_gather"):
         staged, direct = timed[op]
         assert staged is not None and direct is not None and staged > 0 and direct > 0, timed
+
+
+#: Mid and large sizes (elements): within one piece, exactly a piece, and several pieces
+#: of half a slot (128 Ki float32 elements with the 1 MiB arena) with a short last one.
+ONE_STEP_COUNTS = (16 << 10, 64 << 10, (128 << 10) + 0, (3 << 17) + 5)
+
+
+def body_one_step(native: str) -> dict[str, Any]:
+    """The one-step all-reduce at mid and large sizes (compiled, pieces of half a slot, or
+    torch's fold per piece where ``native`` is false or mixed) against the chunked path, for
+    the dtypes the compiled fold covers and the ones it leaves to torch: the compiled
+    dtypes' SUM bit for bit; MAX, and bfloat16, value for value (torch's choice between 0.0
+    and -0.0, and bfloat16's NaN payloads, depend on where its vector lanes fall, which
+    differs between the two paths' partitions). Returns the mismatches and a digest of
+    every one-step result, which every rank must share."""
+    r = current_rank()
+    mine = native if native != "mixed" else str(r % 2 == 0).lower()
+    one = _comm("onestep", **{"algorithm.all_reduce": "one_step", "native": mine})
+    chunked = _comm("chunked", **{"algorithm.all_reduce": "chunked"})
+    bad: list[str] = []
+    digest = hashlib.sha256()
+    dtypes = (torch.float32, torch.float64, torch.int32, torch.int64, torch.bfloat16)
+    for dtype in dtypes:
+        for op in (ReduceOp.SUM, ReduceOp.MAX):
+            for count in ONE_STEP_COUNTS:
+                x = _inputs(r, count, dtype, count + 1)
+                ref, got = x.clone(), x.clone()
+                chunked.all_reduce(ref, op)
+                one.all_reduce(got, op)
+                if op == ReduceOp.SUM and dtype != torch.bfloat16:
+                    same = torch.equal(_bits(got), _bits(ref))
+                else:
+                    both_nan = got.isnan() & ref.isnan() if dtype.is_floating_point else False
+                    same = bool(((got == ref) | both_nan).all())
+                if not same:
+                    bad.append(f"{dtype} {op} {count}")
+                digest.update(_bits(got).numpy().tobytes())
+                one.all_reduce(got.clone(), op, async_op=True).wait()  # the queued method
+    # A new tensor of a size already seen shares the compiled plans (the address is the
+    # tensor's own at every call).
+    for step in range(3):
+        t = torch.full((3 << 17,), float(r + step))
+        one.all_reduce(t, ReduceOp.SUM)
+        n = one.get_size()
+        want = float(n * step + n * (n - 1) // 2)
+        if not bool((t == want).all()):
+            bad.append(f"new tensor step {step}")
+    chose = one.get_backend_impl().tuning.last["all_reduce"].algorithm
+    if chose != "one_step":
+        bad.append(f"the forced choice was {chose}")
+    one.finalize()
+    chunked.finalize()
+    return {"bad": bad, "digest": digest.hexdigest()}
+
+
+@pytest.mark.parametrize(
+    ("world_size", "native"), [(2, "true"), (3, "true"), (4, "true"), (3, "mixed")]
+)
+def test_one_step_at_mid_and_large_sizes_gives_the_chunked_paths_bits(
+    world_size: int, native: str
+) -> None:
+    """Pieces of half a slot, each one step; ranks on the compiled path and ranks on torch's
+    fold (``mixed``) take the same steps."""
+    with RankPool(world_size) as pool:
+        results = pool.run(body_one_step, native, timeout=600)
+    for res in results:
+        assert res["bad"] == []
+    assert len({res["digest"] for res in results}) == 1  # every rank has the same bits

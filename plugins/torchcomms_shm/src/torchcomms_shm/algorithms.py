@@ -3,13 +3,15 @@
 - ``arena`` (asked once, inside ``init``, before the ranks agree on a tuner: the default
   or a forcing hint decides): the staging arena's bytes per rank (hint ``arena_bytes``,
   or ``algorithm.arena=arena`` with ``algorithm.arena.arena_bytes``);
-- ``all_reduce``: ``one_step`` (every rank stages its whole tensor and folds all of them;
-  up to one chunk), ``chunked`` (each rank reduces its part of each chunk, lockstep),
+- ``all_reduce``: ``one_step`` (every rank stages its tensor, a piece of half a slot per
+  step, and folds every rank's copy of the piece itself, in rank order), ``chunked`` (each
+  rank reduces its part of each chunk, lockstep),
   ``direct`` (each rank reads its part of every peer's tensor, reduces it in rank order,
   then reads the peers' reduced parts: cross-memory reads, one copy per byte moved), or
   ``measured`` (``chunked`` or ``direct`` per call, as for broadcast below). Default:
-  ``one_step`` up to 64 KiB, ``measured`` from 1 MiB where every rank can read its peers,
-  ``chunked`` otherwise;
+  ``one_step`` at every size for 2 ranks and up to ``one_step_limit(ranks)`` above (1 MiB
+  for 4 ranks, 585 KiB for 8), then ``measured`` from 1 MiB where every rank can read its
+  peers, ``chunked`` otherwise;
 - ``all_to_all_single`` (even splits): ``staged`` through the arena, or ``direct`` reads of
   each block from its owner's tensor (cross-memory attach; when every rank can read its
   peers). Hint ``cma_bytes`` decides when given.
@@ -40,20 +42,34 @@ from torchcomms_core.plugin import Algorithm, OpAlgorithms, Query
 
 from .collectives import SMALL_BYTES
 
-__all__ = ["ALGORITHMS", "ONE_STEP_BYTES"]
+__all__ = ["ALGORITHMS", "ONE_STEP_BYTES", "one_step_limit"]
 
-#: all_reduce messages of at most this many bytes (and one chunk) take one step.
+#: all_reduce messages of at most this many bytes take one step at any rank count.
 ONE_STEP_BYTES = SMALL_BYTES
+#: One step reads every peer's copy, ``(ranks - 1) x bytes`` per rank; the default gives it
+#: to messages up to this many bytes of peers' data, and to every size at 2 ranks, where
+#: it was fastest at every size from 8 bytes to 64 MiB. Measured with
+#: ``benchmarks/shm_allreduce_sweep.py`` on 2 cores: one step against the chunked and
+#: measured paths was 0.84-1.0x up to 1 MiB at 4 ranks, 1.04x at 4 MiB, 1.5-1.6x from
+#: 16 MiB (docs/benchmarks.md). ``torchcomms tune --backend shm`` measures a host's own.
+ONE_STEP_TRAFFIC_BYTES = 4 << 20
 #: all_reduce, broadcast and all_gather messages of at least this many bytes take
 #: ``measured`` (where every rank can read its peers).
 MEASURED_MIN_BYTES = 1 << 20
 
 
+def one_step_limit(ranks: int) -> int:
+    """The largest all_reduce (bytes) the default rule gives one step, for ``ranks`` ranks:
+    any size for 2, else ``ONE_STEP_TRAFFIC_BYTES / (ranks - 1)``, at least 64 KiB."""
+    if ranks <= 2:
+        return 1 << 62
+    return max(ONE_STEP_BYTES, ONE_STEP_TRAFFIC_BYTES // (ranks - 1))
+
+
 def _all_reduce_rule(backend: Any, query: Query) -> str:
-    """one_step up to 64 KiB (and one chunk), measured from 1 MiB where every rank can read
-    its peers, chunked otherwise"""
-    chunk = getattr(backend, "_chunk", ONE_STEP_BYTES)
-    if query.nbytes <= min(ONE_STEP_BYTES, chunk):
+    """one_step up to one_step_limit(ranks) (any size for 2 ranks, 1 MiB for 4), measured
+    above where every rank can read its peers, chunked otherwise"""
+    if query.nbytes <= one_step_limit(getattr(backend, "_size", 2)):
         return "one_step"
     if getattr(backend, "_cma_ok", False) and query.nbytes >= MEASURED_MIN_BYTES:
         return "measured"
@@ -96,7 +112,7 @@ ALGORITHMS = {
     ),
     "all_reduce": OpAlgorithms(
         (
-            Algorithm("one_step", doc="stage the whole tensor, every rank folds all (<= chunk)"),
+            Algorithm("one_step", doc="stage each piece, every rank folds every rank's copy"),
             Algorithm("chunked", doc="per chunk, each rank reduces its part; lockstep"),
             Algorithm(
                 "direct",

@@ -72,20 +72,25 @@ class ShmCollectives(ShmP2P):
                     lambda: self._all_reduce_chunked(flat, fn),
                 )
             return
-        if choice == "one_step" and nbytes <= self._chunk:
-            # One step: every rank stages its whole tensor and folds all of them itself.
-            h = self._half()
-            key = (dtype, total, h)
-            slots = self._views.get(key)
-            if slots is None:
-                if len(self._views) > 64:
-                    self._views.clear()
-                slots = self._views[key] = [
-                    self._slots[r][h][: total * es].view(dtype) for r in range(n)
-                ]
-            _copy(slots[me], flat)
-            self._sync()
-            _fold(fn, slots, flat)
+        if choice == "one_step":
+            # One step per piece of at most a chunk: every rank stages the piece and folds
+            # every rank's copy itself (the compiled path of ``small`` takes the same steps).
+            per = max(1, self._chunk // es)
+            for start in range(0, total, per):
+                part = flat[start : start + per]
+                m = part.numel()
+                h = self._half()
+                key = (dtype, m, h)
+                slots = self._views.get(key)
+                if slots is None:
+                    if len(self._views) > 64:
+                        self._views.clear()
+                    slots = self._views[key] = [
+                        self._slots[r][h][: m * es].view(dtype) for r in range(n)
+                    ]
+                _copy(slots[me], part)
+                self._sync()
+                _fold(fn, slots, part)
             return
         self._all_reduce_chunked(flat, fn)
 

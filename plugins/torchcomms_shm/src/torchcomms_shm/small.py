@@ -123,8 +123,7 @@ class _Plan:
         "slots",
         "py",
         "floats",
-        "c",
-        "cref",
+        "pieces",
     )
 
     def __init__(self, tensor: torch.Tensor, ptr: int, nbytes: int, op: RedOpType, tuning: Any):
@@ -133,9 +132,9 @@ class _Plan:
         self.slots: tuple[list[memoryview], list[memoryview]] | None = None
         self.py = False
         self.floats = False
-        #: The compiled path's plan and its pointer (``None``: the memoryview path).
-        self.c: native.Plan | None = None
-        self.cref: Any = None
+        #: The compiled path: per piece of at most half a slot, its ``tc_plan``, the
+        #: pointer to pass, and the piece of the tensor (empty: not compiled).
+        self.pieces: list[tuple[native.Plan, Any, torch.Tensor]] = []
 
 
 class ShmSmall(ShmCollectives):
@@ -166,6 +165,8 @@ class ShmSmall(ShmCollectives):
         self._user_views: dict[int, tuple[torch.Tensor, int, int, dict[str, memoryview]]] = {}
         #: id(tensor) -> the plan of its small all-reduce (``_all_reduce_plan``).
         self._plans: dict[int, _Plan] = {}
+        #: (bytes, dtype code) -> the compiled plans of its pieces, shared by every tensor.
+        self._c_plans: dict[tuple[int, int], list[tuple[native.Plan, Any]]] = {}
         #: The compiled small all-reduce (``torchcomms_shm.native``), or ``None``.
         wanted = getattr(self, "_native_wanted", True) and self._size <= native.MAX_RANKS
         self._native = native.load() if wanted else None
@@ -176,6 +177,7 @@ class ShmSmall(ShmCollectives):
         self._slot_views = {}
         self._user_views = {}
         self._plans = {}
+        self._c_plans = {}
         self._slot_bytes = []
 
     def _user_view(self, tensor: torch.Tensor, fmt: str) -> memoryview:
@@ -216,47 +218,68 @@ class ShmSmall(ShmCollectives):
             plans.clear()
         nbytes, dtype = tensor.nbytes, tensor.dtype
         fmt = _FORMATS.get(dtype)
-        small = (
+        one_step = (
             self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step"
-            and fmt is not None
-            and 0 < nbytes <= min(SMALL_BYTES, self._small)
+            and nbytes > 0
             and self._size > 1
         )
         plan = _Plan(tensor, tensor.data_ptr(), nbytes, op, self.tuning)
-        if small:
-            assert fmt is not None
+        lib = self._native
+        code = native.DTYPES.get(str(dtype).removeprefix("torch."))
+        if one_step and lib is not None and code is not None and op is RedOpType.SUM:
+            # Compiled, at any size the tuner gives one step: a piece per half-slot.
+            self._native_plan(plan, code)
+        elif one_step and fmt is not None and nbytes <= min(SMALL_BYTES, self._small):
             plan.user = user = self._user_view(tensor, fmt)
             plan.slots = (self._slots_as(fmt, nbytes, 0), self._slots_as(fmt, nbytes, 1))
             plan.py = len(user) * (self._size - 1) <= FOLD_OPS
             plan.floats = dtype in _FLOATS
-            lib = self._native
-            code = native.DTYPES.get(str(dtype).removeprefix("torch."))
-            if lib is not None and code is not None and op is RedOpType.SUM:
-                self._native_plan(plan, code)
         plans[id(tensor)] = plan
         return plan
 
     def _native_plan(self, plan: _Plan, code: int) -> None:
-        """Fill ``plan`` for the compiled path (a SUM of float32, float64, int32 or int64)."""
+        """Fill ``plan`` for the compiled path (a SUM of float32, float64, int32 or int64):
+        one ``tc_plan`` per piece of at most half a slot, each a step of its own."""
         mapping = self._mapping
         assert mapping is not None
         lay = self._layout
         first = mapping.base + lay.arena
-        plan.c, plan.cref = native.make_plan(
-            user=plan.ptr,
-            slot_bases=(first, first + lay.half),
-            stride=lay.arena_bytes,
-            words=self._control_at,
-            my_step=self._my_step,
-            peer_steps=self._peer_steps,
-            sleep_words=self._sleep_words,
-            nbytes=plan.nbytes,
-            count=plan.tensor.numel(),
-            polls=self._fast_polls,
-            rank=self._rank,
-            nranks=self._size,
-            dtype=code,
-        )
+        flat = plan.tensor.view(-1)
+        es = flat.element_size()
+        per = max(1, self._chunk // es)  # the pieces of the general path's one step
+        parts = [flat[start : start + per] for start in range(0, flat.numel(), per)]
+        # The C plans depend on the size and dtype only (the user's address is set at
+        # each call): made once per size, shared by every tensor of that size.
+        key = (plan.nbytes, code)
+        made = self._c_plans.get(key)
+        if made is not None:
+            plan.pieces = [(c, cref, part) for (c, cref), part in zip(made, parts, strict=True)]
+            return
+        if len(self._c_plans) >= _CACHED_TENSORS:
+            self._c_plans.clear()
+        pieces = []
+        for part in parts:
+            # Polls before the waiter takes over: enough to cover a peer's copy of the
+            # piece where every rank has a core (none where ranks share cores).
+            polls = self._fast_polls if self._fast_polls <= 1 else max(200, part.nbytes >> 6)
+            c, cref = native.make_plan(
+                user=part.data_ptr(),
+                slot_bases=(first, first + lay.half),
+                stride=lay.arena_bytes,
+                words=self._control_at,
+                my_step=self._my_step,
+                peer_steps=self._peer_steps,
+                sleep_words=self._sleep_words,
+                nbytes=part.nbytes,
+                count=part.numel(),
+                polls=polls,
+                rank=self._rank,
+                nranks=self._size,
+                dtype=code,
+            )
+            pieces.append((c, cref, part))
+        self._c_plans[key] = [(c, cref) for c, cref, _ in pieces]
+        plan.pieces = pieces
 
     def _small_all_reduce(self, tensor: torch.Tensor, op: RedOpType) -> bool:
         """All-reduce a contiguous ``tensor`` in one step through memoryviews; ``False``
@@ -271,29 +294,15 @@ class ShmSmall(ShmCollectives):
             or plan.nbytes != tensor.nbytes
         ):
             plan = self._all_reduce_plan(tensor, op)
+        if plan.pieces:  # compiled: stage, publish, poll and fold, a call per piece
+            for c, cref, part in plan.pieces:
+                self._compiled_step(c, cref, part, op)
+            return True
         user = plan.user
         if user is None:
             return False
         self._use += 1
         h = self._use & 1
-        c = plan.c
-        if c is not None:  # compiled: stage, publish, poll and fold in one call
-            self._step += 1
-            c.half, c.step = h, self._step
-            lib = self._native
-            assert lib is not None
-            done = lib.all_reduce(plan.cref)
-            if done == 1:
-                return True
-            if done & 2:  # a peer sleeps on a step word: wake it, as _post does
-                self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
-            if done & 1:
-                return True
-            if not done & 4:
-                self._wait_peers()
-                if lib.fold(plan.cref):
-                    return True
-            return self._torch_fold(tensor, op, h, plan.nbytes)
         slots = plan.slots[h]  # type: ignore[index]
         slots[self._rank][:] = user
         self._sync()
@@ -304,6 +313,28 @@ class ShmSmall(ShmCollectives):
             except (_Slow, OverflowError, ValueError):
                 pass  # torch folds the same staged copies below
         return self._torch_fold(tensor, op, h, plan.nbytes)
+
+    def _compiled_step(self, c: native.Plan, cref: Any, part: torch.Tensor, op: RedOpType) -> None:
+        """One step of the compiled one-step all-reduce: ``part`` staged in the next half,
+        the step published, the peers awaited, and every rank's copy folded into it."""
+        self._use += 1
+        h = self._use & 1
+        self._step += 1
+        c.half, c.step, c.user = h, self._step, part.data_ptr()
+        lib = self._native
+        assert lib is not None
+        done = lib.all_reduce(cref)
+        if done == 1:
+            return
+        if done & 2:  # a peer sleeps on a step word: wake it, as _post does
+            self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
+        if done & 1:
+            return
+        if not done & 4:
+            self._wait_peers()
+            if lib.fold(cref):
+                return
+        self._torch_fold(part, op, h, part.nbytes)
 
     def _torch_fold(self, tensor: torch.Tensor, op: RedOpType, h: int, nbytes: int) -> bool:
         """Fold the staged copies of half ``h`` into ``tensor`` with torch's kernels."""
