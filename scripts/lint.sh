@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every pre-commit hook (ruff lint, ruff format check, mypy) over the whole tree; exits
-# non-zero when any hook fails. The hooks run the tools of the active environment; this
-# checkout's .venv is used when no environment is active.
+# Every pre-commit hook over the whole tree (.pre-commit-config.yaml): ruff lint, ruff
+# format check, strict mypy, import-linter's contracts and scripts/private_reaches.py over
+# src/ (no package uses another's `_` names); exits non-zero when any hook fails. The
+# hooks run the tools of the active environment; this checkout's .venv is used when no
+# environment is active.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

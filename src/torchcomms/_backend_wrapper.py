@@ -3,6 +3,6 @@
 Re-exports only; the code lives in ``torchcomms_core.c10d.backend_wrapper``.
 """
 
-from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d.backend_wrapper import BackendWrapper as _BackendWrapper
 
 __all__ = ["_BackendWrapper"]

@@ -10,8 +10,10 @@ from torch._C._distributed_c10d import Backend as _Backend
 
 from torchcomms_core import *  # noqa: F403
 from torchcomms_core import __all__ as _core_all
-from torchcomms_core import _is_backend_registered  # noqa: F401
-from torchcomms_core.c10d.backend_wrapper import _BackendWrapper  # noqa: F401
+from torchcomms_core.c10d.backend_wrapper import BackendWrapper as _BackendWrapper  # noqa: F401
+from torchcomms_core.plugin_host.backends import (  # noqa: F401
+    is_backend_registered as _is_backend_registered,
+)
 
 _BackendWrapperOptions = _Backend.Options
 

@@ -7,5 +7,4 @@ from torchcomms_core.pytorch.distwrap import *  # noqa: F403
 from torchcomms_core.pytorch.distwrap import (  # noqa: F401
     __all__,
     __getattr__,
-    _make_nccl_premul_sum,
 )

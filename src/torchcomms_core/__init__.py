@@ -74,8 +74,6 @@ from torchcomms_core.operations.options import (
 )
 from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
 from torchcomms_core.plugin_host.backends import (
-    _is_backend_registered,
-    _load_backend,
     available_backends,
     built_backends,
     get_backend_class,
@@ -84,6 +82,10 @@ from torchcomms_core.plugin_host.backends import (
     register_backend,
     unregister_backend,
 )
+from torchcomms_core.plugin_host.backends import (
+    is_backend_registered as _is_backend_registered,  # the reference's private names
+)
+from torchcomms_core.plugin_host.backends import load_backend as _load_backend
 from torchcomms_core.plugin_host.collective import Collective
 from torchcomms_core.plugin_host.hookspecs import hookimpl
 from torchcomms_core.plugin_host.manager import (

@@ -678,10 +678,13 @@ def test_wait_blocking_forwards_only_where_the_backend_has_a_host_blocking_wait(
 
     class Owner:
         def __init__(self, supports: bool) -> None:
-            self._backend = Backend(supports)
+            self.backend = Backend(supports)
+
+        def get_backend_impl(self) -> Backend:
+            return self.backend
 
         def get_backend(self) -> str:
-            return "gpu" if self._backend.supports_wait_blocking else "cpu"
+            return "gpu" if self.backend.supports_wait_blocking else "cpu"
 
         def get_name(self) -> str:
             return "owner"

@@ -421,7 +421,7 @@ class _BackendWrapper(ProcessGroup):
         self._lane_timeout = comm.get_timeout()
         self._lane_now = lane
         # Without an engine, plain calls go straight into the communicator's lean lane.
-        lean = getattr(comm, "_lane", None)
+        lean = comm.lean_lane()
         engineless = self._engine is None and self._group_engine is None and not self._stale
         self._comm_calls = comm_lane.calls(lean) if engineless and lean is not None else None
 
@@ -709,7 +709,7 @@ def complete_registration() -> None:
         return
     from torchcomms_core.comm.create import new_comm
     from torchcomms_core.hooks.flight_recorder import FlightRecorderHook
-    from torchcomms_core.plugin_host.backends import _is_backend_registered, is_backend_built
+    from torchcomms_core.plugin_host.backends import is_backend_built, is_backend_registered
 
     c10d._BackendWrapper = _BackendWrapper
     c10d.new_comm = new_comm
@@ -717,10 +717,13 @@ def complete_registration() -> None:
     if torch_compat.SWITCH_ASKS_BACKEND_BUILT:
         # Its failed lookup left stubs that route no name to us.
         c10d._torchcomms_is_backend_built = is_backend_built
-        c10d._torchcomms_is_backend_registered = _is_backend_registered
+        c10d._torchcomms_is_backend_registered = is_backend_registered
     c10d._TORCHCOMM_AVAILABLE = True
 
 
 complete_registration()
 
-__all__ = ["_BackendWrapper", "complete_registration"]
+#: The class's public name for other packages (torch looks up the reference's, in the face).
+BackendWrapper = _BackendWrapper
+
+__all__ = ["BackendWrapper", "_BackendWrapper", "complete_registration"]

@@ -16,7 +16,15 @@ from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 
-__all__ = ["as_process_group", "describe", "find_group", "global_ranks_of", "register"]
+__all__ = [
+    "as_process_group",
+    "describe",
+    "find_group",
+    "gather_global_ranks",
+    "global_ranks_of",
+    "new_wrapper",
+    "register",
+]
 
 
 def as_process_group(
@@ -51,11 +59,11 @@ def as_process_group(
                 f"Wrap the communicator that spans every rank first (it becomes the default "
                 f"group), or call torch.distributed.init_process_group()"
             )
-        pg = _new_wrapper(comm, group_desc or "default_pg", group_name)
+        pg = new_wrapper(comm, group_desc or "default_pg", group_name)
         register(pg, list(range(size)), default=True)
         return pg
-    global_ranks = _global_ranks(comm)
-    pg = _new_wrapper(comm, group_desc or "undefined", group_name)
+    global_ranks = gather_global_ranks(comm)
+    pg = new_wrapper(comm, group_desc or "undefined", group_name)
     register(pg, global_ranks)
     return pg
 
@@ -82,7 +90,10 @@ def register(pg: _BackendWrapper, global_ranks: list[int], *, default: bool = Fa
         pg._set_global_ranks(global_ranks)
 
 
-def _new_wrapper(comm: TorchComm, desc: str, base: str | None = None) -> _BackendWrapper:
+def new_wrapper(comm: TorchComm, desc: str, base: str | None = None) -> _BackendWrapper:
+    """A new wrapper of ``comm``, not yet registered, described as ``desc`` and named
+    ``base`` (default: the communicator's name), with ``#2``, ``#3``... appended while
+    ``torch.distributed`` has a group of that name."""
     from torch.distributed import distributed_c10d
 
     taken = set(distributed_c10d._world.pg_names.values())
@@ -97,8 +108,9 @@ def _new_wrapper(comm: TorchComm, desc: str, base: str | None = None) -> _Backen
     return pg
 
 
-def _global_ranks(comm: TorchComm) -> list[int]:
-    """Each member's rank in the default group, in ``comm``'s rank order."""
+def gather_global_ranks(comm: TorchComm) -> list[int]:
+    """Each member's rank in the default group, in ``comm``'s rank order (collective over
+    ``comm``: every member calls it)."""
     import torch.distributed as dist
 
     me = torch.tensor([dist.get_rank()], dtype=torch.int64, device=comm.get_device())

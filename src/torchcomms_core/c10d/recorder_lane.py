@@ -29,8 +29,8 @@ import time
 import weakref
 from typing import Any
 
-from torchcomms_core.hooks.flight_recorder.entry import _RENDERED
-from torchcomms_core.hooks.flight_recorder.ring import _Track, set_lane_reader
+from torchcomms_core.hooks.flight_recorder.entry import RENDERED
+from torchcomms_core.hooks.flight_recorder.ring import Track, set_lane_reader
 
 
 def c10d_recorder_size() -> int:
@@ -91,7 +91,7 @@ class _Lane:
         """Whether the lane holds calls to dump."""
         return bool(self.log)
 
-    def mark(self, track: _Track) -> int:
+    def mark(self, track: Track) -> int:
         """Before the hooks record an entry on ``track`` (the lock is held): note where
         it falls among the lane's calls, which it returns."""
         before = self.calls()
@@ -101,7 +101,7 @@ class _Lane:
         marks.append((before, track.collective_seq, track.p2p_seq, track.recorder.op_seq))
         return before
 
-    def numbers(self, index: int, track: _Track) -> tuple[int, int, int] | None:
+    def numbers(self, index: int, track: Track) -> tuple[int, int, int] | None:
         """``(collective, p2p, op)`` sequence numbers of the lane's call ``index``: the
         counters before the first entry recorded after it, plus ``index``."""
         if index <= self.first:
@@ -119,7 +119,7 @@ class _Lane:
 # from ours: gloo records a reduce-scatter as the all-reduce it runs, and an all-gather's
 # output as the stack of the ranks' inputs.
 def _lane_sizes(kind: str, c10d: dict[str, Any], size: int) -> tuple[Any, Any]:
-    inp = (_RENDERED, c10d.get("input_sizes") or [], c10d.get("input_dtypes") or [])
+    inp = (RENDERED, c10d.get("input_sizes") or [], c10d.get("input_dtypes") or [])
     out_sizes = c10d.get("output_sizes") or []
     out_types = c10d.get("output_dtypes") or []
     if kind == "all_gather_single" and len(out_sizes) == 1 and len(out_sizes[0]) >= 2:
@@ -128,10 +128,10 @@ def _lane_sizes(kind: str, c10d: dict[str, Any], size: int) -> tuple[Any, Any]:
     elif kind == "reduce_scatter_single" and len(inp[1]) == 1 and inp[1][0] and size > 0:
         first, *rest = inp[1][0]
         out_sizes, out_types = [[first // size, *rest]], list(inp[2])
-    return inp, (_RENDERED, out_sizes, out_types)
+    return inp, (RENDERED, out_sizes, out_types)
 
 
-def _lane_entries(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
+def _lane_entries(tracks: list[Track], stacks: bool) -> list[list[Any]]:
     """The engine lanes' calls of ``tracks`` as entries, from c10d's records of them."""
     lanes = [(t, lane) for t in tracks if isinstance(lane := t.lane, _Lane) and lane.log]
     if not lanes:
@@ -178,7 +178,7 @@ def _lane_entries(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
                     False,
                     thread_id,
                     names.get(thread_id, record.get("thread_name") or ""),
-                    (_RENDERED, record.get("frames") or []),
+                    (RENDERED, record.get("frames") or []),
                     None,
                     None,  # no algorithm: c10d's engine chose how to run it (#45)
                 ]
@@ -186,7 +186,7 @@ def _lane_entries(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
     return out
 
 
-def engine_lane(track: _Track, engine: Any, tags: set[str]) -> _Lane:
+def engine_lane(track: Track, engine: Any, tags: set[str]) -> _Lane:
     """``track``'s engine lane for ``engine``, whose records in c10d's recorder carry one
     of ``tags`` (the set is shared: names added later count)."""
     lane = track.lane

@@ -83,7 +83,6 @@ class CommBase:
             "_check_usable",  # refuse an operation on an unusable communicator
             "_hooks_before",  # hooks of an operation that returns no work
             "_hooks_after",
-            "_work_failed",  # an engine failure ended a work: mark the communicator failed
             "_unbind",  # leave the group (reconfigure): returns the previous state
             "_rebind",  # join a new group (reconfigure)
             "_membership",  # fault-tolerance state kept between reconfigures
@@ -492,12 +491,12 @@ class CommBase:
             f"more operations; finalize it and create a new communicator"
         ) from self._failure
 
-    def _work_failed(self, work: TorchWork, error: BaseException) -> None:
+    def on_work_failure(self, work: TorchWork, error: BaseException) -> None:
         """An engine failure ended ``work``: mark the communicator failed, run the abort hooks.
 
-        The work calls it itself (``TorchWork`` holds its communicator; the ``Communicator``
-        protocol of ``foundation.protocols`` declares it).
-        """
+        ``TorchWork`` calls it on the communicator it holds (the ``Communicator`` protocol of
+        ``foundation.protocols``) with the error its ``wait()`` raises; user code has no
+        reason to. Later operations raise ``CommStateError``."""
         with self._lock:
             if self._state is not OK:
                 return
@@ -667,6 +666,11 @@ class CommBase:
         )
         for listener in tuple(self._lane_listeners.values()):
             listener()
+
+    def lean_lane(self) -> lean.Lane | None:
+        """The lean lane plain calls take now (``comm.lean.Lane``; ``None``: the general
+        path), rebuilt on each change :meth:`register_lane_listener` announces."""
+        return self._lane
 
     def takes_lean_calls(self, own_hooks: int = 0) -> bool:
         """Whether operations may skip the general path right now.

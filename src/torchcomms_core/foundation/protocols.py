@@ -15,7 +15,11 @@ if TYPE_CHECKING:
 
 
 class Communicator(Protocol):
-    """The public face of a communicator that lower layers use (a ``TorchComm`` is one)."""
+    """The public face of a communicator that lower layers use (a ``TorchComm`` is one).
+
+    Only public members: no layer below the communicator reads one of its ``_`` members
+    (``scripts/private_reaches.py`` checks it).
+    """
 
     def get_name(self) -> str:
         """The communicator's name."""
@@ -35,11 +39,16 @@ class Communicator(Protocol):
     def is_aborted(self) -> bool:
         """Whether ``abort()`` ran."""
 
-    def _work_failed(self, work: Any, error: BaseException) -> None:
+    def get_backend_impl(self) -> Any:
+        """The backend object (a ``TorchCommBackend``): a work reads whether its
+        ``wait_blocking()`` means anything (``supports_wait_blocking``) and whether an
+        exception came from the plugin's own code."""
+
+    def on_work_failure(self, work: Any, error: BaseException) -> None:
         """An engine failure ended ``work``, one of this communicator's works.
 
         ``TorchWork`` calls it on the communicator it holds, with the error its ``wait()``
         raises; the communicator marks itself failed, runs its abort hooks and, with
-        ``abort_process_on_timeout_or_error``, aborts the process. The one private member
-        lower layers may call (``tests/plugins/test_import_contract.py`` allows it).
+        ``abort_process_on_timeout_or_error``, aborts the process. A work built by hand
+        around another object that lacks it (or ``get_backend_impl``) does without.
         """

@@ -323,9 +323,9 @@ class TorchWork:
                 ``wait()``.
         """
         comm = self._comm
-        backend = getattr(comm, "_backend", None)
-        if comm is not None and backend is not None:
-            if not getattr(backend, "supports_wait_blocking", False):
+        backend_of = getattr(comm, "get_backend_impl", None)  # None: a work built by hand
+        if comm is not None and backend_of is not None:
+            if not getattr(backend_of(), "supports_wait_blocking", False):
                 raise _no_blocking_wait(repr(comm.get_backend()))
         inner = self._inner
         blocking = getattr(inner, "wait_blocking", None)
@@ -411,13 +411,12 @@ class TorchWork:
         self._error = err
         self._inner = None
         self._finishers = None
-        if (
-            comm is not None
-            and engine
-            and not isinstance(err, CommStateError)
-            and hasattr(comm, "_work_failed")  # not so in a work built by hand for another
-        ):
-            comm._work_failed(self, err)  # the communicator marks itself failed
+        if engine and not isinstance(err, CommStateError):
+            # The communicator marks itself failed; a work built by hand for another
+            # object (or none) has no one to tell.
+            tell = getattr(comm, "on_work_failure", None)
+            if tell is not None:
+                tell(self, err)
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._op} {self._status.name}>"

@@ -253,9 +253,9 @@ def _wrap_init(original: Any) -> Any:
 def mark_plugin_collectives() -> None:
     """Make every installed plugin collective a clean graph break when traced."""
     from torchcomms_core.comm.operations import TorchComm
-    from torchcomms_core.plugin_host.manager import _collectives
+    from torchcomms_core.plugin_host.manager import registered_collectives
 
-    for name, coll in list(_collectives.items()):
+    for name, coll in registered_collectives().items():
         method = TorchComm.__dict__.get(name)
         if method is None or getattr(method, _WRAPPED, None) is not None:
             continue

@@ -110,15 +110,20 @@ def built_backends() -> list[str]:
     return sorted(entry_points())
 
 
-def _is_backend_registered(name: str) -> bool:
-    """Tell whether ``name`` is registered in-process or its plugin is already loaded."""
+def is_backend_registered(name: str) -> bool:
+    """Tell whether ``name`` is registered in-process or its plugin is already loaded
+    (the reference's ``torchcomms._comms._is_backend_registered``)."""
     return BACKENDS.is_known(name)
 
 
-def _load_backend(backend: str) -> None:
-    """Load the entry point named ``backend``; ``ModuleNotFoundError`` if there is none."""
+def load_backend(backend: str) -> None:
+    """Load the entry point named ``backend``; ``ModuleNotFoundError`` if there is none
+    (the reference's ``torchcomms._load_backend``)."""
     if not isinstance(backend, str):
-        raise CommTypeError(f"_load_backend: backend must be a str, got {backend!r}")
+        raise CommTypeError(
+            f"torchcomms._load_backend: backend must be a str, got {backend!r}; pass a "
+            f"backend's name (torchcomms.built_backends() lists the installed ones)"
+        )
     if BACKENDS.is_known(backend):
         return
     if backend not in entry_points():

@@ -232,6 +232,12 @@ def plugin_collectives() -> dict[str, Collective]:
         return dict(_collectives)
 
 
+def registered_collectives() -> dict[str, Collective]:
+    """The plugin collectives registered so far, by name, loading nothing (a snapshot):
+    for callers that may run while plugins load, such as ``TorchComm``'s constructor."""
+    return dict(_collectives)
+
+
 def _collective_names() -> list[str]:
     return sorted(plugin_collectives())
 

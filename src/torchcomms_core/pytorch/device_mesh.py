@@ -2,8 +2,10 @@
 
 Each mesh dimension is one communicator (e.g. made with ``split``); FSDP2, DTensor and
 tensor parallelism then run their collectives on them through registered wrappers.
-``_create_torchcomm_process_group`` and ``_flatten_with_comm`` are the reference's
-helpers for registering one communicator as a group and for a flattened dimension.
+``create_torchcomm_process_group`` and ``flatten_with_comm`` are the reference's
+helpers for registering one communicator as a group and for a flattened dimension; the
+face exports them under the reference's names (``torchcomms.device_mesh``:
+``_create_torchcomm_process_group``, ``_flatten_with_comm``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
+from torchcomms_core.c10d.backend_wrapper import BackendWrapper
 from torchcomms_core.c10d.groups import as_process_group
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
@@ -78,7 +80,7 @@ def init_device_mesh(
     return device_mesh
 
 
-def _create_torchcomm_process_group(
+def create_torchcomm_process_group(
     comm: TorchComm,
     group_name: str,
     backend_str: str = "torchcomm",
@@ -116,7 +118,7 @@ def _create_torchcomm_process_group(
                 f"{mapping.get(me)}, but it is rank {comm.get_rank()} of communicator "
                 f"{comm.get_name()!r}; map every member's global rank to its rank in comm"
             )
-    pg = _BackendWrapper(comm)
+    pg = BackendWrapper(comm)
     pg._set_group_name(group_name)
     pg._set_group_desc(group_name)
     set_ranks = getattr(pg, "_set_global_ranks", None)  # recorded in the group's options
@@ -151,7 +153,7 @@ def _check_mapping(mapping: Any, size: int, where: str) -> dict[int, int]:
     return dict(mapping)
 
 
-def _flatten_with_comm(
+def flatten_with_comm(
     mesh: Any, mesh_dim_name: str, comm: TorchComm, global_ranks: list[int], layout: Any
 ) -> Any:
     """Add to ``mesh``'s root a flattened 1-D dimension ``mesh_dim_name`` running on ``comm``.
@@ -204,7 +206,7 @@ def _flatten_with_comm(
             f"global_ranks is {ranks}; pass the global ranks of this rank's flattened group "
             f"(and a communicator over exactly them)"
         )
-    pg = _create_torchcomm_process_group(
+    pg = create_torchcomm_process_group(
         comm,
         _free_group_name(comm.get_name()),
         global_ranks_mapping={g: i for i, g in enumerate(ranks)},

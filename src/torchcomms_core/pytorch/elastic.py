@@ -8,8 +8,8 @@ so a group made before a reconfigure no longer describes the communicator. After
 
 from __future__ import annotations
 
-from torchcomms_core.c10d.backend_wrapper import _BackendWrapper
-from torchcomms_core.c10d.groups import _global_ranks, _new_wrapper, find_group, register
+from torchcomms_core.c10d.backend_wrapper import BackendWrapper
+from torchcomms_core.c10d.groups import find_group, gather_global_ranks, new_wrapper, register
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation.errors import CommStateError, CommTypeError
 
@@ -18,7 +18,7 @@ def _keep_comm() -> None:
     """Stands in for the old wrapper's shutdown/abort: the communicator lives on."""
 
 
-def rebuild_process_group(comm: TorchComm, *, group_desc: str = "default_pg") -> _BackendWrapper:
+def rebuild_process_group(comm: TorchComm, *, group_desc: str = "default_pg") -> BackendWrapper:
     """Replace the process group over ``comm`` with one over its current membership.
 
     If the old group was ``torch.distributed``'s default group, every registered group is
@@ -47,8 +47,8 @@ def rebuild_process_group(comm: TorchComm, *, group_desc: str = "default_pg") ->
         else:
             dist.destroy_process_group(old)
     default = not dist.is_initialized()
-    members = list(range(comm.get_size())) if default else _global_ranks(comm)
-    pg = _new_wrapper(comm, group_desc if default else "undefined")
+    members = list(range(comm.get_size())) if default else gather_global_ranks(comm)
+    pg = new_wrapper(comm, group_desc if default else "undefined")
     register(pg, members, default=default)
     return pg
 

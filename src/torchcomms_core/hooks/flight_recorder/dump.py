@@ -45,7 +45,6 @@ from torchcomms_core.hooks.flight_recorder.entry import (
     _P2P_SEQ,
     _PEER,
     _RECORD_ID,
-    _RENDERED,
     _RETIRED,
     _STACK,
     _STARTED,
@@ -54,6 +53,7 @@ from torchcomms_core.hooks.flight_recorder.entry import (
     _THREAD_NAME,
     _TIMEOUT,
     _TRACK,
+    RENDERED,
     _Desc,
 )
 
@@ -117,9 +117,7 @@ def _render(desc: _Desc) -> tuple[list[list[int]], list[str]]:
         return [], []
     if desc[0] == _ONE:
         return [list(desc[1])], [_scalar_name(desc[2])]
-    if (
-        desc[0] == _RENDERED
-    ):  # c10d's own, for the engine lane (see the c10d bridge's recorder_lane)
+    if desc[0] == RENDERED:  # c10d's own, for the engine lane (see the c10d bridge's recorder_lane)
         return [list(sizes) for sizes in desc[1]], list(desc[2])
     pairs = desc[1]
     if desc[0] == _STACK and pairs and len({shape for shape, _ in pairs}) == 1:
@@ -291,7 +289,7 @@ def _entry_frames(kept: list[list[Any]]) -> list[list[dict[str, Any]]]:
     own = []
     for i, entry in enumerate(kept):
         captured = entry[_FRAMES]
-        if type(captured) is tuple and captured and captured[0] == _RENDERED:
+        if type(captured) is tuple and captured and captured[0] == RENDERED:
             frames[i] = _kept_frames(captured[1])
         else:
             own.append(i)

@@ -35,7 +35,11 @@ _HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 # list that c10d reports as one stacked shape when uniform, ``(_EACH, pairs)`` for tensors
 # reported one by one, ``None`` for no tensor. ``dump._render`` makes c10d's lists at dump.
 
-_ONE, _STACK, _EACH, _RENDERED = 0, 1, 2, 3
+_ONE, _STACK, _EACH = 0, 1, 2
+#: The tag of a description already in c10d's form: ``(RENDERED, sizes, dtypes)`` for
+#: tensors, ``(RENDERED, frames)`` for a stack; the c10d bridge's engine lane
+#: (``c10d.recorder_lane``) builds them from c10d's own records.
+RENDERED = 3
 _Desc = tuple[Any, ...] | None
 _Tensor = torch.Tensor
 # Operations whose one ``tensor`` c10d reports as both input and output.
@@ -143,7 +147,7 @@ def _op_str(name: Any) -> str:
     _IS_P2P,
     _THREAD_ID,  # an int
     _THREAD_NAME,  # a str, or the threading.Thread (engine-lane entries)
-    _FRAMES,  # what _frames returned, or (_RENDERED, c10d's frames): c10d.recorder_lane
+    _FRAMES,  # what _frames returned, or (RENDERED, c10d's frames): c10d.recorder_lane
     _WORK,  # the operation's work until it is seen finished
     _ALGORITHM,  # the algorithm the backend chose (a str), or None (#45)
 ) = range(22)

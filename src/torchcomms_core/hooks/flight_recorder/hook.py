@@ -22,7 +22,7 @@ from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 from torchcomms_core.hooks.flight_recorder.dump import dump_path, global_rank, write
-from torchcomms_core.hooks.flight_recorder.ring import _Recorder, _Track
+from torchcomms_core.hooks.flight_recorder.ring import Track, _Recorder
 from torchcomms_core.operations.args import reset_op_ids
 from torchcomms_core.plugin_host.hookspecs import hookimpl
 from torchcomms_core.plugin_host.manager import get_plugin_manager
@@ -133,7 +133,7 @@ class FlightRecorderHook:
         )
         if isolated:  # as the reference does: operation ids start from 0 again
             reset_op_ids()
-        self._tracks: list[_Track] = []
+        self._tracks: list[Track] = []
         self._registered = False
 
     @property
@@ -205,7 +205,7 @@ class FlightRecorderHook:
                 _attached[comm].remove(self)
         self._tracks = []
 
-    def _on_abort(self, track: _Track) -> None:
+    def _on_abort(self, track: Track) -> None:
         comm = track.comm()
         failed = comm is not None and not comm.is_aborted()  # abort() is deliberate
         try:

@@ -1,7 +1,7 @@
 """The flight recorder's ring: the bounded store of recorded operations.
 
 Owns ``_Recorder`` (a ring of entries of the layout :mod:`.entry` defines, and the
-communicators that feed it through their pre- and post-hooks) and ``_Track`` (what a
+communicators that feed it through their pre- and post-hooks) and ``Track`` (what a
 recorder knows of one communicator). Calls that the c10d bridge gives its engine
 directly are recorded with :meth:`_Recorder.record_lane`; calls that c10d's own recorder
 records for the bridge come in through the reader the bridge installs
@@ -63,30 +63,30 @@ class EngineLane(Protocol):
         """Whether the lane holds calls to dump."""
         ...
 
-    def mark(self, track: _Track) -> int:
+    def mark(self, track: Track) -> int:
         """Before an entry is recorded on ``track`` (the lock is held): note where it
         falls among the lane's calls, which it returns."""
         ...
 
 
-def _no_lanes(tracks: list[_Track], stacks: bool) -> list[list[Any]]:
+def _no_lanes(tracks: list[Track], stacks: bool) -> list[list[Any]]:
     return []
 
 
 # The entries of the engine lanes of some tracks (with stacks or not), from c10d's
 # records of them. The c10d bridge, the only one to give a track a lane, installs its
 # reader when it loads (``set_lane_reader``).
-_read_lanes: Callable[[list[_Track], bool], list[list[Any]]] = _no_lanes
+_read_lanes: Callable[[list[Track], bool], list[list[Any]]] = _no_lanes
 
 
-def set_lane_reader(read: Callable[[list[_Track], bool], list[list[Any]]]) -> None:
+def set_lane_reader(read: Callable[[list[Track], bool], list[list[Any]]]) -> None:
     """Read the engine lanes' entries with ``read(tracks, stacks)`` (the c10d bridge
     installs its reader of c10d's records)."""
     global _read_lanes
     _read_lanes = read
 
 
-class _Track:
+class Track:
     """What a recorder knows of one communicator: its id, counters, open entries, hooks."""
 
     __slots__ = (
@@ -139,10 +139,10 @@ _DROPPED_LANES = 64
 
 # The track of each communicator that one recorder records (by ``id``; the track's weak
 # reference tells a reused id apart), for the c10d bridge's engine lane: see lane_track.
-_lane_tracks: dict[int, _Track] = {}
+_lane_tracks: dict[int, Track] = {}
 
 
-def lane_track(comm: TorchComm) -> _Track | None:
+def lane_track(comm: TorchComm) -> Track | None:
     """The track recording ``comm``, when a flight recorder's hooks are its only hooks'
     reason to exist (the caller still checks that no other hooks are registered)."""
     track = _lane_tracks.get(id(comm))
@@ -168,10 +168,10 @@ class _Recorder:
     def __init__(self, max_entries: int) -> None:
         self.max_entries = max_entries
         self.entries: collections.deque[list[Any]] = collections.deque(maxlen=max_entries or None)
-        self.tracks: list[_Track] = []
+        self.tracks: list[Track] = []
         # Tracks no longer recording whose engine lane still has calls to dump (their
         # other entries stay in ``entries``, as every track's do).
-        self.dropped: collections.deque[_Track] = collections.deque(maxlen=_DROPPED_LANES)
+        self.dropped: collections.deque[Track] = collections.deque(maxlen=_DROPPED_LANES)
         self.next_pg_id = 0
         self.record_ids = 0
         # Operation ids (``op_id`` of the entries): one sequence over every communicator
@@ -184,11 +184,11 @@ class _Recorder:
     def enabled(self) -> bool:
         return self.max_entries > 0
 
-    def find(self, comm: TorchComm) -> _Track | None:
+    def find(self, comm: TorchComm) -> Track | None:
         return next((t for t in self.tracks if t.comm() is comm), None)
 
-    def add(self, comm: TorchComm) -> _Track:
-        track = _Track(self, self.next_pg_id, comm)
+    def add(self, comm: TorchComm) -> Track:
+        track = Track(self, self.next_pg_id, comm)
         self.next_pg_id += 1
         _lane_tracks[id(comm)] = track
         track.handles = [
@@ -198,7 +198,7 @@ class _Recorder:
         self.tracks.append(track)
         return track
 
-    def drop(self, track: _Track) -> None:
+    def drop(self, track: Track) -> None:
         track.remove()
         if track in self.tracks:
             self.tracks.remove(track)
@@ -218,7 +218,7 @@ class _Recorder:
 
     # -- recording -------------------------------------------------------------------
 
-    def pre(self, track: _Track, name: Any, op_id: int, args: Any) -> None:
+    def pre(self, track: Track, name: Any, op_id: int, args: Any) -> None:
         op = _OP_NAMES.get(name) or _op_str(name)
         if op == "finalize":
             # Not an operation between ranks: as in the reference (hook id 2**64 - 1), it
@@ -255,7 +255,7 @@ class _Recorder:
 
     def _append(
         self,
-        track: _Track,
+        track: Track,
         op: str,
         me: int | None,
         peer: int | None,
@@ -302,7 +302,7 @@ class _Recorder:
 
     def _record_batch(
         self,
-        track: _Track,
+        track: Track,
         op_id: int,
         batch: list[tuple[str, Any, Any]],
         comm: TorchComm | None,
@@ -320,7 +320,7 @@ class _Recorder:
                 for (kind, _, peer), (inp, out) in zip(batch, ios, strict=True)
             ]
 
-    def post(self, track: _Track, op_id: int, args: Any) -> None:
+    def post(self, track: Track, op_id: int, args: Any) -> None:
         entries = track.open.pop(op_id, None)
         if not entries:
             return
@@ -344,7 +344,7 @@ class _Recorder:
 
     def record_lane(
         self,
-        track: _Track,
+        track: Track,
         op: str,
         inp: torch.Tensor | None,
         out: torch.Tensor | None,
@@ -391,7 +391,7 @@ class _Recorder:
         finally:
             lock.release()
 
-    def _open_lane(self, track: _Track, entry: list[Any], work: Any, now: int) -> None:
+    def _open_lane(self, track: Track, entry: list[Any], work: Any, now: int) -> None:
         """Keep an asynchronous lane entry's work to settle it from (the lock is held)."""
         entry[_WORK] = work
         # Settle the earlier ones now, so that no finished work (nor the tensors it
@@ -436,7 +436,7 @@ class _Recorder:
 
     # -- reading ---------------------------------------------------------------------
 
-    def held(self, stacks: bool = False) -> tuple[list[list[Any]], list[_Track]]:
+    def held(self, stacks: bool = False) -> tuple[list[list[Any]], list[Track]]:
         """The entries held now, oldest first, the engine lanes' among them (see
         ``EngineLane``), at most ``max_entries``; and the tracks."""
         with self.lock:
