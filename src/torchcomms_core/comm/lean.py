@@ -17,9 +17,13 @@ The c10d bridge has a lane of its own into the backend's engine, under the same
 :data:`COMMUNICATOR` conditions (``TorchComm.takes_lean_calls``).
 
 Backends may offer entry points for the lane (``TorchCommBackend.lean_calls``), called in
-place of their methods. Only the mpi backend does, because a benchmark shows the gain:
-``mpiexec -n 2 python benchmarks/mpi_overhead.py`` measures a 1-element all_reduce at
-5.9 us through mpi's entry point against 7.4 us through its method (raw mpi4py: 4.9 us).
+place of their methods; an operation without one takes the backend's method. Three of
+the bundled backends do: mpi (``all_reduce``, ``broadcast``, ``all_to_all_single``; they
+keep the MPI buffer specs of recent tensors: ``mpiexec -n 2 python
+benchmarks/mpi_overhead.py`` measures a 1-element all_reduce at 5.9 us through mpi's entry
+point against 7.4 us through its method, raw mpi4py 4.9 us), shm (``all_reduce``,
+``broadcast``, ``barrier``, which skip its methods' keyword handling) and hier
+(``all_reduce`` of the messages it sends flat, straight into its global level's backend).
 """
 
 from __future__ import annotations
