@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sysconfig
 from datetime import timedelta
 from typing import Any
 
@@ -138,11 +139,15 @@ def body_exact(native: str) -> list[str]:
         bad.append(f"resized tensor: {t.tolist()}")
     fast.barrier()
     uses_native = fast.get_backend_impl()._native is not None
+    uses_fastcall = fast.get_backend_impl()._fastcall is not None
     fast.finalize()
     python.finalize()
     slow.finalize()
     if native == "true" and shutil.which("cc") and uses_native is False:
         bad.append("a C compiler is here but the compiled small all-reduce did not load")
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    if native == "true" and shutil.which("cc") and headers and not uses_fastcall:
+        bad.append("the interpreter's headers are here but the CPython entry did not load")
     return bad
 
 

@@ -74,6 +74,8 @@ class NativeBuild:
             keeps the caller on its Python path.
         fallback: what runs instead, for the log (``"small all-reduces run in Python"``).
         cflags: the compiler flags (``DEFAULT_CFLAGS``), plus ``extra`` libraries to link.
+        depends: other files the source includes (their bytes are part of the library's
+            name, so a change to any of them builds it again).
     """
 
     def __init__(
@@ -84,8 +86,10 @@ class NativeBuild:
         fallback: str,
         cflags: tuple[str, ...] = DEFAULT_CFLAGS,
         extra: tuple[str, ...] = (),
+        depends: tuple[Path, ...] = (),
     ) -> None:
         self.name, self.source, self.disable_env = name, source, disable_env
+        self.depends = depends
         self.fallback, self.cflags, self.extra = fallback, cflags, extra
         self._lock = threading.Lock()
         self._tried = False
@@ -130,7 +134,8 @@ class NativeBuild:
             _log.info("%s: no C compiler found; %s", who, self.fallback)
             return None
         try:
-            target = self.target(cc, self.source.read_bytes())
+            source = b"".join(p.read_bytes() for p in (self.source, *self.depends))
+            target = self.target(cc, source)
         except RuntimeError as exc:  # no home directory and no TORCHCOMM_CACHE_DIR
             _log.info("%s: no cache directory (%s); %s", who, exc, self.fallback)
             return None

@@ -19,8 +19,11 @@ May import: the standard library and ``torchcomms_core.plugin``.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import logging
+import sysconfig
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,45 @@ _BUILD = NativeBuild(
 _lock = threading.Lock()
 _loaded: Library | None = None
 _tried = False
+
+#: The CPython entry (``fastcall.c``, which includes ``native.c``): built with the
+#: interpreter's headers, loaded as an extension module.
+FASTCALL_SOURCE = Path(__file__).with_name("fastcall.c")
+_FAST_BUILD = NativeBuild(
+    "shm_fastcall",
+    FASTCALL_SOURCE,
+    "TORCHCOMM_SHM_NATIVE",
+    "the compiled small all-reduce is called through ctypes",
+    (*CFLAGS, f"-I{sysconfig.get_paths()['include']}", f"-I{SOURCE.parent}"),
+    depends=(SOURCE,),
+)
+_fast: Callable[[int, int, int, int], int] | None = None
+_fast_tried = False
+
+
+def load_fastcall() -> Callable[[int, int, int, int], int] | None:
+    """``all_reduce(plan_address, half, step, user_address)`` of ``fastcall.c``, built on
+    first use; ``None`` where it cannot be (no headers, a failed build; said in the log)."""
+    global _fast, _fast_tried
+    if _fast_tried:
+        return _fast
+    with _lock:
+        if not _fast_tried:
+            try:
+                path = _FAST_BUILD.path()
+                if path is not None:
+                    spec = importlib.util.spec_from_file_location("_tc_shm_fastcall", path)
+                    if spec is not None and spec.loader is not None:
+                        module = importlib.util.module_from_spec(spec)
+                        spec.loader.exec_module(module)
+                        _fast = module.all_reduce
+            except (OSError, ImportError) as exc:
+                _log.warning(
+                    "torchcomms-shm: the CPython entry did not load (ctypes serves): %s", exc
+                )
+            finally:
+                _fast_tried = True
+    return _fast
 
 
 def load() -> Library | None:

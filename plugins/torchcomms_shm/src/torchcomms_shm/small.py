@@ -109,6 +109,12 @@ def _fold_py(op: RedOpType, floats: bool, srcs: list[memoryview], out: memoryvie
             out[i] = m
 
 
+def _no_call(cref: Any) -> int:
+    """Stands in for the compiled call where it is not loaded (never reached: no plan has
+    a compiled piece then)."""
+    return 0
+
+
 class _Plan:
     """A small all-reduce of one tensor: what the checks found, and the views it copies
     through (``user`` is ``None`` when the call is not small: the general path runs)."""
@@ -124,6 +130,7 @@ class _Plan:
         "py",
         "floats",
         "pieces",
+        "one",
     )
 
     def __init__(self, tensor: torch.Tensor, ptr: int, nbytes: int, op: RedOpType, tuning: Any):
@@ -135,6 +142,9 @@ class _Plan:
         #: The compiled path: per piece of at most half a slot, its ``tc_plan``, the
         #: pointer to pass, and the piece of the tensor (empty: not compiled).
         self.pieces: list[tuple[native.Plan, Any, torch.Tensor]] = []
+        #: The one piece's plan, pointer and address, when the tensor fits in one (the
+        #: lean lane's call).
+        self.one: tuple[native.Plan, Any, int] | None = None
 
 
 class ShmSmall(ShmCollectives):
@@ -170,6 +180,10 @@ class ShmSmall(ShmCollectives):
         #: The compiled small all-reduce (``torchcomms_shm.native``), or ``None``.
         wanted = getattr(self, "_native_wanted", True) and self._size <= native.MAX_RANKS
         self._native = native.load() if wanted else None
+        #: ``tc_small_all_reduce`` (the lean lane calls it inline), or a stand-in.
+        self._native_call = self._native.all_reduce if self._native is not None else _no_call
+        #: The same call as a CPython function (``fastcall.c``), or ``None``: ctypes serves.
+        self._fastcall = native.load_fastcall() if self._native is not None else None
         del whole
 
     def _drop_views(self) -> None:
@@ -254,6 +268,8 @@ class ShmSmall(ShmCollectives):
         made = self._c_plans.get(key)
         if made is not None:
             plan.pieces = [(c, cref, part) for (c, cref), part in zip(made, parts, strict=True)]
+            if len(made) == 1:
+                plan.one = (*made[0], ctypes.addressof(made[0][0]))
             return
         if len(self._c_plans) >= _CACHED_TENSORS:
             self._c_plans.clear()
@@ -280,6 +296,8 @@ class ShmSmall(ShmCollectives):
             pieces.append((c, cref, part))
         self._c_plans[key] = [(c, cref) for c, cref, _ in pieces]
         plan.pieces = pieces
+        if len(pieces) == 1:
+            plan.one = (pieces[0][0], pieces[0][1], ctypes.addressof(pieces[0][0]))
 
     def _small_all_reduce(self, tensor: torch.Tensor, op: RedOpType) -> bool:
         """All-reduce a contiguous ``tensor`` in one step through memoryviews; ``False``
@@ -318,23 +336,32 @@ class ShmSmall(ShmCollectives):
         """One step of the compiled one-step all-reduce: ``part`` staged in the next half,
         the step published, the peers awaited, and every rank's copy folded into it."""
         self._use += 1
-        h = self._use & 1
         self._step += 1
-        c.half, c.step, c.user = h, self._step, part.data_ptr()
-        lib = self._native
-        assert lib is not None
-        done = lib.all_reduce(cref)
-        if done == 1:
-            return
+        fast = self._fastcall
+        if fast is not None:
+            done = fast(ctypes.addressof(c), self._use & 1, self._step, part.data_ptr())
+        else:
+            c.half, c.step, c.user = self._use & 1, self._step, part.data_ptr()
+            done = self._native_call(cref)
+        self._compiled_rest(c, cref, part, op, done)
+
+    def _compiled_rest(
+        self, c: native.Plan, cref: Any, part: torch.Tensor, op: RedOpType, done: int
+    ) -> None:
+        """What follows the C call of a step that returned ``done`` (``tc_small_all_reduce``'s
+        bits): wake sleeping peers, wait with the waiter if the polls ran out, fold with
+        torch where the C fold met a NaN."""
         if done & 2:  # a peer sleeps on a step word: wake it, as _post does
             self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
         if done & 1:
             return
+        lib = self._native
+        assert lib is not None
         if not done & 4:
             self._wait_peers()
             if lib.fold(cref):
                 return
-        self._torch_fold(part, op, h, part.nbytes)
+        self._torch_fold(part, op, c.half, part.nbytes)
 
     def _torch_fold(self, tensor: torch.Tensor, op: RedOpType, h: int, nbytes: int) -> bool:
         """Fold the staged copies of half ``h`` into ``tensor`` with torch's kernels."""
