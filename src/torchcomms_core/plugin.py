@@ -96,11 +96,13 @@ from torchcomms_core.spec import (
 )
 from torchcomms_core.spec.kit import (
     ELEMENTWISE_REDUCE,
+    LOCAL_SIZE_VARIABLES,
     SignalFile,
     StoredRankAndSize,
     WindowPeers,
     displacements,
     env_count,
+    launcher_local_ranks,
     usable_cores,
 )
 from torchcomms_core.spec.native_build import NativeBuild
@@ -136,12 +138,14 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     # backend authors' kit (torchcomms_core.spec.kit)
     "ELEMENTWISE_REDUCE",
+    "LOCAL_SIZE_VARIABLES",
     "NativeBuild",
     "SignalFile",
     "StoredRankAndSize",
     "WindowPeers",
     "displacements",
     "env_count",
+    "launcher_local_ranks",
     "usable_cores",
     "PortableDefaults",
     "overlaps",

@@ -650,3 +650,63 @@ def test_direct_chunked_and_measured_all_reduce_agree_bit_for_bit(world_size: in
         assert res["bad"] == [], res["bad"]
         assert res["after"] is True
         assert "every rank must pass the same size" in res["mismatch"], res
+
+
+def test_ranks_share_cores_follows_the_launcher_the_hint_and_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``auto`` counts the launcher's ranks on this machine (a communicator of 2 among 8
+    local ranks shares cores on a 2-core machine); ``spin``/``yield`` decide; a wrong value
+    names the hint or the variable."""
+    from torchcomms_core.plugin import LOCAL_SIZE_VARIABLES, CommInputError, usable_cores
+    from torchcomms_shm.comm import WAIT_VARIABLE, default_wait, ranks_share_cores
+
+    for name in (*LOCAL_SIZE_VARIABLES, WAIT_VARIABLE):
+        monkeypatch.delenv(name, raising=False)
+    cores = usable_cores()
+    assert ranks_share_cores(cores, {}) is False
+    assert ranks_share_cores(cores + 1, {}) is True
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))
+    assert ranks_share_cores(2, {}) is True  # a small communicator among many local ranks
+    assert default_wait(2, ranks_share_cores(2, {})) == (0, 1000)
+    assert ranks_share_cores(2, {"wait": "spin"}) is False  # the hint wins
+    monkeypatch.setenv(WAIT_VARIABLE, "spin")
+    assert ranks_share_cores(2, {}) is False
+    assert ranks_share_cores(cores + 5, {"wait": "yield"}) is True
+    with pytest.raises(CommInputError, match="hint wait='fast'"):
+        ranks_share_cores(2, {"wait": "fast"})
+    monkeypatch.setenv(WAIT_VARIABLE, "sleepy")
+    with pytest.raises(CommInputError, match="TORCHCOMM_SHM_WAIT='sleepy'"):
+        ranks_share_cores(2, {})
+
+
+def body_wait_choice(local: str) -> dict[str, Any]:
+    os.environ["LOCAL_WORLD_SIZE"] = local
+    try:
+        comm = _comm("wait")
+        impl = comm.get_backend_impl()
+        t = torch.ones(1000)
+        comm.all_reduce(t, ReduceOp.SUM)
+        out = {
+            "shared": impl._shared_cores,
+            "polls": impl._fast_polls,
+            "spin_s": impl._waiter.spin_s,
+            "ok": bool((t == comm.get_size()).all()),
+        }
+        comm.finalize()
+        return out
+    finally:
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+
+
+def test_a_communicator_among_more_local_ranks_than_cores_waits_by_yielding(
+    pool2: RankPool,
+) -> None:
+    from torchcomms_core.plugin import usable_cores
+
+    many = str(usable_cores() + 2)
+    for res in pool2.run(body_wait_choice, many, timeout=120):
+        assert res == {"shared": True, "polls": 1, "spin_s": 0.0, "ok": True}
+    if usable_cores() >= 2:
+        for res in pool2.run(body_wait_choice, "2", timeout=120):
+            assert res["shared"] is False and res["polls"] == 200 and res["ok"]

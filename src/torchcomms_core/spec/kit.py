@@ -5,6 +5,7 @@
 - :func:`displacements`: the offsets of consecutive blocks of the given counts;
 - :func:`env_count`: a byte or rank count read from an environment variable, checked;
 - :func:`usable_cores`: the cores this process may run on (its affinity);
+- :func:`launcher_local_ranks`: the ranks the launcher started on this machine;
 - :class:`StoredRankAndSize`: ``get_rank``, ``get_size`` and ``get_comm_name`` answered
   from the fields a backend sets in ``init``;
 - :class:`WindowPeers`: what a window engine uses of the backend that made it;
@@ -64,6 +65,27 @@ def env_count(name: str, default: int, error: Callable[[str], Exception]) -> int
     if value < 0:
         raise error(raw)
     return value
+
+
+#: What launchers set to the number of ranks on this machine (torchrun, Open MPI, MPICH,
+#: Slurm's tasks on this node), in the order :func:`launcher_local_ranks` reads them.
+LOCAL_SIZE_VARIABLES: tuple[str, ...] = (
+    "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "MPI_LOCALNRANKS",
+    "SLURM_NTASKS_PER_NODE",
+)
+
+
+def launcher_local_ranks() -> int | None:
+    """The number of ranks the launcher started on this machine (``None``: it does not
+    say). With :func:`usable_cores` it tells whether ranks share cores, which a
+    communicator of a few of them cannot see from its own size."""
+    for name in LOCAL_SIZE_VARIABLES:
+        raw = os.environ.get(name, "").strip()
+        if raw.isdigit() and int(raw) > 0:
+            return int(raw)
+    return None
 
 
 def usable_cores() -> int:

@@ -33,7 +33,11 @@ import os
 import sys
 from collections.abc import Iterator
 
-from torchcomms_core.plugin import CommInputError, usable_cores
+from torchcomms_core.plugin import (
+    CommInputError,
+    launcher_local_ranks,
+    usable_cores,
+)
 
 LOOP_NICE = "loop_nice"
 LOOP_NICE_VARIABLE = "TORCHCOMM_GLOO_LOOP_NICE"
@@ -41,15 +45,6 @@ LOOP_NICE_VARIABLE = "TORCHCOMM_GLOO_LOOP_NICE"
 LOOP_THREAD_NAME = "gloo_tcp_loop"
 #: The nice value ``auto`` gives the loop where ranks outnumber cores.
 OVERSUBSCRIBED_NICE = 19
-#: What launchers set to the number of ranks on this machine (torchrun, Open MPI, MPICH,
-#: Slurm's tasks on this node, and ours), in this order.
-LOCAL_SIZE_VARIABLES: tuple[str, ...] = (
-    "LOCAL_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "MPI_LOCALNRANKS",
-    "SLURM_NTASKS_PER_NODE",
-)
-
 logger = logging.getLogger(__name__)
 
 
@@ -72,11 +67,7 @@ def _parse(raw: str, where: str) -> int | None:
 
 def local_ranks() -> int | None:
     """The number of ranks on this machine, as the launcher says (``None``: unknown)."""
-    for name in LOCAL_SIZE_VARIABLES:
-        raw = os.environ.get(name, "").strip()
-        if raw.isdigit() and int(raw) > 0:
-            return int(raw)
-    return None
+    return launcher_local_ranks()
 
 
 def loop_nice(hints: dict[str, str]) -> int:

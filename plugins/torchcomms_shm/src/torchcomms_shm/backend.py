@@ -54,10 +54,12 @@ from .comm import (
     P2P_BYTES,
     SMALL_PATH_BYTES,
     SPIN_US,
+    WAIT,
     YIELD_US,
     _u8,
     default_wait,
     host_identity,
+    ranks_share_cores,
 )
 from .p2p import _P2P, _P2PWork
 from .small import ShmSmall
@@ -74,10 +76,12 @@ __all__ = [
     "SMALL_BYTES",
     "SMALL_PATH_BYTES",
     "SPIN_US",
+    "WAIT",
     "YIELD_US",
     "ShmBackend",
     "default_wait",
     "host_identity",
+    "ranks_share_cores",
 ]
 
 
@@ -98,6 +102,7 @@ class ShmBackend(ShmSmall):
         HOST_ID,
         SMALL_PATH_BYTES,
         NATIVE,
+        WAIT,
     )
 
     @classmethod

@@ -34,6 +34,7 @@ from torchcomms_core.plugin import (
     TorchCommBackend,
     bool_hint,
     int_hint,
+    launcher_local_ranks,
     read_record,
     usable_cores,
 )
@@ -87,11 +88,45 @@ def _hello(store: Any, rank: int) -> dict[str, Any]:
     return read_record(store.get(key), key, _HELLO)
 
 
-def default_arena(size: int, p2p_bytes: int) -> int:
+#: Hint (and environment variable ``TORCHCOMM_SHM_WAIT``): how ranks wait for each other.
+#: ``spin``: poll, then yield, then sleep (a core per rank: a peer answers within
+#: microseconds); ``yield``: hand the core over at once (ranks share cores: polling keeps a
+#: core from the peer it waits for); ``auto`` (default): ``yield`` where the ranks on this
+#: machine outnumber the cores this process may use. The ranks on this machine are the
+#: launcher's count (``LOCAL_WORLD_SIZE``, Open MPI's, MPICH's, Slurm's) or, larger, this
+#: communicator's size; the cores are its CPU affinity. ``spin_us``/``yield_us`` still set
+#: the waiter's times exactly.
+WAIT = "wait"
+WAIT_VARIABLE = "TORCHCOMM_SHM_WAIT"
+
+
+def ranks_share_cores(size: int, hints: dict[str, str]) -> bool:
+    """Whether this communicator's ranks wait as ranks that share cores (the ``wait`` hint,
+    ``TORCHCOMM_SHM_WAIT``, or ``auto``: the ranks on this machine against its cores).
+
+    Raises:
+        CommInputError: the hint or the variable is not ``auto``, ``spin`` or ``yield``.
+    """
+    where = f"hint {WAIT}" if WAIT in hints else WAIT_VARIABLE
+    raw = hints[WAIT] if WAIT in hints else os.environ.get(WAIT_VARIABLE, "")
+    choice = raw.strip().lower()
+    if choice == "spin":
+        return False
+    if choice == "yield":
+        return True
+    if choice not in ("", "auto"):
+        raise CommInputError(
+            f"{where}={raw!r}: give spin (a core per rank), yield (ranks share cores) or auto"
+        )
+    return max(size, launcher_local_ranks() or 0) > usable_cores()
+
+
+def default_arena(size: int, p2p_bytes: int, shared: bool | None = None) -> int:
     """The arena's bytes per rank when no hint or table sets them: 1 MiB, or
-    :data:`OVERSUBSCRIBED_ARENA_BYTES` with more ranks than cores, at most what keeps the
-    segment within a quarter of the free space of ``/dev/shm`` (never below 1 MiB)."""
-    if size <= usable_cores():
+    :data:`OVERSUBSCRIBED_ARENA_BYTES` where ranks share cores (``shared``; by default,
+    more ranks than cores), at most what keeps the segment within a quarter of the free
+    space of ``/dev/shm`` (never below 1 MiB)."""
+    if not (size > usable_cores() if shared is None else shared):
         return DEFAULT_ARENA_BYTES
     try:
         st = os.statvfs(seg.SHM_DIR)
@@ -104,9 +139,13 @@ def default_arena(size: int, p2p_bytes: int) -> int:
     return max(DEFAULT_ARENA_BYTES, arena)
 
 
-def default_wait(size: int) -> tuple[int, int]:
-    """``(spin_us, yield_us)`` for ``size`` ranks on the cores this process may use."""
-    return (50, 300) if size <= usable_cores() else (0, 1000)
+def default_wait(size: int, shared: bool | None = None) -> tuple[int, int]:
+    """``(spin_us, yield_us)`` for ``size`` ranks: ``(0, 1000)`` where they share cores
+    (``shared``; by default, more ranks than the cores this process may use), else
+    ``(50, 300)``."""
+    if size > usable_cores() if shared is None else shared:
+        return (0, 1000)
+    return (50, 300)
 
 
 #: Hint (and environment variable ``TORCHCOMM_SHM_HOST_ID``): this rank's host identity,
@@ -187,16 +226,17 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             or any(key.startswith("algorithm.arena") for key in hints)
             or int(tuned) != DEFAULT_ARENA_BYTES
         )
+        shared = ranks_share_cores(size, hints)
         if arena_set:
             arena = int_hint(
                 hints, ARENA_BYTES, max(int(tuned), 2 * seg.PAGE), minimum=2 * seg.PAGE
             )
         else:
-            arena = default_arena(size, p2p)
-        spin0, yield0 = default_wait(size)
+            arena = default_arena(size, p2p, shared)
+        spin0, yield0 = default_wait(size, shared)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
-        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if size > usable_cores() else 0)
+        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if shared else 0)
         self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
         self._native_wanted = bool_hint(hints, NATIVE, True)
         arena -= arena % (2 * seg.PAGE)
@@ -217,7 +257,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._windows: list[Any] = []
         # Polls before the waiter takes over (its clock and checks cost more than a poll);
         # none with more ranks than cores, where polling keeps a core from a peer.
-        self._fast_polls = 1 if size > usable_cores() else 200
+        self._fast_polls = 1 if shared else 200
+        #: Whether the ranks wait as ranks that share cores (``ranks_share_cores``).
+        self._shared_cores = shared
         self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
         if SPIN_US not in hints and YIELD_US not in hints:
             # Other jobs keep every core busy: sleep at once (docs/benchmarks.md).
