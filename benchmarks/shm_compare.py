@@ -28,6 +28,7 @@ Figures (nccl-tests conventions, ``size`` = the largest buffer of the call):
     python benchmarks/shm_compare.py --ranks 2 --rounds 3
     python benchmarks/shm_compare.py --ranks 2 --hog # a busy loop on every core
     python benchmarks/shm_compare.py --ranks 8       # 8 ranks (on however many cores)
+    python benchmarks/shm_compare.py --ranks 2 --variant direct=algorithm.all_gather:direct
     torchcomms tune --backend shm --nproc 2 && python benchmarks/shm_compare.py --ranks 2 --tuned
 """
 
@@ -58,6 +59,13 @@ def main() -> None:
     parser.add_argument("--lat-iters", type=int, default=500, help="8-byte calls per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--hints", default="", help="shm hints, k=v,k=v")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=k:v,k:v",
+        help="another shm communicator with these hints, interleaved as its own column",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: keep)")
     parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=IMPLS)
     parser.add_argument(
@@ -134,6 +142,8 @@ def run_all(args: argparse.Namespace, copy: float) -> None:
         cmd += ["--lat-iters", str(args.lat_iters), "--rounds", str(args.rounds)]
         if args.hints:
             cmd += ["--hints", args.hints]
+        for variant in args.variant:
+            cmd += ["--variant", variant]
         cmd += ["--threads", str(args.threads), "--impls", *args.impls]
         if args.policies:
             cmd += ["--policies"]
@@ -156,6 +166,8 @@ def run_all(args: argparse.Namespace, copy: float) -> None:
             report_tuned(n, json.loads(line[7:]), args.bytes)
         else:
             report(n, json.loads(line[7:]), copy, args.bytes)
+            if args.variant:
+                report_variants(n, json.loads(line[7:]), copy, args.bytes)
 
 
 def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
@@ -171,6 +183,25 @@ def report(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
         s, g, m = (res[key].get(i, float("nan")) for i in IMPLS)
         print(
             f"| {label} latency (us) | {s:.1f} | {g:.1f} | {m:.1f} | {s / m:.2f} | {s / g:.3f} | |"
+        )
+
+
+def report_variants(n: int, res: dict[str, Any], copy: float, nbytes: int) -> None:
+    """The ``--variant`` communicators beside shm's defaults and MPICH."""
+    names = [k for k in res["all_reduce"] if k.startswith("shm:")]
+    cols = ["shm", *names, "mpich"]
+    print(f"\n## {n} ranks: shm variants, {nbytes >> 20} MiB busbw GB/s (median of rounds)")
+    print("| op | " + " | ".join(cols) + " | " + " | ".join(f"{c}/MPICH" for c in cols[:-1]) + " |")
+    print("|---" * (2 * len(cols)) + "|")
+    for op in (*OPS, "latency"):
+        vals = [res[op].get(c, float("nan")) for c in cols]
+        ratios = [v / vals[-1] for v in vals[:-1]]
+        print(
+            f"| {op} | "
+            + " | ".join(f"{v:.2f}" for v in vals)
+            + " | "
+            + " | ".join(f"{r:.2f}" for r in ratios)
+            + " |"
         )
 
 
@@ -253,6 +284,12 @@ def worker(args: argparse.Namespace) -> None:
         comms["shm-default"] = torchcomms.new_comm("shm", cpu, name="cmp-dflt", hints=defaults)
     if "gloo" in args.impls:
         comms["gloo"] = torchcomms.new_comm("gloo", cpu, name="cmp-gloo")
+    variants = []
+    for text in args.variant:
+        vname, _, spec = text.partition("=")
+        extra = dict(kv.split(":", 1) for kv in spec.split(",") if kv)
+        comms[f"shm:{vname}"] = torchcomms.new_comm("shm", cpu, name=f"cmp-{vname}", hints=extra)
+        variants.append(f"shm:{vname}")
     mpi = world.Dup()
     count = args.bytes // 4
     part = count // n
@@ -298,7 +335,7 @@ def worker(args: argparse.Namespace) -> None:
     elif args.tuned:
         impls = ("shm", "shm-default", "mpich")
     else:
-        impls = tuple(args.impls)
+        impls = (*args.impls, *variants)
     table = {impl: calls(impl) for impl in impls}
     factor = {
         "all_reduce": 2 * (n - 1) / n,

@@ -546,7 +546,7 @@ def body_arena_defaults(explicit_on_rank0: bool) -> dict[str, Any]:
 
     rank = current_rank()
     own = shm_comm.default_arena
-    shm_comm.default_arena = lambda size, p2p: (rank + 1) << 20  # type: ignore[assignment]
+    shm_comm.default_arena = lambda size, p2p, shared=None: (rank + 1) << 20  # type: ignore[assignment]
     hints = {"arena_bytes": str(3 << 20)} if explicit_on_rank0 and rank == 0 else {}
     try:
         comm = _comm("arena", **hints)

@@ -281,6 +281,7 @@ class ShmCollectives(ShmP2P):
         if self._rank != 0:
             self._sync()
             (direct if w[self._choice_of_0] == 2 else staged)()
+            self._sync()
             return
         meter = self._meter
         use_direct = meter.pick(key)
@@ -288,6 +289,10 @@ class ShmCollectives(ShmP2P):
         start = time.perf_counter()
         self._sync()
         (direct if use_direct else staged)()
+        # A closing step: the time is the slowest rank's. Without it a staged broadcast
+        # from rank 0 timed only rank 0's copies in, and won against direct reads that
+        # were faster for the readers.
+        self._sync()
         meter.record(key, use_direct, time.perf_counter() - start)
 
     def _broadcast_direct(self, data: torch.Tensor, root: int) -> None:

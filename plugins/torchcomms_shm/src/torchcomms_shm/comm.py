@@ -64,8 +64,10 @@ YIELD_US = "yield_us"
 #: Hint: bytes per block from which an all-to-all with even splits reads each block
 #: straight from its owner's tensor (cross-memory attach, one copy, two lockstep steps)
 #: instead of staging it through the arena (two copies, a step per chunk); ``0``: never.
-#: Default: 1 MiB with more ranks than cores (where every step waits for the scheduler),
-#: else 0 (staging is faster there; see docs/benchmarks.md).
+#: Default: 1 MiB (where every rank can read its peers). At 2 ranks with a core each,
+#: 64 MiB all-to-alls ran at 0.99x MPICH's busbw reading directly against 0.84x staged
+#: (#57, docs/benchmarks.md); with more ranks than cores every staged step waits for the
+#: scheduler.
 CMA_BYTES = "cma_bytes"
 DEFAULT_CMA_BYTES = 1 << 20
 #: Hint: bytes up to which all_reduce, broadcast and all_gather take the memoryview path
@@ -236,7 +238,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin0, yield0 = default_wait(size, shared)
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
-        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES if shared else 0)
+        cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES)
         self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
         self._native_wanted = bool_hint(hints, NATIVE, True)
         arena -= arena % (2 * seg.PAGE)

@@ -14,7 +14,8 @@ the faster by a moving average of recent times (weight 1/2 for each new time), a
 :data:`EXPLORE` th call takes the other, so a change of state is seen within that many
 calls. Rank 0 announces the choice in its control line before the call's first step (one
 step more per call), and the others read it after that step, so every rank takes the same
-path.
+path. A closing step (one more) ends the timed span when the slowest rank is done, so the
+time is the call's, not rank 0's share of it.
 
 May import: the standard library.
 """
