@@ -46,14 +46,26 @@ typedef struct {
                               int64_t k) {                                          \
         const T *restrict a = (const T *)base;                                      \
         const T *restrict b = (const T *)(base + stride);                           \
+        int nan = 0;                                                                \
+        if (n == 2) { /* one pass: the sum and the NaN check together */            \
+            for (int64_t i = 0; i < k; i++) {                                       \
+                T v = (T)((U)a[i] + (U)b[i]);                                       \
+                out[i] = v;                                                         \
+                if (NAN_CHECK) nan |= v != v;                                       \
+            }                                                                       \
+            return !nan;                                                            \
+        }                                                                           \
         for (int64_t i = 0; i < k; i++) out[i] = (T)((U)a[i] + (U)b[i]);            \
-        for (int r = 2; r < n; r++) {                                               \
+        for (int r = 2; r < n - 1; r++) {                                           \
             const T *restrict s = (const T *)(base + r * stride);                   \
             for (int64_t i = 0; i < k; i++) out[i] = (T)((U)out[i] + (U)s[i]);      \
         }                                                                           \
-        int nan = 0;                                                                \
-        if (NAN_CHECK)                                                              \
-            for (int64_t i = 0; i < k; i++) nan |= out[i] != out[i];                \
+        const T *restrict last = (const T *)(base + (n - 1) * stride);              \
+        for (int64_t i = 0; i < k; i++) {                                           \
+            T v = (T)((U)out[i] + (U)last[i]);                                      \
+            out[i] = v;                                                             \
+            if (NAN_CHECK) nan |= v != v;                                           \
+        }                                                                           \
         return !nan;                                                                \
     }
 
