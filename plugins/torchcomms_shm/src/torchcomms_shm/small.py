@@ -248,7 +248,11 @@ class ShmSmall(ShmCollectives):
             plan.slots = (self._slots_as(fmt, nbytes, 0), self._slots_as(fmt, nbytes, 1))
             plan.py = len(user) * (self._size - 1) <= FOLD_OPS
             plan.floats = dtype in _FLOATS
-        plans[id(tensor)] = plan
+        if nbytes <= self._chunk:
+            # Cached (holding the tensor) only up to one piece: a plan saves a call's
+            # checks, which count for small calls only, and the cache must not keep
+            # large tensors alive after their owner dropped them.
+            plans[id(tensor)] = plan
         return plan
 
     def _native_plan(self, plan: _Plan, code: int) -> None:
