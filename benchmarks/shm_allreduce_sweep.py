@@ -63,6 +63,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--min-bytes", type=int, default=0)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--gloo", action="store_true", help="gloo too (slow at small sizes)")
     parser.add_argument("--hints", default="", help="shm hints, k=v,k=v")
@@ -110,6 +111,7 @@ def main() -> None:
 def run(args: argparse.Namespace, n: int) -> dict[str, Any]:
     cmd = ["mpiexec", "-n", str(n), sys.executable, os.path.abspath(__file__), "--worker"]
     cmd += ["--rounds", str(args.rounds), "--max-bytes", str(args.max_bytes)]
+    cmd += ["--min-bytes", str(args.min_bytes)]
     if args.gloo:
         cmd += ["--gloo"]
     if args.hints:
@@ -213,7 +215,7 @@ def worker(args: argparse.Namespace) -> None:
         dt = (time.perf_counter() - t0) / iters
         return float(world.allreduce(dt, MPI.MAX))
 
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = [s for s in SIZES if args.min_bytes <= s <= args.max_bytes]
     us: dict[str, dict[str, float]] = {}
     bad: list[str] = []
     for size in sizes:
