@@ -36,34 +36,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from import_circles import modules  # the same module walk (scripts/)
+
 #: The folder whose classes are the communicator, relative to the root.
 COMM_DIR = os.path.join("src", "torchcomms_core", "comm")
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
-
-
-def source_roots(root: str) -> list[str]:
-    """The folders holding import packages: ``src`` and every ``plugins/*/src``."""
-    roots = [os.path.join(root, "src")]
-    plugins = os.path.join(root, "plugins")
-    if os.path.isdir(plugins):
-        roots += [os.path.join(plugins, p, "src") for p in sorted(os.listdir(plugins))]
-    return [r for r in roots if os.path.isdir(r)]
-
-
-def modules(root: str) -> dict[str, str]:
-    """Every module below the source roots: dotted name to file."""
-    found: dict[str, str] = {}
-    for src in source_roots(root):
-        for dirpath, _, files in os.walk(src):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(dirpath, name)
-                    dotted = os.path.relpath(path, src)[:-3].replace(os.sep, ".")
-                    found[dotted.removesuffix(".__init__")] = path
-    return found
 
 
 def package_of(dotted: str, known: dict[str, str]) -> str:
