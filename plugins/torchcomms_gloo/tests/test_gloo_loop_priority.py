@@ -128,7 +128,9 @@ def test_a_bad_hint_fails_creation_on_every_rank(pool2) -> None:
 
 
 def test_launcher_counts_are_read_in_order(monkeypatch) -> None:
-    for name in loop_priority.LOCAL_SIZE_VARIABLES:
+    from torchcomms_core.plugin import LOCAL_SIZE_VARIABLES
+
+    for name in LOCAL_SIZE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert loop_priority.local_ranks() is None
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "6")
