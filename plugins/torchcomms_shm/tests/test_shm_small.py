@@ -438,3 +438,46 @@ def test_one_step_at_mid_and_large_sizes_gives_the_chunked_paths_bits(
     for res in results:
         assert res["bad"] == []
     assert len({res["digest"] for res in results}) == 1  # every rank has the same bits
+
+
+def body_size_mismatch(native: str) -> dict[str, Any]:
+    """Ranks that pass different sizes to a one-step all-reduce all raise, naming the ranks
+    and sizes, after the same step, on every path (compiled, memoryview, torch's fold,
+    several pieces); a matching call right after is exact."""
+    r = current_rank()
+    mine = native if native != "mixed" else str(r % 2 == 0).lower()
+    comm = _comm("mismatch", **{"algorithm.all_reduce": "one_step", "native": mine})
+    n = comm.get_size()
+    cases = {
+        "compiled small (lean lane)": (torch.float32, 8 if r == 0 else 4),
+        "compiled, pieces": (torch.float32, (1 << 18) if r == 0 else 100_000),
+        "memoryview": (torch.int16, 100 if r == 0 else 50),
+        "torch fold, pieces": (torch.bfloat16, (1 << 19) if r == 0 else 100_000),
+    }
+    out: dict[str, Any] = {}
+    for name, (dtype, count) in cases.items():
+        t = torch.ones(count, dtype=dtype)
+        try:
+            comm.all_reduce(t, ReduceOp.SUM)
+            out[name] = "no error"
+        except torchcomms.CommInputError as exc:
+            out[name] = str(exc)
+        ok = torch.ones(1000, dtype=dtype)
+        comm.all_reduce(ok, ReduceOp.SUM)  # the communicator is still in step
+        out[name + " after"] = bool((ok == n).all())
+    comm.finalize()
+    return out
+
+
+@pytest.mark.parametrize(("world_size", "native"), [(2, "true"), (3, "mixed")])
+def test_ranks_passing_different_sizes_to_one_step_all_raise_and_stay_in_step(
+    world_size: int, native: str
+) -> None:
+    with RankPool(world_size) as pool:
+        results = pool.run(body_size_mismatch, native, timeout=300)
+    for res in results:
+        for name, value in res.items():
+            if name.endswith(" after"):
+                assert value is True, (name, res)
+            else:
+                assert "bytes where rank" in value and "same size" in value, (name, value)

@@ -80,6 +80,7 @@ class ShmCollectives(ShmP2P):
                 part = flat[start : start + per]
                 m = part.numel()
                 h = self._half()
+                self._w[self._my_size[h]] = nbytes  # checked by every rank after the step
                 key = (dtype, m, h)
                 slots = self._views.get(key)
                 if slots is None:
@@ -90,6 +91,9 @@ class ShmCollectives(ShmP2P):
                     ]
                 _copy(slots[me], part)
                 self._sync()
+                error = self._size_mismatch(h, nbytes)
+                if error is not None:
+                    raise error
                 _fold(fn, slots, part)
             return
         self._all_reduce_chunked(flat, fn)

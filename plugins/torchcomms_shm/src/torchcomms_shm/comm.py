@@ -397,6 +397,12 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         self._sleep_words = [lay.rank_word(r, seg.W_SLEEP) for r in range(n) if r != me]
         self._my_step_at = self._control_at + 8 * self._my_step
         self._peer_steps = [lay.rank_word(r, seg.W_STEP) for r in range(n) if r != me]
+        #: Per half: this rank's word announcing a one-step all-reduce's bytes, and the
+        #: peers' (each rank checks them after the step: ``_size_mismatch``).
+        self._my_size = [lay.rank_word(me, seg.W_SIZE + h) for h in (0, 1)]
+        self._peer_sizes = [
+            [lay.rank_word(r, seg.W_SIZE + h) for r in range(n) if r != me] for h in (0, 1)
+        ]
         self._peers = [r for r in range(n) if r != me]
         self._abort_words = [lay.rank_word(r, seg.W_ABORT) for r in range(n) if r != me]
         #: Rank 0's word naming the path of a ``measured`` call, and rank 0's timings.
@@ -512,6 +518,19 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
             raise self._fail(seg.timeout_error(what, self._seconds, self._lagging()))
         if self._npending and not self._in_progress:
             self._progress()
+
+    def _size_mismatch(self, h: int, nbytes: int) -> CommInputError | None:
+        """After a one-step all-reduce's step in half ``h``: the error to raise if a peer
+        announced another size than ``nbytes`` (every rank finds it after the same step,
+        so all of them raise and the communicator stays in step)."""
+        w = self._w
+        for r, i in zip(self._peers, self._peer_sizes[h], strict=True):
+            if w[i] != nbytes:
+                return CommInputError(
+                    f"{self._op or 'all_reduce'}: rank {r} passed {w[i]} bytes where rank "
+                    f"{self._rank} passed {nbytes}; every rank must pass the same size"
+                )
+        return None
 
     def _lagging(self) -> list[int]:
         w = self._w

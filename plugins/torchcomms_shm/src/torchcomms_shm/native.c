@@ -25,6 +25,9 @@ typedef struct {
     int64_t count;
     int64_t polls;                 /* peer polls before giving up to the caller's waiter */
     int64_t step;                  /* the step to publish (set by the caller) */
+    int64_t total;                 /* the whole call's bytes, announced and compared */
+    int64_t my_size[2];            /* per half: this rank's word announcing them */
+    int64_t peer_sizes[2][TC_MAX_RANKS];
     int32_t half;                  /* the half to stage in (set by the caller) */
     int32_t nranks;
     int32_t rank;
@@ -78,7 +81,19 @@ DEFINE_FOLD(fold_i64, int64_t, uint64_t, 0)
  * Returns 0 when a float result is NaN: which NaN (its sign and payload) depends on the
  * order of each addition's operands, which torch's kernels choose, so the caller folds
  * again with them; 1 otherwise. */
+/* Whether every peer announced this call's size in this half (read once they published
+ * the step). */
+static int sizes_match(const tc_plan *p) {
+    for (int r = 0; r < p->nranks - 1; r++)
+        if (__atomic_load_n(&p->words[p->peer_sizes[p->half][r]], __ATOMIC_ACQUIRE) != p->total)
+            return 0;
+    return 1;
+}
+
+/* The fold, once every peer published the step: 2 without folding if a peer announced
+ * another size (the caller raises), else as below. */
 int tc_small_fold(tc_plan *p) {
+    if (!sizes_match(p)) return 2;
     const char *base = p->slots[p->half];
     const int64_t k = p->count;
     const int n = p->nranks;
@@ -94,14 +109,16 @@ int tc_small_fold(tc_plan *p) {
 /* Stage, publish, poll. Returns bit 0 set when every peer published the step and the
  * result is folded into the user's tensor; bit 1 set when a peer sleeps on a step word
  * (the caller wakes it); bit 2 set when every peer published but the fold met a NaN (the
- * caller folds with torch). With neither bit 0 nor bit 2 the caller waits with its own
- * waiter, then folds. */
+ * caller folds with torch); bit 3 set when a peer announced another size (nothing folded;
+ * the caller raises). With none of bits 0, 2 and 3 the caller waits with its own waiter,
+ * then folds. */
 int tc_small_all_reduce(tc_plan *p) {
     const int n = p->nranks;
     int64_t *w = p->words;
     const int64_t step = p->step;
     int rc = 0;
     memcpy(p->slots[p->half] + p->rank * p->stride, p->user, (size_t)p->nbytes);
+    w[p->my_size[p->half]] = p->total;  /* published by the step's release store */
     __atomic_store_n(&w[p->my_step], step, __ATOMIC_RELEASE);
     for (int r = 0; r < n - 1; r++) {
         if (__atomic_load_n(&w[p->sleep_words[r]], __ATOMIC_ACQUIRE)) {
@@ -117,7 +134,10 @@ int tc_small_all_reduce(tc_plan *p) {
                 break;
             }
         }
-        if (!behind) return rc | (tc_small_fold(p) ? 1 : 4);
+        if (!behind) {
+            int folded = tc_small_fold(p);
+            return rc | (folded == 2 ? 8 : folded ? 1 : 4);
+        }
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif

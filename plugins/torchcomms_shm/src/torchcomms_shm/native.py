@@ -54,6 +54,9 @@ class Plan(ctypes.Structure):
         ("count", ctypes.c_int64),
         ("polls", ctypes.c_int64),
         ("step", ctypes.c_int64),
+        ("total", ctypes.c_int64),
+        ("my_size", ctypes.c_int64 * 2),
+        ("peer_sizes", (ctypes.c_int64 * MAX_RANKS) * 2),
         ("half", ctypes.c_int32),
         ("nranks", ctypes.c_int32),
         ("rank", ctypes.c_int32),
@@ -161,9 +164,17 @@ def make_plan(
     rank: int,
     nranks: int,
     dtype: int,
+    total: int,
+    my_size: list[int],
+    peer_sizes: list[list[int]],
 ) -> tuple[Plan, Any]:
-    """A filled ``tc_plan`` and the pointer to pass (made once per tensor)."""
+    """A filled ``tc_plan`` and the pointer to pass (made once per size)."""
     plan = Plan()
+    plan.total = total
+    for h in (0, 1):
+        plan.my_size[h] = my_size[h]
+        for i, word in enumerate(peer_sizes[h]):
+            plan.peer_sizes[h][i] = word
     plan.user = user
     plan.slots[0], plan.slots[1] = slot_bases
     plan.stride = stride

@@ -47,6 +47,7 @@ W_PROBE = 5  # address of a private buffer holding the segment's token (cross-me
 W_CMA = 6  # 1 once the rank could read every peer's probe buffer, 2 if it could not
 W_SLEEP = 7  # 1 while the rank sleeps on a peer's step word (the peers wake it)
 W_CHOICE = 8  # rank 0: the path of the current ``measured`` call (1 staged, 2 direct)
+W_SIZE = 9  # words 9 and 10: a one-step all-reduce's bytes, by the parity of its half
 
 
 def arch_supported() -> tuple[bool, str]:

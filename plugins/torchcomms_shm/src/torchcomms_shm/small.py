@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import RedOpType
+from torchcomms_core.plugin import CommInputError, RedOpType
 
 from . import native
 from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives, _fold
@@ -307,6 +307,9 @@ class ShmSmall(ShmCollectives):
                 rank=self._rank,
                 nranks=self._size,
                 dtype=code,
+                total=plan.nbytes,
+                my_size=self._my_size,
+                peer_sizes=self._peer_sizes,
             )
             pieces.append((c, cref, part))
         self._c_plans[key] = [(c, cref) for c, cref, _ in pieces]
@@ -338,7 +341,11 @@ class ShmSmall(ShmCollectives):
         h = self._use & 1
         slots = plan.slots[h]  # type: ignore[index]
         slots[self._rank][:] = user
+        self._w[self._my_size[h]] = plan.nbytes
         self._sync()
+        error = self._size_mismatch(h, plan.nbytes)
+        if error is not None:
+            raise error
         if plan.py:
             try:
                 _fold_py(op, plan.floats, slots, user)
@@ -372,10 +379,20 @@ class ShmSmall(ShmCollectives):
             return
         lib = self._native
         assert lib is not None
-        if not done & 4:
+        if not done & 12:
             self._wait_peers()
-            if lib.fold(cref):
+            folded = lib.fold(cref)
+            if folded == 1:
                 return
+            if folded == 2:
+                done |= 8
+        if done & 8:  # a peer announced another size: nothing was folded
+            error = self._size_mismatch(c.half, c.total)
+            raise (
+                error
+                if error is not None
+                else CommInputError(f"{self._op or 'all_reduce'}: the ranks passed different sizes")
+            )
         self._torch_fold(part, op, c.half, part.nbytes)
 
     def _torch_fold(self, tensor: torch.Tensor, op: RedOpType, h: int, nbytes: int) -> bool:
