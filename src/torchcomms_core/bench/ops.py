@@ -36,6 +36,8 @@ from torchcomms_core.bench.data import (
 )
 from torchcomms_core.bench.transport_ops import TransportRead, TransportWrite
 from torchcomms_core.bench.window_ops import WindowPutSignal
+from torchcomms_core.operations.table import BY_NAME, REDUCE_OP, uneven_lists
+from torchcomms_core.operations.table import OPS as TABLE
 
 __all__ = [
     "DEFAULT_OPS",
@@ -278,19 +280,6 @@ class ReduceScatter(_ListForm, ReduceScatterSingle):
         dist.reduce_scatter(bufs.output, bufs.input_list, op=c10d_reduce_op(dist, case))
 
 
-class ReduceScatterV(_Chunked):
-    """Uneven reduce-scatter: rank ``r`` receives ``r + 1`` parts of the input."""
-
-    name = "reduce_scatter_v"
-    reduces = True
-    uneven = True
-    listed = True
-    gathers = False
-
-    def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        comm.reduce_scatter_v(bufs.output, bufs.input_list, case.reduce_op)
-
-
 # -- data movement -------------------------------------------------------------------------
 
 
@@ -328,16 +317,36 @@ class AllGather(_ListForm, AllGatherSingle):
         dist.all_gather(bufs.output_list, bufs.input)
 
 
-class AllGatherV(_Chunked):
-    """Uneven all-gather: rank ``r`` contributes ``r + 1`` parts of every output."""
+class _UnevenList(_Chunked):
+    """The uneven form of a list collective (``operations.table.uneven_lists``): the part of
+    rank ``r`` holds ``r + 1`` units of the whole buffer."""
 
-    name = "all_gather_v"
     uneven = True
     listed = True
     gathers = True
 
     def run(self, comm: Any, bufs: Buffers, case: Case) -> None:
-        comm.all_gather_v(bufs.output_list, bufs.input)
+        method = getattr(comm, self.name)
+        if self.reduces:
+            method(bufs.output, bufs.input_list, case.reduce_op)
+        else:
+            method(bufs.output_list, bufs.input)
+
+
+def uneven_list_op(name: str) -> BenchOp:
+    """The benchmark of the uneven list collective ``name``, read from its table row: one
+    that takes a reduction scatters a whole input, one that does not gathers into a whole
+    output."""
+    reduces = any(p.kind == REDUCE_OP for p in BY_NAME[name].params)
+    attrs = {
+        "name": name,
+        "reduces": reduces,
+        "gathers": not reduces,
+        "__doc__": _UnevenList.__doc__,
+    }
+    cls = type("".join(part.capitalize() for part in name.split("_")), (_UnevenList,), attrs)
+    op: BenchOp = cls()
+    return op
 
 
 class AllToAllSingle(_Collective):
@@ -584,8 +593,7 @@ OPS: dict[str, BenchOp] = {
         Broadcast(),
         AllGather(),
         ReduceScatter(),
-        AllGatherV(),
-        ReduceScatterV(),
+        *(uneven_list_op(op.name) for op in TABLE if op.name in uneven_lists()),
         AllToAll(),
         AllToAllVSingle(),
         Reduce(),

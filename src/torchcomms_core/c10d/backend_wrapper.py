@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -24,6 +23,7 @@ from torch._C._distributed_c10d import ProcessGroup, Store
 
 from torchcomms_core.c10d import backend_adapter, comm_lane, profiling
 from torchcomms_core.c10d.args import engine_label
+from torchcomms_core.c10d.comm_lane import follow_lane_changes
 from torchcomms_core.c10d.engine_access import (
     _NOT_DELEGATED,
     _backend_type,
@@ -34,6 +34,10 @@ from torchcomms_core.c10d.engine_access import (
     _name_group_engine,
     _records_into_c10d,
     c10d_identity,
+)
+from torchcomms_core.c10d.monitored_barrier import (
+    engine_monitored_barrier,
+    profiled_monitored_barrier,
 )
 from torchcomms_core.c10d.ops import OPS, BridgeOp, barrier_tensor
 from torchcomms_core.c10d.p2p_batch import P2PBatch
@@ -148,7 +152,7 @@ class _BackendWrapper(ProcessGroup):
             # C++ callers (DDP's logger) look the engine up by the type the name says.
             self._register_backend(self._device, _backend_type(self._backend_name), self._engine)
             self._name_engine(comm.get_name())
-        _listen_for_lane_changes(self, comm)
+        follow_lane_changes(self, comm, _BackendWrapper._update_lane)
         self._update_lane()
         # Built by c10d's helper (a group of torch 2.14's switch, or a registered backend's
         # creator): its members' global ranks, as c10d gives a backend's options.
@@ -559,36 +563,14 @@ class _BackendWrapper(ProcessGroup):
         engine = self._engine_for_call()
         if engine is None and self._recorded_lane() is not None:
             engine = self._engine  # c10d's flight recorder keeps no entry for it either
+        limit = timeout if timeout is not None else self._comm.get_timeout()
+        recorded = (barrier_tensor(0), *_NO_ARGS) if _profiler_enabled() else None
         if engine is not None and hasattr(engine, "monitored_barrier"):
             # The engine's own barrier: gloo's protocol, timeouts and words.
-            limit = timeout if timeout is not None else self._comm.get_timeout()
-            if not _profiler_enabled():
-                engine.monitored_barrier(limit, wait_all_ranks)
-                return
-            rec = profiling.enter("c10d::monitored_barrier_", (barrier_tensor(0), *_NO_ARGS))
-            try:
-                engine.monitored_barrier(limit, wait_all_ranks)
-            finally:
-                profiling.exit(rec)
+            engine_monitored_barrier(engine, limit, wait_all_ranks, recorded)
             return
-        from torchcomms_core.c10d.monitored_barrier import monitored_barrier
-
         self.flush()
-        # The op's record spans the barrier; its sends and receives record themselves.
-        rec = profiling.begin(
-            "c10d::monitored_barrier_", (barrier_tensor(0), *_NO_ARGS), (), quiet=False
-        )
-        try:
-            monitored_barrier(
-                self._comm,
-                timeout if timeout is not None else self._comm.get_timeout(),
-                wait_all_ranks,
-                self._backend_name,
-            )
-        finally:
-            if rec is not None:
-                rec.issued()
-                rec.done()
+        profiled_monitored_barrier(self._comm, limit, wait_all_ranks, self._backend_name, recorded)
 
 
 _NO_ARGS = (None,) * 4
@@ -670,20 +652,6 @@ for _op in OPS:
     for _name in _op.names:
         setattr(_BackendWrapper, _name, _fn)
 del _op, _fn, _name
-
-
-def _listen_for_lane_changes(wrapper: _BackendWrapper, comm: TorchComm) -> None:
-    """Have ``comm`` call ``wrapper._update_lane`` on every change, holding the wrapper
-    weakly (the communicator may outlive its groups) and stopping when it is gone."""
-    handles: list[Any] = []
-    ref = weakref.ref(wrapper, lambda _: [h.remove() for h in handles])
-
-    def changed() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._update_lane()
-
-    handles.append(comm.register_lane_listener(changed))
 
 
 _guard_register_backend(_BackendWrapper, backend_adapter.ADAPTER)

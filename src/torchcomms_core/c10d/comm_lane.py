@@ -15,6 +15,7 @@ May import the core's operations and torch; not the rest of the bridge.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -114,3 +115,18 @@ def calls(lane: Any) -> dict[str, Callable[..., Work | None]]:
         return DoneWork(tensors)
 
     return {"allreduce": allreduce, "broadcast": bcast}
+
+
+def follow_lane_changes(owner: Any, comm: Any, update: Callable[[Any], object]) -> None:
+    """Have ``comm`` call ``update(owner)`` on every change its lane listeners hear of,
+    holding ``owner`` weakly (the communicator may outlive it) and stopping once it is
+    gone."""
+    handles: list[Any] = []
+    ref = weakref.ref(owner, lambda _: [h.remove() for h in handles])
+
+    def changed() -> None:
+        alive = ref()
+        if alive is not None:
+            update(alive)
+
+    handles.append(comm.register_lane_listener(changed))

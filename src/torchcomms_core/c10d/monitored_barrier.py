@@ -132,3 +132,39 @@ def monitored_barrier(
 
     wait_loop("recv", torch.zeros_like(token))
     wait_loop("send", token)
+
+
+def engine_monitored_barrier(
+    engine: Any, limit: timedelta, wait_all_ranks: bool, recorded: tuple[Any, ...] | None
+) -> None:
+    """The engine's own barrier (gloo's protocol, timeouts and words); ``recorded``: the
+    profiler is on, and these are the arguments its record shows."""
+    if recorded is None:
+        engine.monitored_barrier(limit, wait_all_ranks)
+        return
+    rec = profiling.enter("c10d::monitored_barrier_", recorded)
+    try:
+        engine.monitored_barrier(limit, wait_all_ranks)
+    finally:
+        profiling.exit(rec)
+
+
+def profiled_monitored_barrier(
+    comm: TorchComm,
+    limit: timedelta,
+    wait_all_ranks: bool,
+    engine: str,
+    recorded: tuple[Any, ...] | None,
+) -> None:
+    """:func:`monitored_barrier` with the profiler's record of the operation spanning it
+    (its sends and receives record themselves)."""
+    if recorded is None:
+        monitored_barrier(comm, limit, wait_all_ranks, engine)
+        return
+    rec = profiling.begin("c10d::monitored_barrier_", recorded, (), quiet=False)
+    try:
+        monitored_barrier(comm, limit, wait_all_ranks, engine)
+    finally:
+        if rec is not None:
+            rec.issued()
+            rec.done()

@@ -35,6 +35,7 @@ from torchcomms_core.c10d.work import CommWork
 from torchcomms_core.comm import tagged
 from torchcomms_core.comm.anysource import recv_anysource
 from torchcomms_core.comm.operations import TorchComm
+from torchcomms_core.operations.table import forwarding
 from torchcomms_core.spec import unflatten_into
 
 
@@ -81,6 +82,8 @@ class BridgeOp:
 
 
 _SLOTS = tuple((None,) * k for k in range(8))
+#: torchcomms' uneven reduce-scatter, which c10d's list form is when blocks differ.
+_UNEVEN_REDUCE_SCATTER = forwarding()["reduce_scatter"]
 _BARRIER_TENSORS: dict[int, torch.Tensor] = {}
 
 
@@ -305,9 +308,9 @@ def _reduce_scatter(g: Group, output_tensors: Any, input_lists: Any, opts: Any =
     for o, ins in zip(outs, lists, strict=True):
         blocks = list(ins)
         # c10d's list form takes blocks of different sizes (gloo's reduce_scatter: block
-        # r is sized for rank r's output), which is torchcomms' reduce_scatter_v.
+        # r is sized for rank r's output), which is torchcomms' uneven form of it.
         uneven = any(t.numel() != o.numel() for t in blocks if isinstance(t, torch.Tensor))
-        call = g.comm.reduce_scatter_v if uneven else g.comm.reduce_scatter
+        call = getattr(g.comm, _UNEVEN_REDUCE_SCATTER) if uneven else g.comm.reduce_scatter
         works.append(call(o, blocks, op, True, timeout=timeout))
     return g.work(works, outs)
 

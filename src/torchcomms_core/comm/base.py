@@ -1,9 +1,9 @@
 """The base of ``TorchComm``: state, lifecycle, hooks, and the path every operation takes.
 
-An operation starts with ``_guard`` (state guard, per-call timeout and hints), stages its
-tensors on the returned ``comm.call.Call`` (contiguous stand-ins copied back on
-completion, AVG and PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend
-call, ``TorchWork``).
+An operation (``comm.face``) starts with ``_guard`` (state guard, per-call timeout and
+hints), has its form (``comm.forms``) check its arguments and stage its tensors on the
+returned ``comm.call.Call`` (contiguous stand-ins copied back on completion, AVG and
+PREMUL_SUM lowered to SUM), and ends with ``_issue`` (hooks, backend call, ``TorchWork``).
 """
 
 from __future__ import annotations
@@ -36,20 +36,11 @@ from torchcomms_core.foundation.work import (
     is_engine_failure,
     raised_by_plugin_code,
 )
-from torchcomms_core.operations.args import (
-    FINALIZE_OP_ID,
-    OpArgs,
-    OpName,
-)
+from torchcomms_core.operations.args import FINALIZE_OP_ID, OpArgs, OpName
 from torchcomms_core.operations.hints import core_hint_keys, warn_unknown_hints
 from torchcomms_core.operations.options import CommOptions
-from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
-from torchcomms_core.operations.validation import (
-    Checker,
-    check_hints,
-    check_timeout,
-    lean_pairs,
-)
+from torchcomms_core.operations.reduce_op import RedOpType
+from torchcomms_core.operations.validation import Checker, check_hints, check_timeout, lean_pairs
 from torchcomms_core.plugin_host.backends import backend_version, get_mem_allocator
 from torchcomms_core.plugin_host.manager import call_lifecycle, failed_plugins, load_plugins
 from torchcomms_core.spec import TorchCommBackend, method_support
@@ -691,13 +682,6 @@ class CommBase:
             and len(self._pre_hooks) == own_hooks
             and len(self._post_hooks) == own_hooks
         )
-
-    def _reduced(
-        self, call: Call, red: ReduceOp, out: torch.Tensor | None, inputs: list[torch.Tensor]
-    ) -> tuple[ReduceOp, list[torch.Tensor]]:
-        """Lower ``red`` for reductions into ``out`` from ``inputs`` (which stay unchanged)."""
-        bop, factor = call.lower(red, self._native_ops, out, self._size)
-        return bop, inputs if factor is None else [t * factor for t in inputs]
 
 
 def run_when_finalized(comm: CommBase, step: Callable[[], object]) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from torchcomms_core.operations.reduce_op import RedOpType, ReduceOp
+from torchcomms_core.operations.table import uneven_lists
 from torchcomms_core.spec import (
     DERIVABLE_METHODS,
     BatchOp,
@@ -98,7 +99,8 @@ class C10dBackend(StoredRankAndSize, TorchCommBackend):
     """Backend over a c10d engine (``ProcessGroupGloo``, ``ProcessGroupNCCL``, a vendor's)."""
 
     #: Operations the engine cannot run; they use the spec's portable defaults instead.
-    engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
+    #: c10d's list collectives take equal blocks, so the uneven ones use the defaults.
+    engine_unsupported: ClassVar[frozenset[str]] = uneven_lists()
     #: Wrap batched point-to-point ops in c10d coalescing (NCCL groups them this way).
     coalesce_p2p: ClassVar[bool] = False
     # c10d's engines pair a rank with its peers, not with itself.

@@ -12,6 +12,7 @@ import torch
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import BootstrapError, CommInputError
 from torchcomms_core.operations.reduce_op import RedOpType
+from torchcomms_core.operations.table import DERIVED, names
 from torchcomms_core.spec import DEFAULT_DTYPES, TorchCommBackend
 
 if TYPE_CHECKING:
@@ -21,26 +22,8 @@ if TYPE_CHECKING:
 RANK_HINT = "rank"
 SIZE_HINT = "size"
 
-# Every operation the core hands a backend; the fake answers each with "done".
-_OPERATIONS = (
-    "broadcast",
-    "all_reduce",
-    "reduce",
-    "all_gather",
-    "all_gather_v",
-    "all_gather_single",
-    "reduce_scatter",
-    "reduce_scatter_v",
-    "reduce_scatter_single",
-    "all_to_all_single",
-    "all_to_all_v_single",
-    "all_to_all",
-    "barrier",
-    "scatter",
-    "gather",
-    "gather_single",
-    "batch_op_issue",
-)
+# Every derivable operation the core hands a backend; the fake answers each with "done".
+_OPERATIONS = names(support=DERIVED, issued=True)
 
 
 def _int_hint(hints: dict[str, str], key: str) -> int | None:

@@ -33,6 +33,7 @@ from torchcomms_core.comm.handles import RemovableHandle
 from torchcomms_core.comm.operations import TorchComm
 from torchcomms_core.foundation.errors import CommInputError, CommTypeError
 from torchcomms_core.hooks import _args
+from torchcomms_core.operations.table import lists
 
 _EVENTS = ("ALL", "LIFECYCLE")
 _VERBOSE = ("buffers",)
@@ -66,8 +67,8 @@ _RED_OPS = {
     "AVG": "avg",
 }
 # Operations whose signature lists counts per tensor (``in_counts``/``out_counts``).
-_LIST_OUT = frozenset({"all_gather", "all_gather_v", "gather"})
-_LIST_IN = frozenset({"reduce_scatter", "reduce_scatter_v", "scatter"})
+_LIST_OUT = lists("output")
+_LIST_IN = lists("input")
 _NO_SIGNATURE = frozenset({"split", "new_window", "finalize"})
 
 
@@ -123,8 +124,8 @@ def signature(op: str, fields: dict[str, Any], is_async: bool, buffers: bool) ->
             "out_splits=" + ",".join(str(int(s)) for s in fields.get("output_split_sizes") or ()),
         ]
     else:
-        in_key = "in_counts" if op in _LIST_IN or op == "all_to_all" else "in_count"
-        out_key = "out_counts" if op in _LIST_OUT or op == "all_to_all" else "out_count"
+        in_key = "in_counts" if op in _LIST_IN else "in_count"
+        out_key = "out_counts" if op in _LIST_OUT else "out_count"
         parts += [f"{in_key}={_counts(ins) or 0}", f"{out_key}={_counts(outs) or 0}"]
     parts.append(f"dtype={_dtype(ins or outs)}")
     if "op" in fields and fields["op"] is not None:

@@ -1,4 +1,5 @@
-"""``OpName`` and the argument objects hooks receive, with the reference's names.
+"""The argument objects hooks receive, with the reference's names (and ``OpName``, from
+``operations.names``).
 
 Pre-hooks get ``fn(name: OpName, op_id: int, args)`` where ``args`` is a
 ``<Op>PreHookArgs`` whose fields follow the reference (``input``/``output`` for gathers,
@@ -10,12 +11,12 @@ registered, so the hot path pays nothing.
 
 from __future__ import annotations
 
-import enum
 import itertools
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from torchcomms_core.operations.table import OPS
+from torchcomms_core.operations.names import OpName as OpName  # re-exported
+from torchcomms_core.operations.table import BY_NAME, OPS
 
 if TYPE_CHECKING:
     from torchcomms_core.foundation.work import TorchWork
@@ -35,69 +36,6 @@ def reset_op_ids() -> None:
     """Start operation ids from 0 again (an isolated flight recorder does this)."""
     global _op_ids
     _op_ids = itertools.count()
-
-
-class OpName(enum.IntEnum):
-    """Operations a communicator runs; values are the reference's.
-
-    Spelled out so type checkers see the members; it must equal the operation table
-    (``_optable.OPS``), which is checked when this module is imported.
-    """
-
-    #: The ``send`` operation (``TorchComm.send``).
-    send = 0
-    #: The ``recv`` operation (``TorchComm.recv``).
-    recv = 1
-    #: The ``broadcast`` operation (``TorchComm.broadcast``).
-    broadcast = 2
-    #: The ``all_reduce`` operation (``TorchComm.all_reduce``).
-    all_reduce = 3
-    #: The ``reduce`` operation (``TorchComm.reduce``).
-    reduce = 4
-    #: The ``all_gather`` operation (``TorchComm.all_gather``).
-    all_gather = 5
-    #: The ``all_gather_v`` operation (``TorchComm.all_gather_v``).
-    all_gather_v = 6
-    #: The ``all_gather_single`` operation (``TorchComm.all_gather_single``).
-    all_gather_single = 7
-    #: The ``reduce_scatter`` operation (``TorchComm.reduce_scatter``).
-    reduce_scatter = 8
-    #: The ``reduce_scatter_v`` operation (``TorchComm.reduce_scatter_v``).
-    reduce_scatter_v = 9
-    #: The ``reduce_scatter_single`` operation (``TorchComm.reduce_scatter_single``).
-    reduce_scatter_single = 10
-    #: The ``all_to_all_single`` operation (``TorchComm.all_to_all_single``).
-    all_to_all_single = 11
-    #: The ``all_to_all_v_single`` operation (``TorchComm.all_to_all_v_single``).
-    all_to_all_v_single = 12
-    #: The ``all_to_all`` operation (``TorchComm.all_to_all``).
-    all_to_all = 13
-    #: The ``barrier`` operation (``TorchComm.barrier``).
-    barrier = 14
-    #: The ``scatter`` operation (``TorchComm.scatter``).
-    scatter = 15
-    #: The ``gather`` operation (``TorchComm.gather``).
-    gather = 16
-    #: The ``gather_single`` operation (``TorchComm.gather_single``).
-    gather_single = 17
-    #: ``TorchComm.split``, which makes a sub-communicator.
-    split = 18
-    #: ``TorchComm.new_window``.
-    new_window = 19
-    #: ``BatchSendRecv.issue``, which issues a batch of sends and receives.
-    batch_op_issue = 20
-    #: ``TorchComm.finalize``.
-    finalize = 21
-
-    def __str__(self) -> str:
-        return self.name
-
-
-if {m.name: m.value for m in OpName} != {op.name: op.number for op in OPS}:
-    raise ImportError(
-        "torchcomms_core: OpName and the operation table (_optable.OPS) "
-        "disagree; add the operation to both with the same number"
-    )
 
 
 def op_name(name: str) -> OpName | str:
@@ -283,7 +221,7 @@ def _class_name(op: str) -> str:
 def _class_doc(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> str:
     """The docstring of ``op``'s pre-hook class: the operation and the fields it answers."""
     if op in OpName.__members__:
-        method = "BatchSendRecv.issue" if op == "batch_op_issue" else f"TorchComm.{op}"
+        method = BY_NAME[op].where
         head = f"Arguments of ``{method}`` as pre-hooks see them."
     else:
         head = f"Arguments of the plugin collective ``TorchComm.{op}`` as pre-hooks see them."
@@ -318,11 +256,6 @@ def _make(op: str, fields: tuple[str, ...], hook_fields: dict[str, str]) -> type
 ARGS_CLASSES: dict[str, type[OpArgs]] = {
     op.name: _make(op.name, op.fields, op.hook_fields) for op in OPS
 }
-# The reference spells these with a capital V and "Op".
-ARGS_CLASSES["all_gather_v"].__name__ = "AllGatherVPreHookArgs"
-ARGS_CLASSES["reduce_scatter_v"].__name__ = "ReduceScatterVPreHookArgs"
-ARGS_CLASSES["all_to_all_v_single"].__name__ = "AllToAllVSinglePreHookArgs"
-ARGS_CLASSES["batch_op_issue"].__name__ = "BatchOpIssuePreHookArgs"
 for _cls in ARGS_CLASSES.values():
     _cls.__qualname__ = _cls.__name__
     globals()[_cls.__name__] = _cls

@@ -115,12 +115,9 @@ class TorchCommBackend(PortableDefaults, abc.ABC):
     Every operation follows the calling contract of this module's docstring (``async_op``,
     ``timeout``, ``hints``; ``None`` or a work; the engine's errors).
 
-    Derivable operations, each with a portable default (``PortableDefaults``, built on
-    ``send``/``recv``): ``batch_op_issue``, ``broadcast``, ``all_reduce``, ``reduce``,
-    ``all_gather``, ``all_gather_v``, ``all_gather_single``, ``reduce_scatter``,
-    ``reduce_scatter_v``, ``reduce_scatter_single``, ``all_to_all``, ``all_to_all_single``,
-    ``all_to_all_v_single``, ``scatter``, ``gather``, ``gather_single``, ``barrier``; and
-    ``split`` (below: a fresh instance on the child's store).
+    Derivable operations (``DERIVABLE_METHODS``: the rows of the operation table marked
+    ``DERIVED``) each have a portable default (``PortableDefaults``, built on
+    ``send``/``recv``); so does ``split`` (below: a fresh instance on the child's store).
     """
 
     #: Spec version this backend was written against.
@@ -420,3 +417,11 @@ class TorchCommBackend(PortableDefaults, abc.ABC):
         raise NotImplementedError(
             f"{type(self).__name__} cannot match messages by tag; receive with tag=0"
         )
+
+
+# The derivable operations by name, as a vendor reading the class's help sees them.
+TorchCommBackend.__doc__ = (
+    f"{(TorchCommBackend.__doc__ or '').rstrip()}\n\n    Derivable: "
+    + ", ".join(f"``{name}``" for name in DERIVABLE_METHODS)
+    + ".\n"
+)

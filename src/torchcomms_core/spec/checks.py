@@ -47,10 +47,9 @@ def method_support(
     ``{"support": ..., "algorithms": [{"name", "params", "doc"}, ...], "default": ...,
     "forced_by": [...]}`` instead (``TorchCommBackend.algorithms``, #45).
 
-    An operation whose default only forwards to another (``all_gather`` to
-    ``all_gather_v``, ``reduce_scatter`` to ``reduce_scatter_v``, ``all_to_all_single`` to
-    ``all_to_all_v_single``: ``spec.defaults.FORWARDING_DEFAULTS``) is ``"native"`` when
-    that other one is.
+    An operation whose default only forwards to its uneven form with the same arguments
+    (``spec.defaults.FORWARDING_DEFAULTS``, from the table's ``uneven_of``) is ``"native"``
+    when that other one is.
 
     ``"missing"``: a required method the class does not implement (such a class cannot be
     loaded; :func:`backend_class_problems` says why). The collectives that plugins add

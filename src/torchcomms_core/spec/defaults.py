@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchcomms_core.operations.reduce_op import ReduceOp
+from torchcomms_core.operations.table import forwarding
 from torchcomms_core.spec.work import (
     MultiWork,
     flat_chunks,
@@ -41,11 +42,7 @@ BatchOp = tuple[str, torch.Tensor, int]
 #: moved or reduced on the way. Where a backend implements the target natively the
 #: forwarding operation runs natively too, so ``method_support`` reports it ``"native"``
 #: and a backend need not restate the forwarding to be listed so.
-FORWARDING_DEFAULTS: dict[str, str] = {
-    "all_gather": "all_gather_v",
-    "reduce_scatter": "reduce_scatter_v",
-    "all_to_all_single": "all_to_all_v_single",
-}
+FORWARDING_DEFAULTS: dict[str, str] = forwarding()
 
 
 class PortableDefaults:

@@ -17,7 +17,7 @@ import torch
 
 from torchcomms_core.foundation.errors import TorchCommError
 from torchcomms_core.plugin_host.backends import get_backend_class
-from torchcomms_core.testing import contracts
+from torchcomms_core.testing import contracts, large
 from torchcomms_core.testing.pool import RankFailure, RankPool
 from torchcomms_core.testing.reference import DTYPES
 
@@ -123,7 +123,7 @@ def test_async_send_returns_before_the_peer_receives(
     # Half the contract's time: rank 1 then still has time to receive and report.
     contract(
         "send_before_recv",
-        contracts.body_send_before_recv,
+        large.body_send_before_recv,
         torchcomms_backend,
         torchcomms_device,
         max(2.0, torchcomms_timeout / 3),
@@ -172,9 +172,7 @@ def test_every_operation_at_edge_counts(
 def test_point_to_point_above_socket_buffers(
     contract: Contract, torchcomms_backend: str, torchcomms_device: str
 ) -> None:
-    received = contract(
-        "large_p2p", contracts.body_large_p2p, torchcomms_backend, torchcomms_device
-    )
+    received = contract("large_p2p", large.body_large_p2p, torchcomms_backend, torchcomms_device)
     # Two messages of LARGE_MESSAGE_BYTES plus a few elements, less one element per rank of
     # distance (uneven sizes): at 8 ranks some are a few bytes short of 16 MiB each.
     slack = 2 * 8 * len(received)  # two messages, (ranks - 1) elements of at most 8 bytes
@@ -185,10 +183,10 @@ def test_point_to_point_above_socket_buffers(
 def test_every_collective_above_socket_buffers(
     contract: Contract, torchcomms_backend: str, torchcomms_device: str
 ) -> None:
-    if contracts.large_dtype(tuple(get_backend_class(torchcomms_backend).supported_dtypes)) is None:
+    if large.large_dtype(tuple(get_backend_class(torchcomms_backend).supported_dtypes)) is None:
         pytest.skip("the backend declares none of float32, float64, int32, int64")
     done = contract(
-        "large_collectives", contracts.body_large_collectives, torchcomms_backend, torchcomms_device
+        "large_collectives", large.body_large_collectives, torchcomms_backend, torchcomms_device
     )
     assert all(len(d) >= 15 for d in done), done
 

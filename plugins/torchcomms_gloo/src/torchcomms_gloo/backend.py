@@ -73,8 +73,8 @@ class GlooBackend(C10dBackend):
 
     devices: ClassVar[tuple[str, ...]] = ("cpu",)
     hint_keys: ClassVar[tuple[str, ...] | None] = gloo_hints.HINT_KEYS
-    # Gloo has no uneven all-gather or reduce-scatter: the spec's defaults provide them.
-    engine_unsupported: ClassVar[frozenset[str]] = frozenset({"all_gather_v", "reduce_scatter_v"})
+    # Gloo has no uneven all-gather or reduce-scatter: the spec's defaults provide them
+    # (``C10dBackend.engine_unsupported``).
     # Gloo's reductions have no int16 kernels ("Invalid scalar type"), so refuse it up front.
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
         torch.float32,
