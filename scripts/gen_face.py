@@ -6,7 +6,9 @@ writes the code that follows from it, so that nothing else spells the list out:
 - ``src/torchcomms_core/comm/face.py``: ``Face``, the base of ``TorchComm`` with one
   method for each row that names a ``form``: the signature from the row's parameters, its
   docstring, the lean opening where the row says ``lean``, then the one route every call
-  takes (guard, the row's form from ``comm.forms``, issue);
+  takes (guard, the row's form from ``comm.forms``, issue to the backend entry it names,
+  ``self._backend.<name>``, so that a reader and a static call graph follow the call into
+  the spec method ``TorchCommBackend.<name>`` and its implementations);
 - ``src/torchcomms_core/operations/names.py``: ``OpName``, numbered as the reference.
 
     python scripts/gen_face.py          # rewrite both files
@@ -96,7 +98,7 @@ def _method(op: object) -> list[str]:
     lines += [
         f'        call = self._guard("{name}", timeout, hints)',
         f"        bargs, values = forms.{op.form}(self, call{sep}{args})",  # type: ignore[attr-defined]
-        "        return self._issue(call, bargs, async_op, values)",
+        f"        return self._issue(call, bargs, async_op, values, self._backend.{name})",
     ]
     return lines
 
@@ -111,9 +113,9 @@ Each method takes the row's parameters, then ``async_op``, ``hints`` and ``timeo
 returns a ``TorchWork``. A plain synchronous call of a row marked ``lean`` is first offered
 to the lean lane (``comm.lean``), which a communicator without hooks or call checking
 builds once per change of state; every other call takes the one route: ``_guard`` (state,
-timeout, hints), the row's form in ``comm.forms`` (checks and staging), ``_issue`` (hooks,
-the backend's method of the operation's name, the work). ``TorchComm`` (``comm.operations``)
-derives from ``Face`` and adds what is not an operation of the table.
+timeout, hints), the row's form in ``comm.forms`` (checks and staging), then ``_issue``
+(hooks, the call of the backend entry the method names, the work). ``TorchComm``
+(``comm.operations``) derives from ``Face`` and adds what is not an operation of the table.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Each method takes the row's parameters, then ``async_op``, ``hints`` and ``timeo
 returns a ``TorchWork``. A plain synchronous call of a row marked ``lean`` is first offered
 to the lean lane (``comm.lean``), which a communicator without hooks or call checking
 builds once per change of state; every other call takes the one route: ``_guard`` (state,
-timeout, hints), the row's form in ``comm.forms`` (checks and staging), ``_issue`` (hooks,
-the backend's method of the operation's name, the work). ``TorchComm`` (``comm.operations``)
-derives from ``Face`` and adds what is not an operation of the table.
+timeout, hints), the row's form in ``comm.forms`` (checks and staging), then ``_issue``
+(hooks, the call of the backend entry the method names, the work). ``TorchComm``
+(``comm.operations``) derives from ``Face`` and adds what is not an operation of the table.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Face(CommBase):
         """Send ``tensor`` to rank ``dst``; the peer posts a matching :meth:`recv`."""
         call = self._guard("send", timeout, hints)
         bargs, values = forms.to_peer(self, call, tensor, dst)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.send)
 
     def recv(
         self,
@@ -52,7 +52,7 @@ class Face(CommBase):
         """Receive into ``tensor`` from rank ``src`` (same element count and dtype as sent)."""
         call = self._guard("recv", timeout, hints)
         bargs, values = forms.from_peer(self, call, tensor, src)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.recv)
 
     def broadcast(
         self,
@@ -70,7 +70,7 @@ class Face(CommBase):
                 return work
         call = self._guard("broadcast", timeout, hints)
         bargs, values = forms.from_root(self, call, tensor, root)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.broadcast)
 
     def all_reduce(
         self,
@@ -92,7 +92,7 @@ class Face(CommBase):
                 return work
         call = self._guard("all_reduce", timeout, hints)
         bargs, values = forms.reduce_in_place(self, call, tensor, op)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_reduce)
 
     def reduce(
         self,
@@ -109,7 +109,7 @@ class Face(CommBase):
         """
         call = self._guard("reduce", timeout, hints)
         bargs, values = forms.reduce_to_root(self, call, tensor, root, op)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.reduce)
 
     def all_gather(
         self,
@@ -122,7 +122,7 @@ class Face(CommBase):
         """Gather every rank's ``tensor`` into ``tensor_list`` (one same-sized entry per rank)."""
         call = self._guard("all_gather", timeout, hints)
         bargs, values = forms.gather_lists(self, call, tensor_list, tensor)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_gather)
 
     def all_gather_v(
         self,
@@ -138,7 +138,7 @@ class Face(CommBase):
         """
         call = self._guard("all_gather_v", timeout, hints)
         bargs, values = forms.gather_lists(self, call, tensor_list, tensor)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_gather_v)
 
     def all_gather_single(
         self,
@@ -156,7 +156,7 @@ class Face(CommBase):
                 return work
         call = self._guard("all_gather_single", timeout, hints)
         bargs, values = forms.gather_one(self, call, output, input)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_gather_single)
 
     def reduce_scatter(
         self,
@@ -170,7 +170,7 @@ class Face(CommBase):
         """Reduce ``input_list[r]`` over every rank with ``op`` into rank ``r``'s ``output``."""
         call = self._guard("reduce_scatter", timeout, hints)
         bargs, values = forms.reduce_lists(self, call, output, input_list, op)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.reduce_scatter)
 
     def reduce_scatter_v(
         self,
@@ -184,7 +184,7 @@ class Face(CommBase):
         """:meth:`reduce_scatter` with per-rank block sizes (``input_list[r]`` fits rank r)."""
         call = self._guard("reduce_scatter_v", timeout, hints)
         bargs, values = forms.reduce_lists(self, call, output, input_list, op)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.reduce_scatter_v)
 
     def reduce_scatter_single(
         self,
@@ -198,7 +198,7 @@ class Face(CommBase):
         """:meth:`reduce_scatter` from one ``input`` of size x output's elements (rank order)."""
         call = self._guard("reduce_scatter_single", timeout, hints)
         bargs, values = forms.reduce_one(self, call, output, input, op)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.reduce_scatter_single)
 
     def all_to_all_single(
         self,
@@ -220,7 +220,7 @@ class Face(CommBase):
                 return work
         call = self._guard("all_to_all_single", timeout, hints)
         bargs, values = forms.exchange_even(self, call, output, input)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_to_all_single)
 
     def all_to_all_v_single(
         self,
@@ -240,7 +240,7 @@ class Face(CommBase):
         bargs, values = forms.exchange_split(
             self, call, output, input, output_split_sizes, input_split_sizes
         )
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_to_all_v_single)
 
     def all_to_all(
         self,
@@ -256,7 +256,7 @@ class Face(CommBase):
         """
         call = self._guard("all_to_all", timeout, hints)
         bargs, values = forms.exchange_lists(self, call, output_tensor_list, input_tensor_list)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.all_to_all)
 
     def barrier(
         self,
@@ -272,7 +272,7 @@ class Face(CommBase):
                 return work
         call = self._guard("barrier", timeout, hints)
         bargs, values = forms.no_tensors(self, call)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.barrier)
 
     def scatter(
         self,
@@ -289,7 +289,7 @@ class Face(CommBase):
         """
         call = self._guard("scatter", timeout, hints)
         bargs, values = forms.scatter_from_root(self, call, output_tensor, input_tensor_list, root)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.scatter)
 
     def gather(
         self,
@@ -308,7 +308,7 @@ class Face(CommBase):
         bargs, values = forms.gather_lists_to_root(
             self, call, output_tensor_list, input_tensor, root
         )
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.gather)
 
     def gather_single(
         self,
@@ -322,4 +322,4 @@ class Face(CommBase):
         """Gather every rank's ``input`` into root's ``output`` (size x input's elements)."""
         call = self._guard("gather_single", timeout, hints)
         bargs, values = forms.gather_one_to_root(self, call, output, input, root)
-        return self._issue(call, bargs, async_op, values)
+        return self._issue(call, bargs, async_op, values, self._backend.gather_single)
