@@ -40,8 +40,8 @@ from torchcomms_core.plugin import (
     settle,
 )
 
-from .comm import BLOCKING_BYTES_ENV, DEFAULT_BLOCKING_BYTES, blocking_bytes
-from .lean import MpiLean
+from .comm import BLOCKING_BYTES_ENV, DEFAULT_BLOCKING_BYTES, MpiComm, blocking_bytes
+from .lean import lean_calls
 
 __all__ = ["BLOCKING_BYTES_ENV", "DEFAULT_BLOCKING_BYTES", "MpiBackend", "blocking_bytes"]
 
@@ -69,7 +69,7 @@ _FORMS = OpAlgorithms(
 )
 
 
-class MpiBackend(MpiLean):
+class MpiBackend(MpiComm):
     """CPU communicator on MPI: one duplicated MPI communicator per torchcomms communicator."""
 
     #: Blocking or nonblocking, per operation and size; every rank takes the same (#45).
@@ -126,6 +126,15 @@ class MpiBackend(MpiLean):
         child._bind(self.device, name, options)
         child._setup(sub, name, options)
         return child
+
+    # -- the core's lean lane ---------------------------------------------------------
+
+    def lean_calls(self, timeout: timedelta, hints: dict[str, str]) -> dict[str, Any]:
+        """Blocking ``all_reduce``, ``broadcast`` and ``all_to_all_single`` for the core's
+        lean lane, keeping the MPI buffer specs of recent tensors
+        (:func:`~torchcomms_mpi.lean.lean_calls`); none when
+        ``TORCHCOMM_MPI_BLOCKING_BYTES=0``."""
+        return lean_calls(self, timeout, hints)
 
     # -- point to point ---------------------------------------------------------------
 

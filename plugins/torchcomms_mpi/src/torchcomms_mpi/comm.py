@@ -4,11 +4,12 @@ It owns one duplicated MPI communicator: its set-up and release (``init``, ``fin
 ``abort``), rank and size, the watchdog slot for blocking calls
 (:mod:`~torchcomms_mpi.watchdog`), the conversion of an issued MPI request into a
 completed call or an :class:`~torchcomms_mpi.work.MpiWork`, and the RMA windows. The
-operations themselves are :class:`~torchcomms_mpi.backend.MpiBackend`'s.
+operations themselves are :class:`~torchcomms_mpi.backend.MpiBackend`'s, its only
+subclass; the calls it hands the core's lean lane are made by :mod:`~torchcomms_mpi.lean`.
 
 May import: torch, mpi4py (inside functions: importing ``mpi4py.MPI`` initialises MPI),
 ``torchcomms_core.plugin`` and this package's ``buffers``, ``watchdog``, ``work`` and
-``window``; never ``backend``.
+``window``; never ``backend`` or ``lean``.
 """
 
 from __future__ import annotations
