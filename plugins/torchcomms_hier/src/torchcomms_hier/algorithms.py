@@ -116,10 +116,10 @@ def _all_reduce_rule(backend: Any, query: Query) -> str:
     """recursive_doubling up to hier::flat_max_bytes (4 KiB), pipelined from
     hier::rs_min_bytes (64 KiB) on even hosts, levels otherwise; hier::all_reduce_algorithm
     forces one"""
-    topo = backend._topo
+    topo = backend._ready.topology
     count = max(1, query.nbytes // max(1, query.dtype.itemsize))
     return choose_all_reduce(
-        query.nbytes, count, topo.nhosts, topo.local_size, topo.even, backend._rule
+        query.nbytes, count, topo.nhosts, topo.local_size, topo.even, backend._settings.rule
     )
 
 

@@ -16,8 +16,11 @@ between hosts. When the global backend cannot use the communicator's device (``c
 locally, ``gloo`` between hosts), the cross-host steps are staged through host buffers.
 
 This module holds the lifecycle (levels, ``split``), the core's lean lane and
-point-to-point; ``collectives`` the collectives, ``algorithms`` the all_reduce algorithms
-and their size rule, ``codec`` the quantized hop between hosts (hint ``global_codec``).
+point-to-point. The collectives run in a part the backend holds,
+:class:`~torchcomms_hier.collectives.HierCollectives`, made with the levels and settings
+(``base``) once ``init`` or ``split`` created them; ``algorithms`` holds the all_reduce
+algorithms and their size rule, ``codec`` the quantized hop between hosts (hint
+``global_codec``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from torch._C._distributed_c10d import PrefixStore
 from torchcomms_core.plugin import (
     CommOptions,
     ReduceOp,
+    StoredRankAndSize,
     TorchComm,
+    TorchCommBackend,
     bool_hint,
     get_backend_class,
     int_hint,
@@ -49,8 +54,8 @@ from .algorithms import (
     AllReduceRule,
     parse_algorithm,
 )
-from .base import done
-from .codec import CODEC_HINT
+from .base import HierLevels, HierSettings, done
+from .codec import CODEC_BLOCK_SIZE, CODEC_HINT
 from .collectives import HierCollectives
 from .pipeline import PIECE_BYTES, PIPELINE_MAX_PIECES
 from .topology import Topology, exchange, resolve_settings
@@ -84,7 +89,7 @@ HIER_DTYPES: tuple[torch.dtype, ...] = (
 )
 
 
-class HierBackend(HierCollectives):
+class HierBackend(StoredRankAndSize, TorchCommBackend):
     """A hierarchical backend: each host on its own local backend, hosts joined by a global one.
 
     ``comm.get_backend_impl()`` is this object; :meth:`levels` returns its communicators.
@@ -105,13 +110,61 @@ class HierBackend(HierCollectives):
         CODEC_HINT,
     )
 
+    #: The part that runs the collectives on the levels (set with them by ``init``/``split``).
+    _collectives: HierCollectives
+
+    def __init__(self) -> None:
+        self._rank = -1
+        self._size = -1
+        self._settings = HierSettings()
+        self._levels: HierLevels | None = None
+
+    def _attach(self, levels: HierLevels) -> None:
+        """Take ``levels`` and make the collectives' part on them."""
+        self._levels = levels
+        self._collectives = HierCollectives(
+            levels, self._settings, self._rank, self._size, self.tuning.choose
+        )
+
+    @property
+    def _ready(self) -> HierLevels:
+        assert self._levels is not None, "HierBackend used before init"
+        return self._levels
+
+    # -- the levels, as attributes ------------------------------------------------------
+
+    @property
+    def topology(self) -> Topology | None:
+        """The hosts, their ids and backends (``None`` before ``init``)."""
+        return None if self._levels is None else self._levels.topology
+
+    @property
+    def local(self) -> TorchComm | None:
+        """The ranks of this host."""
+        return None if self._levels is None else self._levels.local
+
+    @property
+    def rail(self) -> TorchComm | None:
+        """This rank's rail (even hosts): the ranks of its local index on every host."""
+        return None if self._levels is None else self._levels.rail
+
+    @property
+    def leaders(self) -> TorchComm | None:
+        """Local rank 0 of every host (uneven hosts only; with even hosts rail 0 plays it)."""
+        return None if self._levels is None else self._levels.leaders
+
+    @property
+    def global_comm(self) -> TorchComm | None:
+        """Every rank on the global backend, for point-to-point between hosts."""
+        return None if self._levels is None else self._levels.global_comm
+
     # -- lifecycle --------------------------------------------------------------------
 
     def init(self, device: torch.device, name: str, options: CommOptions) -> None:
         """Exchange every rank's host and backends, then create the levels."""
         self._rank, self._size = options.rank, options.size
         hints = dict(options.hints)
-        self._rule = AllReduceRule(
+        rule = AllReduceRule(
             int_hint(hints, "hier::flat_max_bytes", FLAT_MAX_BYTES_DEFAULT),
             int_hint(hints, "hier::rs_min_bytes", RS_MIN_BYTES_DEFAULT),
             parse_algorithm(hints.get(ALGORITHM_HINT)),
@@ -121,48 +174,49 @@ class HierBackend(HierCollectives):
         topo = exchange(
             options.store, self._rank, self._size, options.timeout, settings, device, name
         )
-        self._codec = settings.codec
-        self.topology = topo
         global_cls = get_backend_class(topo.global_backend)
         # Cross-host levels run where the global backend can; otherwise through host memory.
-        self._cross_device = device if device.type in global_cls.devices else torch.device("cpu")
+        cross_device = device if device.type in global_cls.devices else torch.device("cpu")
+        self._settings = HierSettings(cross_device, rule, settings.codec)
         created: list[TorchComm] = []
+        rail = leaders = global_comm = None
         try:
             h, j = topo.host, topo.local_rank
-            self.local = self._level(
+            local = self._level(
                 topo.local_backends[h], device, f"{name}.local{h}", j, topo.local_size, {}
             )
-            created.append(self.local)
+            created.append(local)
             if topo.nhosts > 1:
                 if topo.even:
-                    self.rail = self._level(
-                        topo.global_backend, self._cross_device, f"{name}.rail{j}", h, topo.nhosts
+                    rail = self._level(
+                        topo.global_backend, cross_device, f"{name}.rail{j}", h, topo.nhosts
                     )
-                    created.append(self.rail)
+                    created.append(rail)
                 elif j == 0:
-                    self.leaders = self._level(
-                        topo.global_backend, self._cross_device, f"{name}.leaders", h, topo.nhosts
+                    leaders = self._level(
+                        topo.global_backend, cross_device, f"{name}.leaders", h, topo.nhosts
                     )
-                    created.append(self.leaders)
+                    created.append(leaders)
                 # Every pair of ranks connected on first use, when the global backend
                 # can (gloo's ``lazy``): cross-host send/recv between two ranks connects
                 # those two only, a small all_reduce the pairs its algorithm uses. A lazy
                 # gloo pair blocks a receive whose sender never comes for the engine's
                 # whole timeout (the level's, this communicator's default), not the call's.
                 lazy = lazy_global and LAZY_HINT in (global_cls.hint_keys or ())
-                self.global_comm = self._level(
+                global_comm = self._level(
                     topo.global_backend,
-                    self._cross_device,
+                    cross_device,
                     f"{name}.global",
                     self._rank,
                     self._size,
                     {LAZY_HINT: "true"} if lazy else None,
                 )
-                created.append(self.global_comm)
+                created.append(global_comm)
         except BaseException:
             for comm in reversed(created):
                 comm.abort()
             raise
+        self._attach(HierLevels(topo, local, rail, leaders, global_comm))
 
     def _level(
         self,
@@ -189,7 +243,8 @@ class HierBackend(HierCollectives):
         """Split every level: the host's local level among its members, the global level
         into the child's rails (or leaders) and its global level. Every parent rank takes
         part (non-members with ``[]``); the child keeps each level's backend."""
-        topo = self._topo
+        parent = self._ready
+        topo = parent.topology
         member = self._rank in ranks
         child_hosts = [
             tuple(ranks.index(r) for r in members if r in ranks) for members in topo.hosts
@@ -205,46 +260,36 @@ class HierBackend(HierCollectives):
         )
         index = {h: i for i, (h, _) in enumerate(kept)}
         mine = child_hosts[topo.host]
-        local = self._local.split(
+        local = parent.local.split(
             [topo.locate(ranks[c])[1] for c in mine] if member else [],
             f"{name}.local{index.get(topo.host, 0)}",
         )
         rail = leaders = global_comm = None
-        if self.global_comm is not None and child_topo.nhosts > 1:
+        glob = parent.global_comm
+        if glob is not None and child_topo.nhosts > 1:
             h_c, j_c = child_topo.locate(child_topo.rank) if member else (-1, -1)
             if child_topo.even:
                 group = [ranks[child_topo.rank_of(h, j_c)] for h in range(child_topo.nhosts)]
-                rail = self.global_comm.split(group if member else [], f"{name}.rail{j_c}")
+                rail = glob.split(group if member else [], f"{name}.rail{j_c}")
             else:
                 group = [ranks[m[0]] for m in child_topo.hosts]
                 chosen = member and j_c == 0
-                leaders = self.global_comm.split(group if chosen else [], f"{name}.leaders")
-            global_comm = self.global_comm.split(list(ranks) if member else [], f"{name}.global")
+                leaders = glob.split(group if chosen else [], f"{name}.leaders")
+            global_comm = glob.split(list(ranks) if member else [], f"{name}.global")
         if not member:
             return None
+        assert local is not None  # a member has a place on its host
         child = HierBackend()
         child._bind(self.device, name, options)
         child._rank, child._size = options.rank, options.size
-        child.topology = child_topo
-        child._copy_settings(self)
-        child.local, child.rail, child.leaders, child.global_comm = (
-            local,
-            rail,
-            leaders,
-            global_comm,
-        )
+        child._settings = self._settings
+        child._attach(HierLevels(child_topo, local, rail, leaders, global_comm))
         return child
 
     def levels(self) -> dict[str, TorchComm]:
         """This rank's level communicators by role (``local``, ``rail``, ``leaders``,
         ``global``), those it belongs to only."""
-        found = {
-            "local": self.local,
-            "rail": self.rail,
-            "leaders": self.leaders,
-            "global": self.global_comm,
-        }
-        return {role: comm for role, comm in found.items() if comm is not None}
+        return {} if self._levels is None else self._levels.by_role()
 
     def finalize(self) -> None:
         """Finalize every level, the last created first."""
@@ -283,7 +328,8 @@ class HierBackend(HierCollectives):
         ``hier::flat_max_bytes=0``.
         """
         glob = self.global_comm
-        if glob is None or self._rule.flat_max_bytes <= 0 or self._cross_device.type != "cpu":
+        settings = self._settings
+        if glob is None or settings.rule.flat_max_bytes <= 0 or settings.cross_device.type != "cpu":
             return {}
         engine = glob.get_backend_impl()
         engine_cls = type(engine)
@@ -292,7 +338,8 @@ class HierBackend(HierCollectives):
             for dtype in engine_cls.supported_dtypes
             for red in engine_cls.supported_reduce_ops
         )
-        direct, takes_lean, method = engine.all_reduce, glob.takes_lean_calls, self.all_reduce
+        direct, takes_lean = engine.all_reduce, glob.takes_lean_calls
+        method = self._collectives.all_reduce
         choose = self.tuning.choose
 
         def all_reduce(tensor: torch.Tensor, op: ReduceOp) -> Any:
@@ -303,7 +350,7 @@ class HierBackend(HierCollectives):
                 and takes_lean()
             ):
                 return direct(tensor, op, False, timeout=timeout)
-            return method(tensor, op, False, timeout=timeout, hints=hints)
+            return method(tensor, op, False, timeout=timeout)
 
         return {"all_reduce": all_reduce}
 
@@ -319,12 +366,14 @@ class HierBackend(HierCollectives):
         hints: dict[str, str] | None = None,
     ) -> Any:
         """Same host: through the local level; another host: through the global level."""
-        h, j = self._topo.locate(dst)
-        if h == self._topo.host:
-            return done(self._local.send(tensor, j, async_op, timeout=timeout), async_op)
-        assert self.global_comm is not None
-        staged = tensor if tensor.device == self._cross_device else tensor.to(self._cross_device)
-        work = self.global_comm.send(staged, dst, async_op, timeout=timeout)
+        levels = self._ready
+        h, j = levels.topology.locate(dst)
+        if h == levels.topology.host:
+            return done(levels.local.send(tensor, j, async_op, timeout=timeout), async_op)
+        assert levels.global_comm is not None
+        cross_device = self._settings.cross_device
+        staged = tensor if tensor.device == cross_device else tensor.to(cross_device)
+        work = levels.global_comm.send(staged, dst, async_op, timeout=timeout)
         return done(work, async_op)
 
     def recv(
@@ -337,14 +386,16 @@ class HierBackend(HierCollectives):
         hints: dict[str, str] | None = None,
     ) -> Any:
         """Same host: through the local level; another host: through the global level."""
-        h, j = self._topo.locate(src)
-        if h == self._topo.host:
-            return done(self._local.recv(tensor, j, async_op, timeout=timeout), async_op)
-        assert self.global_comm is not None
-        if tensor.device == self._cross_device:
-            return done(self.global_comm.recv(tensor, src, async_op, timeout=timeout), async_op)
-        host = torch.empty(tensor.shape, dtype=tensor.dtype, device=self._cross_device)
-        work = self.global_comm.recv(host, src, True, timeout=timeout)
+        levels = self._ready
+        h, j = levels.topology.locate(src)
+        if h == levels.topology.host:
+            return done(levels.local.recv(tensor, j, async_op, timeout=timeout), async_op)
+        assert levels.global_comm is not None
+        cross_device = self._settings.cross_device
+        if tensor.device == cross_device:
+            return done(levels.global_comm.recv(tensor, src, async_op, timeout=timeout), async_op)
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, device=cross_device)
+        work = levels.global_comm.recv(host, src, True, timeout=timeout)
 
         def copy_back() -> None:
             tensor.copy_(host)
@@ -354,3 +405,139 @@ class HierBackend(HierCollectives):
             return chained
         chained.wait()
         return None
+
+    # -- collectives: run by the part ``collectives`` -----------------------------------
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """In two levels, with the algorithm the tuning picks: ``flat``,
+        ``recursive_doubling``, ``levels`` or ``pipelined`` (see
+        :meth:`~torchcomms_hier.collectives.HierCollectives.all_reduce`)."""
+        return self._collectives.all_reduce(tensor, op, async_op, timeout=timeout)
+
+    def quantized_all_reduce(
+        self,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+        block_size: int = CODEC_BLOCK_SIZE,
+        dtype: torch.dtype = torch.int8,
+    ) -> Any:
+        """torchcomms-quantized's ``quantized_all_reduce``: exact inside hosts, int8 between
+        them. Completes before it returns."""
+        return self._collectives.quantized_all_reduce(
+            tensor, op, async_op, timeout=timeout, block_size=block_size, dtype=dtype
+        )
+
+    def quantized_reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+        block_size: int = CODEC_BLOCK_SIZE,
+        dtype: torch.dtype = torch.int8,
+    ) -> Any:
+        """torchcomms-quantized's ``quantized_reduce_scatter``: exact inside hosts, int8
+        between them. Completes before it returns."""
+        return self._collectives.quantized_reduce_scatter(
+            output, input, op, async_op, timeout=timeout, block_size=block_size, dtype=dtype
+        )
+
+    def broadcast(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Root's rail (or the leaders) broadcasts across hosts, then every host locally."""
+        return self._collectives.broadcast(tensor, root, async_op, timeout=timeout)
+
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        root: int,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Every host reduces locally to its carrier, the carriers reduce to the root's host."""
+        return self._collectives.reduce(tensor, root, op, async_op, timeout=timeout)
+
+    def all_gather_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Across hosts on the rails (or the leaders), then inside every host."""
+        return self._collectives.all_gather_single(output, input, async_op, timeout=timeout)
+
+    def all_gather(
+        self,
+        tensor_list: list[torch.Tensor],
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """As :meth:`all_gather_single`, each rank's share copied to its entry."""
+        return self._collectives.all_gather(tensor_list, tensor, async_op, timeout=timeout)
+
+    def reduce_scatter_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Inside every host first, then across hosts on the rails (or the leaders)."""
+        return self._collectives.reduce_scatter_single(output, input, op, async_op, timeout=timeout)
+
+    def reduce_scatter(
+        self,
+        output: torch.Tensor,
+        input_list: list[torch.Tensor],
+        op: ReduceOp,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """:meth:`reduce_scatter_single` over the concatenated inputs."""
+        return self._collectives.reduce_scatter(output, input_list, op, async_op, timeout=timeout)
+
+    def barrier(
+        self,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """Local barrier, a barrier of the hosts' leaders, local barrier."""
+        return self._collectives.barrier(async_op, timeout=timeout)

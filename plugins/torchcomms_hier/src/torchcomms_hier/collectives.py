@@ -1,39 +1,115 @@
 """The collectives of :class:`~torchcomms_hier.HierBackend`, each in two levels: steps
 inside every host on its local level, one share per host across hosts.
 
+:class:`HierCollectives` is a part the backend holds: it receives the levels, the
+settings, rank, size and the tuning's ``choose`` when the backend creates its levels, and
+the backend's collective methods call it.
+
 all_reduce picks its algorithm through the communicator's tuning (by default
 :func:`~torchcomms_hier.algorithms.choose_all_reduce`); with the hint ``global_codec``
 (see ``codec``) all_reduce and reduce_scatter send quantized data between hosts only.
 ``quantized_all_reduce`` and ``quantized_reduce_scatter`` (the collectives of
 torchcomms-quantized, when installed) run here natively and take the same path.
+
+May import: torch, ``torchcomms_core.plugin`` and this package's ``algorithms``, ``codec``,
+``base``, ``pipeline`` and ``topology``; never ``backend``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import CommInputError, RedOpType, ReduceOp
+from torchcomms_core.plugin import Choice, CommInputError, RedOpType, ReduceOp
 
 from .algorithms import recursive_doubling_all_reduce
-from .base import HierBase, done
+from .base import HierLevels, HierSettings, done
 from .codec import CODEC_BLOCK_SIZE, CODEC_INT8, codec_applies, codec_unavailable_reason
-from .pipeline import pipelined_all_reduce
+from .pipeline import pipelined_all_reduce, pipelined_gather
 
 _SUM = ReduceOp.SUM
 
 
-class HierCollectives(HierBase):
-    """The collectives of the hier backend (see the module docstring)."""
+class HierCollectives:
+    """The collectives of one hier communicator over its levels (see the module docstring)."""
+
+    def __init__(
+        self,
+        levels: HierLevels,
+        settings: HierSettings,
+        rank: int,
+        size: int,
+        choose: Callable[[str, int, torch.dtype], Choice],
+    ) -> None:
+        """Run on ``levels`` with ``settings``, as rank ``rank`` of ``size``; ``choose`` is
+        the communicator's ``tuning.choose``."""
+        self._topo = levels.topology
+        self._local = levels.local
+        #: The cross-host level this rank joins: its rail, or the leaders (local rank 0).
+        self._cross = levels.cross()
+        self._global = levels.global_comm
+        self._cross_device = settings.cross_device
+        self._rule = settings.rule
+        self._codec = settings.codec
+        self._rank = rank
+        self._size = size
+        self._choose = choose
+
+    # -- between the levels -----------------------------------------------------------
+
+    def _cross_index(self, local_index: int) -> int:
+        """The local index whose ranks carry a cross-host step rooted at ``local_index``."""
+        return local_index if self._topo.even else 0
+
+    def _staged(
+        self, tensor: torch.Tensor, step: Callable[[torch.Tensor], object], read: bool = True
+    ) -> None:
+        """Run ``step`` on ``tensor`` on the cross-host device (host memory when it differs)."""
+        if tensor.device == self._cross_device:
+            step(tensor)
+            return
+        host = (
+            tensor.to(self._cross_device)
+            if read
+            else torch.empty(tensor.shape, dtype=tensor.dtype, device=self._cross_device)
+        )
+        step(host)
+        tensor.copy_(host)
+
+    def _perm(self, host_major: bool, device: torch.device) -> torch.Tensor:
+        """Global ranks in ``[host][local]`` order (uneven) or ``[local][host]`` (even)."""
+        topo = self._topo
+        if host_major:
+            order = [r for members in topo.hosts for r in members]
+        else:
+            order = [
+                topo.rank_of(h, j) for j in range(len(topo.hosts[0])) for h in range(topo.nhosts)
+            ]
+        return torch.tensor(order, dtype=torch.long, device=device)
+
+    def _pipelined_gather(
+        self, flat: torch.Tensor, dests: list[torch.Tensor], timeout: timedelta | None
+    ) -> None:
+        """Even hosts: :func:`~torchcomms_hier.pipeline.pipelined_gather` over this rank's
+        rail and host; ``dests[r]`` (flat) receives rank ``r``'s ``flat``."""
+        cross = self._cross
+        assert cross is not None
+        order = self._perm(host_major=False, device=torch.device("cpu")).tolist()
+        pipelined_gather(
+            self._local, cross, flat, dests, order, self._topo.nhosts, self._cross_device, timeout
+        )
+
+    # -- all_reduce -------------------------------------------------------------------
 
     def _all_reduce_algorithm(self, nbytes: int, count: int, dtype: torch.dtype) -> str:
         """The all_reduce algorithm the communicator's tuning chooses (hier's size rule,
         :func:`~torchcomms_hier.algorithms.choose_all_reduce`, unless a tuner answers);
         ``pipelined`` where it cannot run (uneven hosts, one rank per host, fewer elements
         than local ranks) becomes ``levels``."""
-        algorithm = self.tuning.choose("all_reduce", nbytes, dtype).algorithm
+        algorithm = self._choose("all_reduce", nbytes, dtype).algorithm
         topo = self._topo
         if algorithm == "pipelined" and not (
             topo.even and topo.local_size > 1 and count >= topo.local_size
@@ -48,7 +124,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """The algorithm :func:`~torchcomms_hier.algorithms.choose_all_reduce` picks:
         ``flat`` (one all_reduce on the global level), ``recursive_doubling`` between the
@@ -68,13 +143,13 @@ class HierCollectives(HierBase):
         if algorithm in ("levels", "pipelined") and codec_applies(self._codec, tensor.dtype, op):
             self._codec_all_reduce(tensor, algorithm, CODEC_BLOCK_SIZE, timeout)
             return None
-        glob = self.global_comm
+        glob = self._global
         if algorithm == "flat" and glob is not None and tensor.device == self._cross_device:
             if timeout is None or timeout == glob.get_timeout():
                 # The level's default timeout keeps the call on its lean lane.
                 return done(glob.all_reduce(tensor, op, async_op), async_op)
             return done(glob.all_reduce(tensor, op, async_op, timeout=timeout), async_op)
-        cross = self._cross()
+        cross = self._cross
         if algorithm == "pipelined":
             assert cross is not None
             pipelined_all_reduce(local, cross, flat, op, self._cross_device, timeout)
@@ -104,7 +179,7 @@ class HierCollectives(HierBase):
         quantized_all_reduce covers the whole tensor.
         """
         topo, local = self._topo, self._local
-        cross = self._cross()
+        cross = self._cross
         direct = tensor.dtype == torch.float32 and tensor.is_contiguous()
         work = tensor.view(-1) if direct else tensor.reshape(-1).to(torch.float32)
 
@@ -150,7 +225,7 @@ class HierCollectives(HierBase):
         them locally.
         """
         topo, local = self._topo, self._local
-        cross = self._cross()
+        cross = self._cross
         count = out.numel()
         rows32 = rows.to(torch.float32)
         result = out if out.dtype == torch.float32 else torch.empty(count, dtype=torch.float32)
@@ -199,7 +274,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
         block_size: int = CODEC_BLOCK_SIZE,
         dtype: torch.dtype = torch.int8,
     ) -> Any:
@@ -231,7 +305,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
         block_size: int = CODEC_BLOCK_SIZE,
         dtype: torch.dtype = torch.int8,
     ) -> Any:
@@ -261,7 +334,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Root's rail (or the leaders) broadcasts across hosts, then every host locally."""
         topo, local = self._topo, self._local
@@ -273,7 +345,7 @@ class HierCollectives(HierBase):
         if carrier != root_local and on_root_host:
             local.broadcast(tensor, root_local, timeout=timeout)  # to the host's leader first
         if topo.local_rank == carrier:
-            cross = self._cross()
+            cross = self._cross
             assert cross is not None
             self._staged(
                 tensor,
@@ -292,7 +364,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Every host reduces locally to its carrier, the carriers reduce to the root's host."""
         topo, local = self._topo, self._local
@@ -303,7 +374,7 @@ class HierCollectives(HierBase):
         carrier = self._cross_index(root_local)
         local.reduce(work, carrier, op, timeout=timeout)
         if topo.local_rank == carrier:
-            cross = self._cross()
+            cross = self._cross
             assert cross is not None
             self._staged(work, lambda t: cross.reduce(t, root_host, op, timeout=timeout))
         if carrier != root_local and topo.host == root_host:
@@ -323,7 +394,7 @@ class HierCollectives(HierBase):
         """
         topo, local = self._topo, self._local
         count = flat.numel()
-        cross = self._cross()
+        cross = self._cross
         gathered = torch.empty(self._size * count, dtype=flat.dtype, device=flat.device)
         if topo.even:
             assert cross is not None
@@ -358,7 +429,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Two-level gather (see :meth:`_gather_rows`), rows then put in rank order."""
         topo, local = self._topo, self._local
@@ -386,7 +456,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Two-level gather (see :meth:`_gather_rows`), each row copied to its rank's entry."""
         if self._topo.nhosts == 1:
@@ -411,7 +480,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Even hosts: local reduce_scatter of the blocks grouped by rail, then rail
         reduce_scatter. Uneven: local reduce, leaders reduce_scatter_v, local scatter.
@@ -433,7 +501,7 @@ class HierCollectives(HierBase):
         ):
             self._codec_reduce_scatter(out, rows, CODEC_BLOCK_SIZE, timeout)
             return None
-        cross = self._cross()
+        cross = self._cross
         if topo.even:
             assert cross is not None
             grouped = rows.index_select(0, self._perm(host_major=False, device=input.device))
@@ -470,7 +538,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """:meth:`reduce_scatter_single` over the concatenated inputs."""
         joined = torch.cat([t.reshape(-1) for t in input_list])
@@ -481,7 +548,6 @@ class HierCollectives(HierBase):
         async_op: bool,
         *,
         timeout: timedelta | None = None,
-        hints: dict[str, str] | None = None,
     ) -> Any:
         """Local barrier, a barrier of the hosts' leaders, local barrier."""
         topo, local = self._topo, self._local
@@ -489,7 +555,7 @@ class HierCollectives(HierBase):
             return done(local.barrier(async_op, timeout=timeout), async_op)
         local.barrier(timeout=timeout)
         if topo.local_rank == 0:
-            cross = self._cross()
+            cross = self._cross
             assert cross is not None
             cross.barrier(timeout=timeout)
         return done(local.barrier(async_op, timeout=timeout), async_op)
