@@ -14,7 +14,7 @@ row's ``uniform`` tells them apart.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -204,6 +204,25 @@ def no_tensors(comm: CommBase, call: Call) -> Prepared:
     return (), ()
 
 
+def _root_blocks(
+    comm: CommBase,
+    call: Call,
+    blocks_name: str,
+    blocks: list[torch.Tensor],
+    one_name: str,
+    one: torch.Tensor,
+    root: int,
+    stage: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[int, list[torch.Tensor]]:
+    """``(root, the root's blocks staged)``: every rank checks its one tensor and the root,
+    the root alone its blocks (the others may pass ``[]``)."""
+    comm._check.tensor(call.op, one_name, one)
+    root = comm._check.peer(call.op, "root", root)
+    if comm._rank != root:
+        return root, []
+    return root, [stage(t) for t in comm._check.blocks(call.op, blocks_name, blocks, one_name, one)]
+
+
 def scatter_from_root(
     comm: CommBase,
     call: Call,
@@ -211,15 +230,16 @@ def scatter_from_root(
     input_tensor_list: list[torch.Tensor],
     root: int,
 ) -> Prepared:
-    name = call.op
-    comm._check.tensor(name, "output_tensor", output_tensor)
-    root = comm._check.peer(name, "root", root)
-    bins: list[torch.Tensor] = []
-    if comm._rank == root:
-        blocks = comm._check.blocks(
-            name, "input_tensor_list", input_tensor_list, "output_tensor", output_tensor
-        )
-        bins = [_in(t) for t in blocks]
+    root, bins = _root_blocks(
+        comm,
+        call,
+        "input_tensor_list",
+        input_tensor_list,
+        "output_tensor",
+        output_tensor,
+        root,
+        _in,
+    )
     return (call.out(output_tensor), bins, root), (output_tensor, input_tensor_list, root)
 
 
@@ -230,15 +250,16 @@ def gather_lists_to_root(
     input_tensor: torch.Tensor,
     root: int,
 ) -> Prepared:
-    name = call.op
-    comm._check.tensor(name, "input_tensor", input_tensor)
-    root = comm._check.peer(name, "root", root)
-    bouts: list[torch.Tensor] = []
-    if comm._rank == root:
-        blocks = comm._check.blocks(
-            name, "output_tensor_list", output_tensor_list, "input_tensor", input_tensor
-        )
-        bouts = [call.out(t) for t in blocks]
+    root, bouts = _root_blocks(
+        comm,
+        call,
+        "output_tensor_list",
+        output_tensor_list,
+        "input_tensor",
+        input_tensor,
+        root,
+        call.out,
+    )
     return (bouts, _in(input_tensor), root), (output_tensor_list, input_tensor, root)
 
 

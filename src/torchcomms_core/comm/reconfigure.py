@@ -55,14 +55,7 @@ from torchcomms_core.creation.rendezvous import (
     parse_handle,
 )
 from torchcomms_core.creation.signing import sign_like
-from torchcomms_core.foundation.errors import (
-    CommInputError,
-    CommOperationError,
-    CommStateError,
-    CommTimeoutError,
-    CommTypeError,
-    TorchCommError,
-)
+from torchcomms_core.foundation import errors
 from torchcomms_core.foundation.records import read_record
 from torchcomms_core.foundation.states import ABORTED, OK, UNBOUND
 from torchcomms_core.foundation.work import TorchWork, engine_start_error, is_timeout_error
@@ -121,10 +114,12 @@ def make_handle(backend: str, rendezvous: tuple[str, int] | None) -> str:
 
 def _uuid_key(uuid: Any) -> str:
     if isinstance(uuid, bool) or not isinstance(uuid, (int, str)):
-        raise CommTypeError(f"reconfigure: uuid must be an int or a str, got {type(uuid).__name__}")
+        raise errors.CommTypeError(
+            f"reconfigure: uuid must be an int or a str, got {type(uuid).__name__}"
+        )
     key = str(uuid)
     if not key or "/" in key:
-        raise CommInputError(
+        raise errors.CommInputError(
             f"reconfigure: uuid must be non-empty and contain no '/', got {uuid!r}"
         )
     return key
@@ -136,24 +131,24 @@ def _handle_list(init_handles: Any, mine: str, backend: str, hosted: bool) -> li
     elif isinstance(init_handles, (list, tuple)):
         handles = list(init_handles)
     else:
-        raise CommTypeError(
+        raise errors.CommTypeError(
             f"reconfigure: init_handles must be a list (rank = position) or a "
             f"set (sorted order) of handles, got {type(init_handles).__name__}"
         )
     for i, h in enumerate(handles):
         if not isinstance(h, str) or not h:
-            raise CommTypeError(
+            raise errors.CommTypeError(
                 f"reconfigure: init_handles[{i}] must be a handle string from "
                 f"get_init_handle(), got {h!r}"
             )
         parse_handle(h, backend, hosted, f"reconfigure: init_handles[{i}]")
     if len(set(handles)) != len(handles):
         dupes = sorted(h for h, k in Counter(handles).items() if k > 1)
-        raise CommInputError(
+        raise errors.CommInputError(
             f"reconfigure: init_handles lists {dupes} more than once; list each member once"
         )
     if mine not in handles:
-        raise CommInputError(
+        raise errors.CommInputError(
             f"reconfigure: init_handles does not contain this communicator's own handle "
             f"{mine!r}; every member passes the same list, including itself"
         )
@@ -203,7 +198,7 @@ def _announce(
 ) -> None:
     entry = {"uuid": key, "state": state, "seq": seq, "against": against}
     if error is not None:  # why this member gave up, for the members still waiting
-        entry["kind"] = "input" if isinstance(error, CommInputError) else "other"
+        entry["kind"] = "input" if isinstance(error, errors.CommInputError) else "other"
         entry["error"] = str(error)[:600]
     store.set(f"{_PREFIX}/handle/{handle}", json.dumps(entry))
 
@@ -249,15 +244,15 @@ class _GroupError:
     the members still waiting raise it as it is, not as "member r gave up"."""
 
 
-class _Disagreement(CommInputError, _GroupError):
+class _Disagreement(errors.CommInputError, _GroupError):
     pass
 
 
-class _Absent(CommTimeoutError, _GroupError):
+class _Absent(errors.CommTimeoutError, _GroupError):
     pass
 
 
-class _UuidMismatch(CommInputError, _GroupError):
+class _UuidMismatch(errors.CommInputError, _GroupError):
     def __init__(self, message: str, other: str) -> None:
         super().__init__(message)
         self.other = other
@@ -357,10 +352,10 @@ def _raise_outcome(raw: bytes | str) -> None:
         return
     message = str(outcome.get("message", "reconfigure failed"))
     if kind == "input":
-        raise CommInputError(message)
+        raise errors.CommInputError(message)
     if kind == "timeout":
-        raise CommTimeoutError(message)
-    raise CommOperationError(message)
+        raise errors.CommTimeoutError(message)
+    raise errors.CommOperationError(message)
 
 
 def _absent(store: Any, base: str, handles: list[str], limit: int) -> list[int]:
@@ -431,7 +426,7 @@ def _watch(
                 probed = time.monotonic()
                 for r in absent:
                     if has_exited(parse_handle(handles[r], comm.get_backend(), True, "member")):
-                        raise CommOperationError(
+                        raise errors.CommOperationError(
                             f"reconfigure: member {r} ({_brief(handles[r])}) has exited (its "
                             f"rendezvous refuses connections), so uuid {key!r} cannot "
                             f"complete; reconfigure with a new uuid and a list of live members"
@@ -451,7 +446,7 @@ def _look_at(
         return
     ann = read_record(store.get(ann_key), ann_key, _ANNOUNCEMENT)
     if ann["uuid"] == key and ann["state"] in ("failed", "mismatch"):
-        error = CommInputError if ann.get("kind") == "input" else CommOperationError
+        error = errors.CommInputError if ann.get("kind") == "input" else errors.CommOperationError
         raise error(
             f"reconfigure: member {r} ({_brief(handles[r])}) gave up on uuid "
             f"{key!r}: {ann.get('error', 'its reconfigure failed')}"
@@ -483,7 +478,7 @@ def _all_built(store: Any, space: str, key: str, size: int, timeout: timedelta) 
         if not is_timeout_error(exc):
             raise
         built = int(store.add(f"{space}/built/count", 0))
-        raise CommTimeoutError(
+        raise errors.CommTimeoutError(
             f"reconfigure: only {built} of {size} members built their engine for uuid "
             f"{key!r} within {timeout}; a member may have died after joining; reconfigure "
             f"again with a new uuid and a list of live members"
@@ -517,10 +512,12 @@ def _meeting_store(comm: TorchComm, handles: list[str], mine: str, timeout: time
     return PrefixStore(f"rendezvous/{token}", cached)
 
 
-def _store_failure(comm: TorchComm, handles: list[str], exc: BaseException) -> CommOperationError:
+def _store_failure(
+    comm: TorchComm, handles: list[str], exc: BaseException
+) -> errors.CommOperationError:
     first = handles[0]
     comm._membership.clients.pop(first, None)
-    return CommOperationError(
+    return errors.CommOperationError(
         f"reconfigure: the rendezvous store (hosted by the member of the first handle, "
         f"{_brief(first)}) failed: {exc}; that member may have died. Reconfigure with a new "
         f"uuid and a list whose first handle is a live member"
@@ -542,12 +539,12 @@ def reconfigure(
     if not supports_reconfigure(type(backend)):
         raise RuntimeError(refusal(comm.get_backend(), type(backend), op))
     if not comm.get_options().enable_reconfigure:
-        raise CommStateError(
+        raise errors.CommStateError(
             f"reconfigure: communicator {comm.get_name()!r} was created with "
             f"enable_reconfigure=False; create it with new_comm(..., enable_reconfigure=True)"
         )
     if comm.is_finalized():
-        raise CommStateError(
+        raise errors.CommStateError(
             f"reconfigure: communicator {comm.get_name()!r} was finalized; "
             f"create a new one with new_comm(..., enable_reconfigure=True)"
         )
@@ -559,7 +556,7 @@ def reconfigure(
     timeout = check_timeout(timeout, op) if timeout is not None else comm.get_timeout()
     hints = dict(check_hints(hints, op)) if hints is not None else {}
     if key in comm._membership.uuids:
-        raise CommInputError(
+        raise errors.CommInputError(
             f"reconfigure: uuid {uuid!r} was already used by communicator {comm.get_name()!r}; "
             f"every reconfigure needs a new uuid (an increasing counter or uuid.uuid4().hex)"
         )
@@ -577,7 +574,7 @@ def reconfigure(
             seq = int(store.add(f"{_PREFIX}/seq", 1))
             _announce(store, mine, key, "pending", seq)
             _meet(comm, store, key, rank, handles, timeout, seq)
-        except TorchCommError:
+        except errors.TorchCommError:
             raise
         except (RuntimeError, OSError) as exc:  # the store itself failed: its host is gone
             raise _store_failure(comm, handles, exc) from exc
@@ -590,7 +587,7 @@ def reconfigure(
         )
         try:
             backend.reconfigure_engine(options.store, rank, size, timeout, options)
-        except TorchCommError:
+        except errors.TorchCommError:
             raise
         except Exception as exc:
             what = (
@@ -604,7 +601,7 @@ def reconfigure(
         try:  # withdraw, so members still waiting fail now instead of at their timeout
             kind = (
                 "input"
-                if isinstance(exc, CommInputError)
+                if isinstance(exc, errors.CommInputError)
                 else "timeout"
                 if isinstance(exc, _Absent)
                 else "other"
@@ -625,7 +622,11 @@ def reconfigure(
         except Exception:
             pass
         if isinstance(exc, _GroupError):  # the public type, without the marker
-            public = CommInputError if isinstance(exc, CommInputError) else CommTimeoutError
+            public = (
+                errors.CommInputError
+                if isinstance(exc, errors.CommInputError)
+                else errors.CommTimeoutError
+            )
             raise public(str(exc)) from None
         raise
     try:

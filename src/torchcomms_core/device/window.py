@@ -22,14 +22,7 @@ from torchcomms_core.device import native_proxy
 from torchcomms_core.device.native_proxy import NativeProxy
 from torchcomms_core.device.proxy import CommandFailed, Proxy
 from torchcomms_core.device.ring import Command, CommandRing, words_at
-from torchcomms_core.foundation.errors import (
-    CommInputError,
-    CommOperationError,
-    CommStateError,
-    CommTimeoutError,
-    CommTypeError,
-    TorchCommError,
-)
+from torchcomms_core.foundation import errors
 from torchcomms_core.spec.window import WindowEngine
 
 #: Seconds ``abort`` gives kernels to leave their waits (they see ``ABORT`` at their next
@@ -50,11 +43,11 @@ def resolve_counts(
         ("barrier_count", barrier_count, 1),
     ):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise CommTypeError(f"get_device_window: {name} must be an int, got {value!r}")
+            raise errors.CommTypeError(f"get_device_window: {name} must be an int, got {value!r}")
         if value == -1:
             value = default
         if not 0 <= value <= MAX_IDS:
-            raise CommInputError(
+            raise errors.CommInputError(
                 f"get_device_window: {name}={value} is out of range; pass -1 (one per rank) "
                 f"or 0..{MAX_IDS}"
             )
@@ -186,18 +179,22 @@ class DeviceWindow:
         """A source handle for ``tensor`` (contiguous, on the CPU); not collective."""
         where = "register_local_buffer"
         if not isinstance(tensor, torch.Tensor):
-            raise CommTypeError(f"{where}: tensor must be a torch.Tensor, got {type(tensor)}")
+            raise errors.CommTypeError(
+                f"{where}: tensor must be a torch.Tensor, got {type(tensor)}"
+            )
         if not tensor.is_contiguous():
-            raise CommInputError(f"{where}: the tensor must be contiguous; pass .contiguous()")
+            raise errors.CommInputError(
+                f"{where}: the tensor must be contiguous; pass .contiguous()"
+            )
         if tensor.device.type != "cpu":
-            raise CommInputError(
+            raise errors.CommInputError(
                 f"{where}: the tensor is on {tensor.device}, but the core proxy reads sources "
                 f"on the CPU (the window's device); register a CPU tensor"
             )
         with self._lock:
             free = [i for i in range(L.MAX_BUFFERS) if i not in self._sources]
             if not free:
-                raise CommStateError(
+                raise errors.CommStateError(
                     f"{where}: all {L.MAX_BUFFERS} source slots of window {self.name} are in "
                     f"use; deregister_local_buffer() one first"
                 )
@@ -216,7 +213,7 @@ class DeviceWindow:
         """Forget a source handle once the commands already queued have been carried out."""
         slot = self._slot(handle)
         if slot is None:
-            raise CommInputError(
+            raise errors.CommInputError(
                 f"deregister_local_buffer: {handle!r} is not a registered buffer of window "
                 f"{self.name}"
             )
@@ -296,13 +293,13 @@ class DeviceWindow:
         deadline = time.monotonic() + self._timeout.total_seconds()
         while self._state[L.DONE] < self._state[L.HEAD] and not self._state[L.ABORT]:
             if time.monotonic() > deadline:
-                raise CommTimeoutError(
+                raise errors.CommTimeoutError(
                     f"device window {self.name}: {self.ring.pending()} command(s) still queued "
                     f"after {self._timeout.total_seconds():g} s"
                 )
             time.sleep(0.0002)
 
-    def failure(self) -> TorchCommError | None:
+    def failure(self) -> errors.TorchCommError | None:
         """The first failure a kernel or the proxy recorded, as the error to raise."""
         s = self._state
         code = int(s[L.ERR_CODE])
@@ -316,23 +313,23 @@ class DeviceWindow:
         what = _awaited(op, peer, ident)
         seconds = self._timeout.total_seconds()
         if code == L.E_TIMEOUT:
-            return CommTimeoutError(
+            return errors.CommTimeoutError(
                 f"{head}: {what} did not reach {expected} within {seconds:g} s (it was {seen}); "
                 f"the peer never signalled, or it died"
             )
         if code == L.E_ABORTED:
-            return CommStateError(f"{head}: the window was aborted while waiting for {what}")
+            return errors.CommStateError(f"{head}: the window was aborted while waiting for {what}")
         if code == L.E_RING_FULL:
-            return CommTimeoutError(
+            return errors.CommTimeoutError(
                 f"{head}: the command ring stayed full ({L.RING_SLOTS} commands in flight) for "
                 f"{seconds:g} s; nothing was queued"
             )
         if code == L.E_PROXY:
             cause = self._proxy.failure
-            return CommOperationError(
+            return errors.CommOperationError(
                 f"{head}: the proxy failed carrying out a command for peer {peer}: {cause!r}"
             )
-        return CommInputError(f"{head}: {_refusal(code, peer, ident, expected, seen, self)}")
+        return errors.CommInputError(f"{head}: {_refusal(code, peer, ident, expected, seen, self)}")
 
     def clear_failure(self) -> None:
         """Forget the recorded failure (after the host has reported it)."""

@@ -13,14 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchcomms_core.foundation.errors import (
-    CommInputError,
-    CommOperationError,
-    CommStateError,
-    CommTimeoutError,
-    CommTypeError,
-    TorchCommError,
-)
+from torchcomms_core.foundation import errors
 
 if TYPE_CHECKING:
     from torchcomms_core.foundation.protocols import Communicator as TorchComm  # any communicator
@@ -61,22 +54,28 @@ def is_timeout_error(exc: BaseException) -> bool:
     """
     if isinstance(exc, TimeoutError):
         return True
-    if not isinstance(exc, RuntimeError) or isinstance(exc, (NotImplementedError, TorchCommError)):
+    if not isinstance(exc, RuntimeError) or isinstance(
+        exc, (NotImplementedError, errors.TorchCommError)
+    ):
         return False
     text = str(exc).lower()
     return any(marker in text for marker in _TIMEOUT_MARKERS)
 
 
-def engine_start_error(what: str, timeout: Any, exc: BaseException, advice: str) -> TorchCommError:
+def engine_start_error(
+    what: str, timeout: Any, exc: BaseException, advice: str
+) -> errors.TorchCommError:
     """The error for an engine that could not start (``what`` says which, for whom).
 
-    A :class:`CommTimeoutError` ``"{what} within {timeout}: {exc}{advice}"`` when ``exc``
-    reports an expired timeout, else a :class:`CommOperationError`; ``exc`` is its cause.
+    A ``CommTimeoutError`` ``"{what} within {timeout}: {exc}{advice}"`` when ``exc`` reports
+    an expired timeout, else a ``CommOperationError``; ``exc`` is its cause.
     """
     if is_timeout_error(exc):
-        error: TorchCommError = CommTimeoutError(f"{what} within {timeout}: {exc}{advice}")
+        error: errors.TorchCommError = errors.CommTimeoutError(
+            f"{what} within {timeout}: {exc}{advice}"
+        )
     else:
-        error = CommOperationError(f"{what}: {exc}")
+        error = errors.CommOperationError(f"{what}: {exc}")
     error.__cause__ = exc
     return error
 
@@ -87,9 +86,9 @@ def is_engine_failure(exc: BaseException) -> bool:
     Only such errors mark a communicator failed. Argument errors (``TypeError``,
     ``ValueError``, our own input and state errors) leave it healthy: nothing ran.
     """
-    if isinstance(exc, (CommInputError, CommTypeError, CommStateError)):
+    if isinstance(exc, (errors.CommInputError, errors.CommTypeError, errors.CommStateError)):
         return False
-    if isinstance(exc, (TorchCommError, TimeoutError, ConnectionError)):
+    if isinstance(exc, (errors.TorchCommError, TimeoutError, ConnectionError)):
         return True
     return isinstance(exc, RuntimeError) and not isinstance(exc, NotImplementedError)
 
@@ -147,7 +146,7 @@ def raised_by_plugin_code(exc: BaseException, backend: Any) -> bool:
     err: BaseException | None = exc
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, (TorchCommError, TimeoutError, ConnectionError)):
+        if isinstance(err, (errors.TorchCommError, TimeoutError, ConnectionError)):
             return False
         tb = err.__traceback__
         while tb is not None:
@@ -235,7 +234,7 @@ class TorchWork:
     def _set_status(self, status: WorkStatus) -> None:
         """Set the status by hand, as the reference allows for Python-backend works."""
         if not isinstance(status, WorkStatus):
-            raise CommTypeError(f"_set_status: status must be a WorkStatus, got {status!r}")
+            raise errors.CommTypeError(f"_set_status: status must be a WorkStatus, got {status!r}")
         self._status = status
         if status is WorkStatus.COMPLETED:
             self._inner = None
@@ -262,16 +261,18 @@ class TorchWork:
         Safe to call from several threads; each returns once the result is in place.
 
         Raises:
-            CommTimeoutError: the operation did not complete within its timeout.
-            CommOperationError: the engine failed (a peer died, a connection broke).
-            CommStateError: the communicator was aborted while the operation was in flight.
+            errors.CommTimeoutError: the operation did not complete within its timeout.
+            errors.CommOperationError: the engine failed (a peer died, a connection broke).
+            errors.CommStateError: the communicator was aborted while the operation was in flight.
         """
         if self._status is WorkStatus.COMPLETED:
             return True
         lock = self._lock
         if lock is None:  # failed at issue time, or never issued
             if self._error is None:
-                raise CommStateError(f"{self._op}: this work was never issued; nothing to wait for")
+                raise errors.CommStateError(
+                    f"{self._op}: this work was never issued; nothing to wait for"
+                )
             raise self._error
         with lock:
             # Re-read under the lock: another thread may have finished the work meanwhile.
@@ -303,9 +304,9 @@ class TorchWork:
         except Exception:  # an aborted engine may refuse to answer
             return False
 
-    def _aborted_error(self) -> CommStateError:
+    def _aborted_error(self) -> errors.CommStateError:
         name = self._comm.get_name() if self._comm is not None else "?"
-        return CommStateError(
+        return errors.CommStateError(
             f"{self._op} on communicator {name!r} was abandoned: the communicator was aborted "
             f"while the operation was in flight; its result is undefined. Create a new "
             f"communicator to continue"
@@ -357,7 +358,7 @@ class TorchWork:
         # The engine is done: run the completion steps now, so the result is readable.
         try:
             self.wait()
-        except TorchCommError:
+        except errors.TorchCommError:
             pass
         return True
 
@@ -388,30 +389,32 @@ class TorchWork:
             comm is not None
             and engine
             and comm.is_aborted()
-            and not isinstance(exc, CommStateError)
+            and not isinstance(exc, errors.CommStateError)
         ):
             err: BaseException = self._aborted_error()
             self._status = WorkStatus.ERROR
-        elif isinstance(exc, CommTimeoutError):
+        elif isinstance(exc, errors.CommTimeoutError):
             self._status, err = WorkStatus.TIMEDOUT, exc
-        elif isinstance(exc, TorchCommError) or not engine:
+        elif isinstance(exc, errors.TorchCommError) or not engine:
             self._status, err = WorkStatus.ERROR, exc
         elif is_timeout_error(exc):
             self._status = WorkStatus.TIMEDOUT
-            err = CommTimeoutError(
+            err = errors.CommTimeoutError(
                 f"{self._op} on communicator {comm_name!r} timed out: {exc}. "
                 f"A peer may have died, hung, or called a different operation; raise the "
                 f"timeout with timeout=... or TORCHCOMM_TIMEOUT_SECONDS if it is just slow"
             )
         else:
             self._status = WorkStatus.ERROR
-            err = CommOperationError(f"{self._op} on communicator {comm_name!r} failed: {exc}")
+            err = errors.CommOperationError(
+                f"{self._op} on communicator {comm_name!r} failed: {exc}"
+            )
         if err is not exc:
             err.__cause__ = exc
         self._error = err
         self._inner = None
         self._finishers = None
-        if engine and not isinstance(err, CommStateError):
+        if engine and not isinstance(err, errors.CommStateError):
             # The communicator marks itself failed; a work built by hand for another
             # object (or none) has no one to tell.
             tell = getattr(comm, "on_work_failure", None)
