@@ -554,7 +554,7 @@ def body_arena_defaults(explicit_on_rank0: bool) -> dict[str, Any]:
         return {"error": str(exc)}
     finally:
         shm_comm.default_arena = own  # type: ignore[assignment]
-    layout = comm.get_backend_impl()._layout
+    layout = comm.get_backend_impl()._lockstep.layout
     n = comm.get_size()
     t = torch.arange(300_000, dtype=torch.float32) + rank  # several chunks of 512 KiB
     comm.all_reduce(t, torchcomms.ReduceOp.SUM)
@@ -689,8 +689,8 @@ def body_wait_choice(local: str) -> dict[str, Any]:
         comm.all_reduce(t, ReduceOp.SUM)
         out = {
             "shared": impl._shared_cores,
-            "polls": impl._fast_polls,
-            "spin_s": impl._waiter.spin_s,
+            "polls": impl._lockstep.fast_polls,
+            "spin_s": impl._lockstep.waiter.spin_s,
             "ok": bool((t == comm.get_size()).all()),
         }
         comm.finalize()

@@ -138,8 +138,8 @@ def body_exact(native: str) -> list[str]:
     if t.tolist() != [float(n)] * 8:
         bad.append(f"resized tensor: {t.tolist()}")
     fast.barrier()
-    uses_native = fast.get_backend_impl()._native is not None
-    uses_fastcall = fast.get_backend_impl()._fastcall is not None
+    uses_native = fast.get_backend_impl()._small.native is not None
+    uses_fastcall = fast.get_backend_impl()._small.fastcall is not None
     fast.finalize()
     python.finalize()
     slow.finalize()
@@ -279,7 +279,7 @@ def body_without_compiler() -> dict[str, Any]:
     r, n = comm.get_rank(), comm.get_size()
     t = torch.tensor([1.5 + r, -2.0 * r], dtype=torch.float32)
     comm.all_reduce(t, ReduceOp.SUM)
-    native_loaded = comm.get_backend_impl()._native is not None
+    native_loaded = comm.get_backend_impl()._small.native is not None
     comm.finalize()
     expected = [sum(1.5 + k for k in range(n)), sum(-2.0 * k for k in range(n))]
     return {"ok": t.tolist() == expected, "native": native_loaded}
@@ -343,7 +343,7 @@ def body_measured(calls: int) -> dict[str, Any]:
                 _bits(out[p * count : (p + 1) * count]), _bits(_inputs(p, count, torch.float32, i))
             ):
                 bad.append(f"all_gather call {i} block {p}")
-    meter = impl._meter
+    meter = impl._coll.meter
     # The buckets of the first size: the tensor's bytes, and all_gather's output bytes.
     timed = {
         "broadcast": meter.averages(("broadcast", ((1 << 20) - 1).bit_length())),

@@ -1,12 +1,14 @@
-"""``ShmCollectives``: the shm backend's collective algorithms, lockstep over the arena.
+"""``Collectives``: the shm backend's collective algorithms, lockstep over the arena.
 
 Each algorithm stages what this rank contributes in its slot of the arena, one chunk per
 step, and reads or folds what the peers staged (see the backend's module docstring).
-Reductions use torch's kernels, in rank order, by one owner rank per part. The spec's
-methods that run them (``all_reduce``, ``all_gather``, ...) are ``ShmBackend``'s.
+Reductions use torch's kernels, in rank order, by one owner rank per part. It is a part
+of the backend: it takes the communicator's :class:`~torchcomms_shm.lockstep.Lockstep`,
+and the backend's spec methods (``all_reduce``, ``all_gather``, ...) call it, passing the
+backend's tuning where a tuner chooses the path.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``comm``, ``p2p`` and ``segment``.
+``cma``, ``copying``, ``lockstep``, ``measured`` and ``segment``.
 """
 
 from __future__ import annotations
@@ -16,12 +18,18 @@ from collections.abc import Callable
 
 import torch
 
-from torchcomms_core.plugin import ELEMENTWISE_REDUCE, CommInputError, CommOperationError
+from torchcomms_core.plugin import (
+    ELEMENTWISE_REDUCE,
+    CommInputError,
+    CommOperationError,
+    Tuning,
+)
 
 from . import cma
 from . import segment as seg
-from .comm import _copy
-from .p2p import ShmP2P
+from .copying import copy_to
+from .lockstep import Lockstep
+from .measured import Meter
 
 #: Messages up to this size per rank (bytes) take the one-step all-reduce.
 SMALL_BYTES = 64 << 10
@@ -42,30 +50,46 @@ def _fold(fn: Callable[..., torch.Tensor], sources: list[torch.Tensor], out: tor
     """
     if len(sources) == 1:
         if sources[0].data_ptr() != out.data_ptr():
-            _copy(out, sources[0])
+            copy_to(out, sources[0])
         return
     fn(sources[0], sources[1], out=out)
     for src in sources[2:]:
         fn(out, src, out=out)
 
 
-class ShmCollectives(ShmP2P):
+class Collectives:
     """The collective algorithms of the shm backend (see the module docstring)."""
 
-    def _all_reduce(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
-        n, me = self._size, self._rank
+    def __init__(self, state: Lockstep) -> None:
+        self._st = state
+        #: Rank 0's timings of ``measured`` calls.
+        self.meter = Meter()
+        #: The piece buffers of the last direct all-reduce (``_all_reduce_direct``).
+        self._direct_temps: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+
+    def reset(self) -> None:
+        """Fresh timings and buffers for the segment the lockstep was just bound to."""
+        self.meter = Meter()
+        self._direct_temps = {}
+
+    def all_reduce(
+        self, flat: torch.Tensor, fn: Callable[..., torch.Tensor], tuning: Tuning
+    ) -> None:
+        """All-reduce ``flat`` with ``fn`` on the path ``tuning`` chooses for its size."""
+        st = self._st
+        n, me = st.size, st.rank
         if n == 1:
             return
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
         nbytes = total * es
         # The tuner's choice (#45); one step holds at most a chunk.
-        choice = self.tuning.choose("all_reduce", nbytes, dtype).algorithm
-        if choice in ("direct", "measured") and self._cma_ok:
+        choice = tuning.choose("all_reduce", nbytes, dtype).algorithm
+        if choice in ("direct", "measured") and st.cma_ok:
             if choice == "direct":
                 self._all_reduce_direct(flat, fn)
             else:
-                self._measured(
+                self.measured(
                     "all_reduce",
                     nbytes,
                     lambda: self._all_reduce_direct(flat, fn),
@@ -75,23 +99,21 @@ class ShmCollectives(ShmP2P):
         if choice == "one_step":
             # One step per piece of at most a chunk: every rank stages the piece and folds
             # every rank's copy itself (the compiled path of ``small`` takes the same steps).
-            per = max(1, self._chunk // es)
+            per = max(1, st.chunk // es)
             for start in range(0, total, per):
                 part = flat[start : start + per]
                 m = part.numel()
-                h = self._half()
-                self._w[self._my_size[h]] = nbytes  # checked by every rank after the step
+                h = st.half()
+                st.words[st.my_size[h]] = nbytes  # checked by every rank after the step
                 key = (dtype, m, h)
-                slots = self._views.get(key)
+                slots = st.views.get(key)
                 if slots is None:
-                    if len(self._views) > 64:
-                        self._views.clear()
-                    slots = self._views[key] = [
-                        self._slots[r][h][: m * es].view(dtype) for r in range(n)
-                    ]
-                _copy(slots[me], part)
-                self._sync()
-                error = self._size_mismatch(h, nbytes)
+                    if len(st.views) > 64:
+                        st.views.clear()
+                    slots = st.views[key] = [st.slots[r][h][: m * es].view(dtype) for r in range(n)]
+                copy_to(slots[me], part)
+                st.sync()
+                error = st.size_mismatch(h, nbytes)
                 if error is not None:
                     raise error
                 _fold(fn, slots, part)
@@ -101,33 +123,34 @@ class ShmCollectives(ShmP2P):
     def _all_reduce_chunked(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
         """Per chunk: every rank stages the parts it does not own, reduces its own part
         from the staged copies, and copies the reduced parts of its peers out."""
-        n, me = self._size, self._rank
+        st = self._st
+        n, me = st.size, st.rank
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
-        per = self._chunk // es
+        per = st.chunk // es
         for start in range(0, total, per):
             m = min(per, total - start)
             bounds = [m * p // n for p in range(n + 1)]
             lo, hi = bounds[me], bounds[me + 1]
-            h = self._half()
-            slots = [self._slots[r][h][: m * es].view(dtype) for r in range(n)]
+            h = st.half()
+            slots = [st.slots[r][h][: m * es].view(dtype) for r in range(n)]
             chunk = flat[start : start + m]
             mine = slots[me]
             # Stage every part but this rank's own (which it reduces from its tensor).
             if lo:
-                _copy(mine[:lo], chunk[:lo])
+                copy_to(mine[:lo], chunk[:lo])
             if hi < m:
-                _copy(mine[hi:], chunk[hi:])
-            self._sync()
+                copy_to(mine[hi:], chunk[hi:])
+            st.sync()
             own = chunk[lo:hi]
             # Into this rank's own (free) region of its slot, then back into the tensor.
             _fold(fn, [own if r == me else slots[r][lo:hi] for r in range(n)], mine[lo:hi])
-            _copy(own, mine[lo:hi])
-            self._sync()
-            for r in self._peers:
+            copy_to(own, mine[lo:hi])
+            st.sync()
+            for r in st.peers:
                 a, b = bounds[r], bounds[r + 1]
                 if b > a:
-                    _copy(chunk[a:b], slots[r][a:b])
+                    copy_to(chunk[a:b], slots[r][a:b])
 
     def _all_reduce_direct(self, flat: torch.Tensor, fn: Callable[..., torch.Tensor]) -> None:
         """All-reduce by cross-memory reads, one copy per byte moved: each rank reads its own
@@ -135,24 +158,25 @@ class ShmCollectives(ShmP2P):
         folds the parts in rank order into its own tensor (so the bits are those of the
         staged path), and after a step reads every peer's reduced part from the peer's
         tensor. A last step keeps every tensor in place until every peer has read it."""
-        n, me = self._size, self._rank
+        st = self._st
+        n, me = st.size, st.rank
         dtype, es = flat.dtype, flat.element_size()
         total = flat.numel()
         bounds = [total * p // n for p in range(n + 1)]
-        h = self._half()
+        h = st.half()
         table = torch.tensor([flat.data_ptr(), total * es], dtype=torch.int64).view(torch.uint8)
-        _copy(self._slots[me][h][:16], table)
-        self._sync()
+        copy_to(st.slots[me][h][:16], table)
+        st.sync()
         peers: dict[int, int] = {}
-        for p in self._peers:
-            addr, nbytes = self._slots[p][h][:16].view(torch.int64).tolist()
+        for p in st.peers:
+            addr, nbytes = st.slots[p][h][:16].view(torch.int64).tolist()
             if nbytes != total * es:
                 # Every rank meets a peer of another size: all take the remaining steps
                 # without reading, so the communicator stays usable.
-                self._sync()
-                self._sync()
+                st.sync()
+                st.sync()
                 raise CommInputError(
-                    f"{self._op}: rank {p} passed {nbytes} bytes where this rank passed "
+                    f"{st.op}: rank {p} passed {nbytes} bytes where this rank passed "
                     f"{total * es}; every rank must pass the same size"
                 )
             peers[p] = addr
@@ -170,45 +194,47 @@ class ShmCollectives(ShmP2P):
                 m = min(piece, hi - start)
                 own = flat[start : start + m]
                 for p, addr in peers.items():
-                    cma.read(self._pids[p], temps[p].data_ptr(), addr + start * es, m * es)
+                    cma.read(st.pids[p], temps[p].data_ptr(), addr + start * es, m * es)
                 sources = [own if r == me else temps[r][:m] for r in range(n)]
                 if me < 2:  # the fold writes its first two sources first: own may be one
                     _fold(fn, sources, own)
                 else:
                     _fold(fn, sources, temps[n][:m])
-                    _copy(own, temps[n][:m])
-            self._sync()
+                    copy_to(own, temps[n][:m])
+            st.sync()
             for p, addr in peers.items():
                 a, b = bounds[p], bounds[p + 1]
                 if b > a:
-                    cma.read(self._pids[p], flat[a:b].data_ptr(), addr + a * es, (b - a) * es)
+                    cma.read(st.pids[p], flat[a:b].data_ptr(), addr + a * es, (b - a) * es)
         except CommOperationError as exc:
-            raise self._fail(exc) from None
-        self._sync()
+            raise st.fail(exc) from None
+        st.sync()
 
-    def _reduce_scatter(
+    def reduce_scatter(
         self, out: torch.Tensor, ins: list[torch.Tensor], fn: Callable[..., torch.Tensor]
     ) -> None:
-        n, me = self._size, self._rank
+        """Reduce block ``p`` of every rank's ``ins`` into rank ``p``'s ``out``."""
+        st = self._st
+        n, me = st.size, st.rank
         if n == 1:
-            _copy(out, ins[0])
+            copy_to(out, ins[0])
             return
         dtype, es = out.dtype, out.element_size()
         # Elements per destination per step: a slot holds one region per peer (the one
         # for a destination ``p`` at ``_place(p, owner)``).
-        region = self._chunk // (n - 1) // es
+        region = st.chunk // (n - 1) // es
         steps = max(-(-t.numel() // region) for t in ins)
         for k in range(steps):
             lo = k * region
-            h = self._half()
-            base = self._slots
-            for p in self._peers:
+            h = st.half()
+            base = st.slots
+            for p in st.peers:
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
                     at = _place(p, me) * region
                     dst = base[me][h][at * es : (at + m) * es].view(dtype)
-                    _copy(dst, ins[p][lo : lo + m])
-            self._sync()
+                    copy_to(dst, ins[p][lo : lo + m])
+            st.sync()
             m = min(region, out.numel() - lo)
             if m > 0:
                 srcs = [
@@ -221,148 +247,156 @@ class ShmCollectives(ShmP2P):
                 ]
                 _fold(fn, srcs, out[lo : lo + m])
 
-    def _all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
-        n, me, c = self._size, self._rank, self._chunk
+    def all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
+        """Every rank's ``mine`` into block ``rank`` of ``outs``, staged (uint8 tensors)."""
+        st = self._st
+        n, me, c = st.size, st.rank, st.chunk
         local = outs[me].data_ptr() != mine.data_ptr()
         if n == 1:
             if local:
-                _copy(outs[me], mine)
+                copy_to(outs[me], mine)
             return
         steps = max(-(-o.numel() // c) for o in outs)
         for k in range(steps):
             lo = k * c
-            h = self._half()
+            h = st.half()
             m = min(c, mine.numel() - lo)
             if m > 0:
-                _copy(self._slots[me][h][:m], mine[lo : lo + m])
-            self._post()
+                copy_to(st.slots[me][h][:m], mine[lo : lo + m])
+            st.post()
             if local and m > 0:  # this rank's own block, while the peers catch up
-                _copy(outs[me][lo : lo + m], mine[lo : lo + m])
-            self._wait_peers()
-            for p in self._peers:
+                copy_to(outs[me][lo : lo + m], mine[lo : lo + m])
+            st.wait_peers()
+            for p in st.peers:
                 m = min(c, outs[p].numel() - lo)
                 if m > 0:
-                    _copy(outs[p][lo : lo + m], self._slots[p][h][:m])
+                    copy_to(outs[p][lo : lo + m], st.slots[p][h][:m])
 
-    def _broadcast(self, data: torch.Tensor, root: int) -> None:
-        if self._size == 1:
+    def broadcast(self, data: torch.Tensor, root: int) -> None:
+        """``root``'s ``data`` into every rank's, staged (a uint8 tensor)."""
+        st = self._st
+        if st.size == 1:
             return
-        c, me, total = self._chunk, self._rank, data.numel()
+        c, me, total = st.chunk, st.rank, data.numel()
         steps = -(-total // c)
         for k in range(steps):
             lo = k * c
             m = min(c, total - lo)
-            h = self._half()
-            slot = self._slots[root][h][:m]
+            h = st.half()
+            slot = st.slots[root][h][:m]
             if me == root:
-                _copy(slot, data[lo : lo + m])
-            self._sync()
+                copy_to(slot, data[lo : lo + m])
+            st.sync()
             if me != root:
-                _copy(data[lo : lo + m], slot)
+                copy_to(data[lo : lo + m], slot)
 
-    def _copy_once_choice(self, op: str, nbytes: int) -> str:
+    def copy_once_choice(self, op: str, nbytes: int, tuning: Tuning) -> str:
         """The path of ``op`` (``broadcast`` or ``all_gather``) of ``nbytes``: ``staged``,
         ``direct`` or ``measured`` (see ``torchcomms_shm.measured``), the tuner's (or the
         ``algorithm.<op>`` hint's) choice, where every rank can read its peers (else
         ``staged``). Every rank decides alike (agreed choices, equal sizes)."""
-        choice = self.tuning.choose(op, nbytes, torch.uint8).algorithm
-        if choice == "staged" or not (self._cma_ok and self._size > 1 and nbytes > 0):
+        st = self._st
+        choice = tuning.choose(op, nbytes, torch.uint8).algorithm
+        if choice == "staged" or not (st.cma_ok and st.size > 1 and nbytes > 0):
             return "staged"
         return choice
 
-    def _wants_direct(self, op: str, nbytes: int) -> bool:
-        """Whether ``op`` of ``nbytes`` surely reads the owners' tensors directly."""
-        return self._copy_once_choice(op, nbytes) == "direct"
-
-    def _measured(
+    def measured(
         self, op: str, nbytes: int, direct: Callable[[], None], staged: Callable[[], None]
     ) -> None:
         """Run ``direct`` or ``staged``, as rank 0's timings choose (``measured``): rank 0
         writes the choice into its control line before the step every rank posts first,
         and the others read it after that step."""
+        st = self._st
         key = (op, (nbytes - 1).bit_length())
-        w = self._w
-        if self._rank != 0:
-            self._sync()
-            (direct if w[self._choice_of_0] == 2 else staged)()
-            self._sync()
+        w = st.words
+        if st.rank != 0:
+            st.sync()
+            (direct if w[st.choice_of_0] == 2 else staged)()
+            st.sync()
             return
-        meter = self._meter
+        meter = self.meter
         use_direct = meter.pick(key)
-        w[self._choice_of_0] = 2 if use_direct else 1
+        w[st.choice_of_0] = 2 if use_direct else 1
         start = time.perf_counter()
-        self._sync()
+        st.sync()
         (direct if use_direct else staged)()
         # A closing step: the time is the slowest rank's. Without it a staged broadcast
         # from rank 0 timed only rank 0's copies in, and won against direct reads that
         # were faster for the readers.
-        self._sync()
+        st.sync()
         meter.record(key, use_direct, time.perf_counter() - start)
 
-    def _broadcast_direct(self, data: torch.Tensor, root: int) -> None:
+    def broadcast_direct(self, data: torch.Tensor, root: int) -> None:
         """Every rank but ``root`` copies ``root``'s tensor straight into its own."""
-        if self._rank == root:
+        if self._st.rank == root:
             self._direct({}, [data])
         else:
             self._direct({root: (data, 0)}, [])
 
-    def _all_gather_direct(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
+    def all_gather_direct(self, outs: list[torch.Tensor], mine: torch.Tensor) -> None:
         """Every rank copies each peer's block straight from the peer's input."""
-        me = self._rank
-        self._direct({p: (outs[p], 0) for p in self._peers}, [mine], local_copy=(outs[me], mine))
+        st = self._st
+        me = st.rank
+        self._direct({p: (outs[p], 0) for p in st.peers}, [mine], local_copy=(outs[me], mine))
 
-    def _all_to_all(
-        self, outs: list[torch.Tensor], ins: list[torch.Tensor], uniform: bool = False
+    def all_to_all(
+        self,
+        outs: list[torch.Tensor],
+        ins: list[torch.Tensor],
+        tuning: Tuning,
+        uniform: bool = False,
     ) -> None:
-        """``uniform``: every block on every rank has one size (``all_to_all_single``
-        without splits), so every rank takes the same path from its own sizes."""
-        n, me = self._size, self._rank
+        """Block ``p`` of ``ins`` to rank ``p``, block ``p`` of ``outs`` from rank ``p``
+        (uint8 tensors). ``uniform``: every block on every rank has one size
+        (``all_to_all_single`` without splits), so every rank takes the same path from
+        its own sizes (``tuning`` chooses it)."""
+        st = self._st
+        n, me = st.size, st.rank
         if n == 1:
-            _copy(outs[me], ins[me])
+            copy_to(outs[me], ins[me])
             return
         if (
             uniform
-            and self._cma_ok
-            and self.tuning.choose("all_to_all_single", outs[me].numel(), torch.uint8).algorithm
+            and st.cma_ok
+            and tuning.choose("all_to_all_single", outs[me].numel(), torch.uint8).algorithm
             == "direct"
         ):
             # Peer ``p`` reads entry ``p`` of this rank's table (its block of ``ins``).
-            self._direct(
-                {p: (outs[p], me) for p in self._peers}, ins, local_copy=(outs[me], ins[me])
-            )
+            self._direct({p: (outs[p], me) for p in st.peers}, ins, local_copy=(outs[me], ins[me]))
             return
-        region = self._chunk // (n - 1) // 64 * 64
+        region = st.chunk // (n - 1) // 64 * 64
         local = max(-(-t.numel() // region) for t in outs + ins)
         # The step count is announced in one of two words, by the parity of the first
         # step: a peer reaches a later step of that parity only after this rank posted the
         # step in between, which it does after reading the count.
-        word = seg.W_COUNT + ((self._use + 1) & 1)
-        count_word = self._layout.rank_word(me, word)
-        peer_counts = [self._layout.rank_word(p, word) for p in self._peers]
-        w = self._w
+        word = seg.W_COUNT + ((st.use + 1) & 1)
+        count_word = st.layout.rank_word(me, word)
+        peer_counts = [st.layout.rank_word(p, word) for p in st.peers]
+        w = st.words
         w[count_word] = local  # read by the peers once they see this step
         k, steps = 0, 1
         while k < steps:
             lo = k * region
-            h = self._half()
-            mine = self._slots[me][h]
-            for p in self._peers:
+            h = st.half()
+            mine = st.slots[me][h]
+            for p in st.peers:
                 m = min(region, ins[p].numel() - lo)
                 if m > 0:
                     at = _place(p, me) * region
-                    _copy(mine[at : at + m], ins[p][lo : lo + m])
-            self._post()
+                    copy_to(mine[at : at + m], ins[p][lo : lo + m])
+            st.post()
             m = min(region, outs[me].numel() - lo)
             if m > 0:  # this rank's own block, while the peers catch up
-                _copy(outs[me][lo : lo + m], ins[me][lo : lo + m])
-            self._wait_peers()
+                copy_to(outs[me][lo : lo + m], ins[me][lo : lo + m])
+            st.wait_peers()
             if k == 0:
                 steps = max([local] + [w[i] for i in peer_counts])
-            for p in self._peers:
+            for p in st.peers:
                 m = min(region, outs[p].numel() - lo)
                 if m > 0:
                     at = _place(me, p) * region
-                    _copy(outs[p][lo : lo + m], self._slots[p][h][at : at + m])
+                    copy_to(outs[p][lo : lo + m], st.slots[p][h][at : at + m])
             k += 1
 
     def _direct(
@@ -379,21 +413,22 @@ class ShmCollectives(ShmP2P):
         and waits until every peer has read what it shared before returning (so the
         caller may change its tensors again).
         """
-        h = self._half()
+        st = self._st
+        h = st.half()
         if shares:
             table = torch.tensor(
                 [[t.data_ptr(), t.numel()] for t in shares], dtype=torch.int64
             ).view(torch.uint8)
-            _copy(self._slots[self._rank][h][: table.numel()], table.view(-1))
-        self._post()
+            copy_to(st.slots[st.rank][h][: table.numel()], table.view(-1))
+        st.post()
         if local_copy is not None and local_copy[0].data_ptr() != local_copy[1].data_ptr():
-            _copy(*local_copy)
-        self._wait_peers()
+            copy_to(*local_copy)
+        st.wait_peers()
         problem = ""
         try:
             for p, (dst, entry) in reads.items():
                 addr, nbytes = (
-                    self._slots[p][h][16 * entry : 16 * entry + 16].view(torch.int64).tolist()
+                    st.slots[p][h][16 * entry : 16 * entry + 16].view(torch.int64).tolist()
                 )
                 if nbytes != dst.numel():
                     problem = problem or (
@@ -401,12 +436,12 @@ class ShmCollectives(ShmP2P):
                         f"every rank must pass matching sizes"
                     )
                     continue
-                cma.read(self._pids[p], dst.data_ptr(), addr, nbytes)
+                cma.read(st.pids[p], dst.data_ptr(), addr, nbytes)
         except CommOperationError as exc:
-            raise self._fail(exc) from None
-        self._sync()
+            raise st.fail(exc) from None
+        st.sync()
         if problem:  # every rank finished the exchange: the communicator stays usable
-            raise CommInputError(f"{self._op}: {problem}")
+            raise CommInputError(f"{st.op}: {problem}")
 
 
 def _place(dst: int, owner: int) -> int:

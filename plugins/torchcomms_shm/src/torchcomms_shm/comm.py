@@ -1,14 +1,16 @@
-"""``ShmComm``: the shm backend's shared segment and the lockstep every operation uses.
+"""``ShmComm``: a shm communicator's life, and the parts of the backend it holds.
 
 It owns the communicator's life (hints, the segment's creation and mapping, finalize,
-abort, reconfigure), the waiting (steps published and awaited, with abort, dead-peer and
-timeout checks), the worker thread that runs asynchronous collectives in issue order, and
-the windows. Point-to-point (:mod:`~torchcomms_shm.p2p`), the collective algorithms
-(:mod:`~torchcomms_shm.collectives`) and the spec's methods (:mod:`~torchcomms_shm.backend`)
-are the layers above it; the algorithms are described in the backend's module docstring.
+abort, reconfigure), the worker thread that runs asynchronous collectives in issue order,
+and the windows. It holds the backend's parts, made once and rebound to each new segment:
+the :class:`~torchcomms_shm.lockstep.Lockstep` they share (the segment's words and slots,
+the steps and the waiting), point-to-point (:mod:`~torchcomms_shm.p2p`), the collective
+algorithms (:mod:`~torchcomms_shm.collectives`) and the small path
+(:mod:`~torchcomms_shm.small`). The spec's methods (:mod:`~torchcomms_shm.backend`) call
+the parts; the algorithms are described in the backend's module docstring.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``measured``, ``segment`` and ``window``.
+``cma``, ``collectives``, ``lockstep``, ``p2p``, ``segment``, ``small`` and ``window``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import torch
 
 from torchcomms_core.plugin import (
     CommInputError,
-    CommOperationError,
     CommOptions,
     StoredRankAndSize,
     TorchCommBackend,
@@ -41,7 +42,10 @@ from torchcomms_core.plugin import (
 
 from . import cma
 from . import segment as seg
-from .measured import Meter
+from .collectives import Collectives
+from .lockstep import Lockstep
+from .p2p import PointToPoint
+from .small import SmallCollectives
 
 #: Hint: bytes of staging memory per rank (two halves; one chunk is half of it).
 ARENA_BYTES = "arena_bytes"
@@ -169,40 +173,25 @@ def host_identity(hints: dict[str, str]) -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-#: ``memmove`` (one thread, glibc's memcpy) or ``torch`` (``Tensor.copy_``, which splits
-#: large copies over torch's intra-op threads).
-_COPY_WITH = os.environ.get("TORCHCOMM_SHM_COPY", "memmove")
-
-
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """Copy ``src`` into ``dst``: contiguous, same dtype and size (one ``memmove``)."""
-    if _COPY_WITH == "torch":
-        dst.copy_(src)
-        return
-    nbytes = src.nbytes
-    if nbytes:
-        ctypes.memmove(dst.data_ptr(), src.data_ptr(), nbytes)
-
-
-def _u8(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous tensor's bytes as a flat uint8 view."""
-    return t.reshape(-1).view(torch.uint8)
-
-
 class ShmComm(StoredRankAndSize, TorchCommBackend):
-    """The segment, lifecycle, waiting and worker of a shm communicator (module docstring)."""
-
-    #: Point-to-point operations queued and not complete, and whether they are being
-    #: advanced now (the point-to-point layer, ``ShmP2P``, queues and advances them).
-    _npending = 0
-    _in_progress = False
+    """The lifecycle, worker and windows of a shm communicator, and the parts it holds
+    (see the module docstring)."""
 
     def __init__(self) -> None:
         # Unbound (``enable_reconfigure=True`` before the first reconfigure): no segment.
         self._rank, self._size = -1, 0
-        self._mapping: seg.Mapping | None = None
-        self._aborted = False
-        self._broken: str | None = None
+        #: The state every part shares, and the parts, made once: each segment rebinds them.
+        self._lockstep = state = Lockstep()
+        self._p2p = PointToPoint(state)
+        self._coll = Collectives(state)
+        self._small = SmallCollectives(state)
+        # A rank that waits for a step keeps its queued sends and receives moving.
+        state.on_alarm = self._p2p.advance
+        self._windows: list[Any] = []
+        #: Whether every rank can read its peers' memory, and the all-to-all block size
+        #: from which it does (``0``: never); the tuners' default rules read both.
+        self._cma_ok = False
+        self._cma = 0
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -239,35 +228,30 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         spin = int_hint(hints, SPIN_US, spin0)
         yld = int_hint(hints, YIELD_US, yield0)
         cma_bytes = int_hint(hints, CMA_BYTES, DEFAULT_CMA_BYTES)
-        self._small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
-        self._native_wanted = bool_hint(hints, NATIVE, True)
+        small_limit = int_hint(hints, SMALL_PATH_BYTES, DEFAULT_SMALL_PATH_BYTES)
+        native_wanted = bool_hint(hints, NATIVE, True)
         arena -= arena % (2 * seg.PAGE)
         p2p -= p2p % seg.PAGE
         self._rank, self._size = rank, size
         self._kv = store
-        self._lock = threading.RLock()
         # Asynchronous collectives, run in issue order by one worker thread.
         self._jobs: deque[_Job] = deque()
         self._jobs_lock = threading.Lock()
         self._jobs_cv = threading.Condition(self._jobs_lock)
         self._worker: threading.Thread | None = None
         self._stop = False
-        self._aborted = False
-        self._broken = None
-        self._mapping = None
-        self._liveness: seg.Liveness | None = None
-        self._windows: list[Any] = []
-        # Polls before the waiter takes over (its clock and checks cost more than a poll);
-        # none with more ranks than cores, where polling keeps a core from a peer.
-        self._fast_polls = 1 if shared else 200
+        self._windows = []
         #: Whether the ranks wait as ranks that share cores (``ranks_share_cores``).
         self._shared_cores = shared
-        self._waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), self._set_sleeping)
+        st = self._lockstep
+        waiter = seg.Waiter(spin * 1e-6, yld * 1e-6, seg.Futex(), st.set_sleeping)
         if SPIN_US not in hints and YIELD_US not in hints:
             # Other jobs keep every core busy: sleep at once (docs/benchmarks.md).
-            self._waiter.busy = seg.BusyMachine(size, usable_cores())
+            waiter.busy = seg.BusyMachine(size, usable_cores())
         timeout = options.timeout or timedelta(seconds=600)
-        self._default_s = timeout.total_seconds()
+        # Polls before the waiter takes over (its clock and checks cost more than a poll);
+        # none with more ranks than cores, where polling keeps a core from a peer.
+        st.start(rank, size, waiter, 1 if shared else 200, timeout.total_seconds())
 
         me = {
             "host": host_identity(hints),
@@ -301,7 +285,6 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                 f"({sorted(sizes)}); pass the same values on every rank"
             )
         layout = seg.Layout(size, arena, p2p)
-        self._layout = layout
 
         # Rank 0 names the segment before creating it, so any rank can remove it if
         # creation or mapping fails half way.
@@ -336,24 +319,25 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                         f"rank {rank} sees a different {seg.SHM_DIR}/{name} than rank 0 "
                         f"created (separate containers?); use backend 'gloo' or 'hier'"
                     )
-            self._mapping = mapping
-            self._w = mapping.words
-            self._liveness = seg.Liveness(
+            liveness = seg.Liveness(
                 {r: (info["pid"], info["start"]) for r, info in enumerate(everyone) if r != rank}
             )
-            self._init_state()
-            w = self._w
+            st.bind(mapping, layout, liveness)
+            self._p2p.reset()
+            self._coll.reset()
+            self._small.reset(small_limit, native_wanted)
+            w = st.words
             probe = ctypes.create_string_buffer(token.encode(), len(token))
             w[layout.rank_word(rank, seg.W_PROBE)] = ctypes.addressof(probe)
             w[layout.rank_word(rank, seg.W_READY)] = 1
             # Everyone mapped: the name can go, whoever gets there first.
             ready_words = [layout.rank_word(r, seg.W_READY) for r in range(size)]
-            self._deadline = time.monotonic() + self._default_s
-            self._op = "init"
-            self._waiter.wait(lambda: all(w[i] for i in ready_words), self._deadline, self._alarm)
-            self._pids = [int(info["pid"]) for info in everyone]
+            st.deadline = time.monotonic() + st.default_s
+            st.op = "init"
+            waiter.wait(lambda: all(w[i] for i in ready_words), st.deadline, st.alarm)
+            st.pids = [int(info["pid"]) for info in everyone]
             # Probed whatever the threshold, so a tuner may choose direct reads (#45).
-            self._cma_ok = self._agree_cma(1, probe.raw) > 0
+            self._cma_ok = st.cma_ok = self._agree_cma(1, probe.raw) > 0
             self._cma = min(int(info["cma"]) for info in everyone) if self._cma_ok else 0
             del probe
         finally:
@@ -362,59 +346,15 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
     def _agree_cma(self, cma_bytes: int, token: bytes) -> int:
         """Probe cross-memory reads of every peer; the block size from which every rank uses
         them (``0``: off, because a rank turned them off or could not read a peer)."""
-        lay, me, w = self._layout, self._rank, self._w
+        st = self._lockstep
+        lay, w = st.layout, st.words
         ok = cma_bytes > 0 and all(
-            cma.probe(self._pids[p], w[lay.rank_word(p, seg.W_PROBE)], token) for p in self._peers
+            cma.probe(st.pids[p], w[lay.rank_word(p, seg.W_PROBE)], token) for p in st.peers
         )
-        w[lay.rank_word(me, seg.W_CMA)] = 1 if ok else 2
-        words = [lay.rank_word(r, seg.W_CMA) for r in range(self._size)]
-        self._waiter.wait(lambda: all(w[i] for i in words), self._deadline, self._alarm)
+        w[lay.rank_word(st.rank, seg.W_CMA)] = 1 if ok else 2
+        words = [lay.rank_word(r, seg.W_CMA) for r in range(st.size)]
+        st.waiter.wait(lambda: all(w[i] for i in words), st.deadline, st.alarm)
         return cma_bytes if all(w[i] == 1 for i in words) else 0
-
-    def _init_state(self) -> None:
-        n, me, lay = self._size, self._rank, self._layout
-        mapping = self._mapping
-        assert mapping is not None
-        raw = mapping.raw
-        half = lay.half
-        self._chunk = half
-        self._slots = [
-            [
-                raw[
-                    lay.arena + r * lay.arena_bytes + h * half : lay.arena
-                    + r * lay.arena_bytes
-                    + (h + 1) * half
-                ]
-                for h in (0, 1)
-            ]
-            for r in range(n)
-        ]
-        self._step = 0
-        self._use = 0
-        self._my_step = lay.rank_word(me, seg.W_STEP)
-        self._control_at = mapping.base + lay.control
-        self._my_sleep = lay.rank_word(me, seg.W_SLEEP)
-        self._sleep_words = [lay.rank_word(r, seg.W_SLEEP) for r in range(n) if r != me]
-        self._my_step_at = self._control_at + 8 * self._my_step
-        self._peer_steps = [lay.rank_word(r, seg.W_STEP) for r in range(n) if r != me]
-        #: Per half: this rank's word announcing a one-step all-reduce's bytes, and the
-        #: peers' (each rank checks them after the step: ``_size_mismatch``).
-        self._my_size = [lay.rank_word(me, seg.W_SIZE + h) for h in (0, 1)]
-        self._peer_sizes = [
-            [lay.rank_word(r, seg.W_SIZE + h) for r in range(n) if r != me] for h in (0, 1)
-        ]
-        self._peers = [r for r in range(n) if r != me]
-        self._abort_words = [lay.rank_word(r, seg.W_ABORT) for r in range(n) if r != me]
-        #: Rank 0's word naming the path of a ``measured`` call, and rank 0's timings.
-        self._choice_of_0 = lay.rank_word(0, seg.W_CHOICE)
-        self._meter = Meter()
-        #: The piece buffers of the last direct all-reduce (``_all_reduce_direct``).
-        self._direct_temps: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
-        self._npending = 0
-        #: Slot views of recent small all-reduces, by (dtype, numel, half).
-        self._views: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
-        self._op = ""
-        self._deadline = 0.0
 
     def finalize(self) -> None:
         self._release(abort=False)
@@ -422,166 +362,40 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
     def abort(self) -> None:
         """Fail every wait of this communicator at once (here and, through the segment, in
         the peers), and release it."""
-        self._aborted = True
-        mapping = getattr(self, "_mapping", None)
-        if mapping is not None and self._broken is None:
-            try:
-                self._w[self._layout.rank_word(self._rank, seg.W_ABORT)] = 1
-                # Wake whoever sleeps on a step word (a thread of this process, or a peer
-                # waiting for this rank), so that it sees the abort now.
-                futex = self._waiter.futex
-                if futex is not None:
-                    for r in range(self._size):
-                        futex.wake(self._control_at + 8 * self._layout.rank_word(r, seg.W_STEP))
-            except (ValueError, TypeError, AttributeError):  # released or never bound
-                pass
+        self._lockstep.abort()
         self._release(abort=True)
 
     def _release(self, abort: bool) -> None:
         self._stop_worker(drain=not abort)
-        for window in list(getattr(self, "_windows", [])):
+        for window in list(self._windows):
             window.free(abort=True)
         self._windows = []
-        liveness = getattr(self, "_liveness", None)
+        st = self._lockstep
+        liveness = st.liveness
         if liveness is not None:
             liveness.close()
-            self._liveness = None
-        mapping = getattr(self, "_mapping", None)
+            st.liveness = None
+        mapping = st.mapping
         if mapping is None:
             return
-        if abort and not self._lock.acquire(blocking=False):
+        lock = st.lock
+        if abort and not lock.acquire(blocking=False):
             # Another thread is inside an operation: it sees the abort within milliseconds
             # and fails; the mapping goes when its last view does.
-            self._mapping = None
+            st.mapping = None
             return
         try:
-            self._mapping = None
-            self._slots = []
-            self._views = {}
-            self._drop_views()
+            st.unbind()
+            self._small.drop_views()
             mapping.close()
         finally:
             if abort:
-                self._lock.release()
-
-    def _drop_views(self) -> None:
-        """Let go of the memoryviews over the segment (the small collectives' layer)."""
+                lock.release()
 
     def get_backend_name(self) -> str:
         return "shm"
 
-    # -- waiting ----------------------------------------------------------------------
-
-    def _begin(self, what: str, timeout: timedelta | None) -> None:
-        if self._aborted:
-            raise CommOperationError(f"{what}: the shm communicator was aborted; create a new one")
-        if self._broken is not None:
-            raise CommOperationError(
-                f"{what}: the shm communicator failed earlier ({self._broken}); abort it and "
-                f"create a new one (or reconfigure)"
-            )
-        if self._mapping is None:
-            raise CommOperationError(f"{what}: the shm communicator was finalized")
-        seconds = timeout.total_seconds() if timeout is not None else self._default_s
-        self._op = what
-        self._seconds = seconds
-        self._deadline = time.monotonic() + seconds
-
-    def _alarm(self, final: bool) -> None:
-        """Raise if this communicator was aborted, a peer aborted or died, or (``final``) the
-        deadline passed; otherwise advance pending point-to-point operations."""
-        what = self._op
-        if self._aborted:
-            raise self._fail(CommOperationError(f"{what}: aborted while waiting"))
-        w = self._w
-        gone = [r for r, i in zip(self._peers, self._abort_words, strict=True) if w[i]]
-        if gone and self._waiter.satisfied():
-            return  # the peer published what this rank waited for before it went
-        if gone:
-            raise self._fail(
-                CommOperationError(
-                    f"{what}: rank(s) {gone} aborted the communicator; abort it here too"
-                )
-            )
-        liveness = self._liveness
-        dead = liveness.dead() if liveness is not None else []
-        if dead and self._waiter.satisfied():
-            return
-        if dead:
-            raise self._fail(
-                CommOperationError(
-                    f"{what}: rank(s) {dead} exited (killed or crashed) while this rank waited "
-                    f"for them; abort this communicator and create a new one (or reconfigure)"
-                )
-            )
-        if final:
-            raise self._fail(seg.timeout_error(what, self._seconds, self._lagging()))
-        if self._npending and not self._in_progress:
-            self._progress()
-
-    def _size_mismatch(self, h: int, nbytes: int) -> CommInputError | None:
-        """After a one-step all-reduce's step in half ``h``: the error to raise if a peer
-        announced another size than ``nbytes`` (every rank finds it after the same step,
-        so all of them raise and the communicator stays in step)."""
-        w = self._w
-        for r, i in zip(self._peers, self._peer_sizes[h], strict=True):
-            if w[i] != nbytes:
-                return CommInputError(
-                    f"{self._op or 'all_reduce'}: rank {r} passed {w[i]} bytes where rank "
-                    f"{self._rank} passed {nbytes}; every rank must pass the same size"
-                )
-        return None
-
-    def _lagging(self) -> list[int]:
-        w = self._w
-        return [r for r, i in zip(self._peers, self._peer_steps, strict=True) if w[i] < self._step]
-
-    def _fail(self, exc: Exception) -> Exception:
-        """Remember ``exc`` as the reason this communicator is unusable; return it."""
-        self._broken = str(exc)
-        return exc
-
-    def _sync(self) -> None:
-        """Publish the next step and wait until every peer published it."""
-        self._post()
-        self._wait_peers()
-
-    def _post(self) -> None:
-        """Publish the next step (what this rank staged for it is in place)."""
-        self._step += 1
-        w = self._w
-        w[self._my_step] = self._step
-        for i in self._sleep_words:
-            if w[i]:  # a peer sleeps on some step word: wake whoever sleeps on this one
-                self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
-                break
-
-    def _set_sleeping(self, on: int) -> None:
-        self._w[self._my_sleep] = on
-
-    def _wait_peers(self) -> None:
-        """Wait until every peer published this rank's current step."""
-        target = self._step
-        w = self._w
-        idx = self._peer_steps
-        for _ in range(self._fast_polls):
-            for i in idx:
-                if w[i] < target:
-                    break
-            else:
-                return
-        self._waiter.wait(
-            lambda: all(w[i] >= target for i in idx), self._deadline, self._alarm, self._sleep_on
-        )
-
-    def _sleep_on(self) -> tuple[int, int] | None:
-        """The first peer step word still behind this rank's step: its address and value."""
-        w, target = self._w, self._step
-        for i in self._peer_steps:
-            seen = w[i]
-            if seen < target:
-                return self._control_at + 8 * i, seen
-        return None
+    # -- the worker ---------------------------------------------------------------------
 
     def _run(
         self, what: str, timeout: timedelta | None, async_op: bool, body: Callable[[], None]
@@ -589,8 +403,9 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         """Run a collective: here when synchronous and nothing is queued, else in order on
         the communicator's worker thread (``async_op``: return its work at once)."""
         if not async_op and not self._jobs:
-            with self._lock:
-                self._begin(what, timeout)
+            st = self._lockstep
+            with st.lock:
+                st.begin(what, timeout)
                 body()
             return None
         job = _Job(what, timeout, body)
@@ -608,6 +423,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         return None
 
     def _work_loop(self) -> None:
+        st = self._lockstep
         while True:
             with self._jobs_lock:
                 while not self._jobs and not self._stop:
@@ -617,8 +433,8 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
                     return
                 job = self._jobs[0]
             try:
-                with self._lock:
-                    self._begin(job.what, job.timeout)
+                with st.lock:
+                    st.begin(job.what, job.timeout)
                     job.body()
             except BaseException as exc:  # handed to whoever waits on the work
                 job.error = exc
@@ -636,17 +452,6 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         if drain and worker is not threading.current_thread():
             worker.join()
 
-    def _half(self) -> int:
-        self._use += 1
-        return self._use & 1
-
-    def _progress(self) -> bool:
-        """Advance the queued point-to-point operations; ``True`` if any moved.
-
-        The point-to-point layer (``ShmP2P``) queues them and overrides this.
-        """
-        return False
-
     # -- windows ----------------------------------------------------------------------
 
     def new_window(self) -> Any:
@@ -654,7 +459,7 @@ class ShmComm(StoredRankAndSize, TorchCommBackend):
         from .window import ShmWindowEngine
 
         self._windows_made = getattr(self, "_windows_made", 0) + 1
-        engine = ShmWindowEngine(self, self._windows_made)
+        engine = ShmWindowEngine(self, self._lockstep, self._kv, self._windows_made)
         self._windows.append(engine)
         return engine
 

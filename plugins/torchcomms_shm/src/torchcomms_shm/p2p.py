@@ -1,68 +1,109 @@
-"""``ShmP2P``: the shm backend's point-to-point engine, one byte ring per ordered pair.
+"""``PointToPoint``: the shm backend's point-to-point part, one byte ring per ordered pair.
 
 Each ordered pair of ranks has a ring in the segment (single writer, single reader) and
 two counters: bytes written and bytes read. Sends and receives are queued per channel
-and advanced by whoever waits (:meth:`ShmP2P._progress`), so asynchronous sends never
-block on the receiver. ``send``, ``recv`` and ``batch_op_issue`` themselves are
-``ShmBackend``'s.
+(:meth:`PointToPoint.post`) and advanced by whoever waits (:meth:`PointToPoint.progress`;
+the lockstep's alarm advances them too), so asynchronous sends never block on the
+receiver. The backend's ``send``, ``recv`` and ``batch_op_issue`` post and wait here.
 
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``comm`` and ``segment``.
+``copying``, ``lockstep`` and ``segment``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 
 import torch
 
-from torchcomms_core.plugin import CommInputError, CommOperationError
+from torchcomms_core.plugin import BatchOp, CommInputError, CommOperationError
 
 from . import segment as seg
-from .comm import ShmComm, _copy
+from .copying import as_u8, copy_to
+from .lockstep import Lockstep
 
 
-class ShmP2P(ShmComm):
+class PointToPoint:
     """The rings and queues of point-to-point operations (see the module docstring)."""
 
-    def _init_state(self) -> None:
-        super()._init_state()
-        n = self._size
-        # Point to point: per channel a ring and its two counters, plus queued operations.
-        self._ring = self._layout.p2p_bytes
-        self._send_q: list[deque[_P2P]] = [deque() for _ in range(n)]
-        self._recv_q: list[deque[_P2P]] = [deque() for _ in range(n)]
+    def __init__(self, state: Lockstep) -> None:
+        self._st = state
+        #: Operations queued and not complete, and whether they are being advanced now.
+        self.npending = 0
+        self._in_progress = False
+        self._ring = 0
+        self._send_q: list[deque[_P2P]] = []
+        self._recv_q: list[deque[_P2P]] = []
+        self._sent: list[int] = []
+        self._got: list[int] = []
+
+    def reset(self) -> None:
+        """Empty rings and queues for the segment the lockstep was just bound to."""
+        n = self._st.size
+        self._ring = self._st.layout.p2p_bytes
+        self._send_q = [deque() for _ in range(n)]
+        self._recv_q = [deque() for _ in range(n)]
         self._sent = [0] * n  # bytes this rank wrote into channel me -> p
         self._got = [0] * n  # bytes this rank read from channel p -> me
+        self.npending = 0
 
-    # -- point to point ---------------------------------------------------------------
+    def post(self, ops: Sequence[BatchOp]) -> list[_P2P]:
+        """Queue ``ops`` (``(kind, tensor, peer)``, ``kind`` ``send`` or ``recv``) and move
+        what can move now; the queued items, for :meth:`work`. Called under the lock.
 
-    def _progress(self) -> bool:
+        Raises:
+            CommInputError: a send names this rank itself.
+        """
+        posted = []
+        me = self._st.rank
+        for kind, tensor, peer in ops:
+            item = _P2P(kind == "send", as_u8(tensor), peer)
+            if item.send and peer == me:
+                raise CommInputError(f"send to this rank itself ({peer}); pick another rank")
+            (self._send_q if item.send else self._recv_q)[peer].append(item)
+            self.npending += 1
+            posted.append(item)
+        self.progress()
+        return posted
+
+    def work(self, items: list[_P2P]) -> _P2PWork:
+        """The work that waits for ``items``, under the running operation's name and timeout."""
+        st = self._st
+        return _P2PWork(st, self.progress, items, st.op, st.seconds)
+
+    def advance(self) -> None:
+        """Advance the queued operations if any wait and none is being advanced now (the
+        lockstep's alarm calls this while it waits)."""
+        if self.npending and not self._in_progress:
+            self.progress()
+
+    def progress(self) -> bool:
         """Advance the first queued send and receive of every channel; ``True`` if any moved."""
-        if self._mapping is None:
+        if self._st.mapping is None:
             return False
         self._in_progress = True
         try:
             moved = False
-            for p in range(self._size):
+            for p in range(self._st.size):
                 q = self._send_q[p]
                 while q and self._push(q[0]):
                     q.popleft()
-                    self._npending -= 1
+                    self.npending -= 1
                     moved = True
                 q = self._recv_q[p]
                 while q and self._pull(q[0]):
                     q.popleft()
-                    self._npending -= 1
+                    self.npending -= 1
                     moved = True
             return moved
         finally:
             self._in_progress = False
 
     def _ring_base(self, src: int, dst: int) -> int:
-        lay = self._layout
-        return lay.rings + (src * self._size + dst) * lay.p2p_bytes
+        lay = self._st.layout
+        return lay.rings + (src * self._st.size + dst) * lay.p2p_bytes
 
     def _push(self, item: _P2P) -> bool:
         """Write what fits of ``item`` into channel me -> peer; ``True`` once all is written.
@@ -70,9 +111,10 @@ class ShmP2P(ShmComm):
         On the wire a message is an 8-byte header (its byte count), the bytes, and padding
         to a multiple of 8, so every header sits 8-aligned and never wraps.
         """
-        me, p, size = self._rank, item.peer, self._ring
-        w, lay = self._w, self._layout
-        mapping = self._mapping
+        st = self._st
+        me, p, size = st.rank, item.peer, self._ring
+        w, lay = st.words, st.layout
+        mapping = st.mapping
         assert mapping is not None
         tail = w[lay.tail_word(me, p)]
         head = self._sent[p]
@@ -92,7 +134,7 @@ class ShmP2P(ShmComm):
             m = min(free, size - pos, item.wire - item.done)
             lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
             if hi > lo:
-                _copy(mapping.raw[base + pos : base + pos + hi - lo], item.data[lo:hi])
+                copy_to(mapping.raw[base + pos : base + pos + hi - lo], item.data[lo:hi])
             head += m
             item.done += m
         if head != self._sent[p]:
@@ -102,9 +144,10 @@ class ShmP2P(ShmComm):
 
     def _pull(self, item: _P2P) -> bool:
         """Read what has arrived of ``item`` from channel peer -> me; ``True`` once complete."""
-        me, p, size = self._rank, item.peer, self._ring
-        w, lay = self._w, self._layout
-        mapping = self._mapping
+        st = self._st
+        me, p, size = st.rank, item.peer, self._ring
+        w, lay = st.words, st.layout
+        mapping = st.mapping
         assert mapping is not None
         head = w[lay.head_word(p, me)]
         tail = self._got[p]
@@ -117,7 +160,7 @@ class ShmP2P(ShmComm):
             if item.done == 0:  # a header is written whole before the head moves past it
                 sent = int.from_bytes(mapping.map[base + pos : base + pos + 8], "little")
                 if sent != item.total:
-                    raise self._fail(
+                    raise st.fail(
                         CommInputError(
                             f"recv from rank {p} expects {item.total} bytes but rank {p} sent "
                             f"{sent}; post receives of the sent size and dtype"
@@ -129,7 +172,7 @@ class ShmP2P(ShmComm):
             m = min(avail, size - pos, item.wire - item.done)
             lo, hi = item.done - 8, min(item.done - 8 + m, item.total)
             if hi > lo:
-                _copy(item.data[lo:hi], mapping.raw[base + pos : base + pos + hi - lo])
+                copy_to(item.data[lo:hi], mapping.raw[base + pos : base + pos + hi - lo])
             tail += m
             item.done += m
         if tail != self._got[p]:
@@ -152,50 +195,60 @@ class _P2P:
 
 
 class _P2PWork:
-    """Waits for a set of queued sends and receives, advancing every channel meanwhile."""
+    """Waits for a set of queued sends and receives, advancing every channel meanwhile
+    (``progress``: :meth:`PointToPoint.progress`)."""
 
-    def __init__(self, backend: ShmP2P, items: list[_P2P], what: str, seconds: float) -> None:
-        self._b, self._items, self._what, self._seconds = backend, items, what, seconds
+    def __init__(
+        self,
+        state: Lockstep,
+        progress: Callable[[], bool],
+        items: list[_P2P],
+        what: str,
+        seconds: float,
+    ) -> None:
+        self._st, self._progress, self._items = state, progress, items
+        self._what, self._seconds = what, seconds
         self._deadline = time.monotonic() + seconds
 
     def is_completed(self) -> bool:
         if all(i.done == i.wire for i in self._items):
             return True
-        b = self._b
-        if b._lock.acquire(blocking=False):
+        st = self._st
+        lock = st.lock
+        if lock.acquire(blocking=False):
             try:
-                if b._mapping is not None and b._broken is None and not b._aborted:
-                    b._progress()
+                if st.mapping is not None and st.broken is None and not st.aborted:
+                    self._progress()
             finally:
-                b._lock.release()
+                lock.release()
         return all(i.done == i.wire for i in self._items)
 
     def wait(self) -> bool:
-        b, items = self._b, self._items
+        st, items, progress = self._st, self._items, self._progress
 
         def ready() -> bool:
             if all(i.done == i.wire for i in items):
                 return True
-            with b._lock:
-                if b._aborted or b._mapping is None:
+            with st.lock:
+                if st.aborted or st.mapping is None:
                     return True  # the alarm below reports it
-                b._progress()
+                progress()
             return all(i.done == i.wire for i in items)
 
         if ready():
             return True
-        with b._lock:
-            b._op, b._seconds, b._deadline = self._what, self._seconds, self._deadline
-        b._waiter.wait(ready, self._deadline, self._alarm)
-        if b._aborted or b._mapping is None:
+        with st.lock:
+            st.op, st.seconds, st.deadline = self._what, self._seconds, self._deadline
+        st.waiter.wait(ready, self._deadline, self._alarm)
+        if st.aborted or st.mapping is None:
             raise CommOperationError(f"{self._what}: the communicator was aborted while waiting")
         return True
 
     def _alarm(self, final: bool) -> None:
-        b = self._b
-        with b._lock:
-            b._op, b._seconds = self._what, self._seconds
+        st = self._st
+        with st.lock:
+            st.op, st.seconds = self._what, self._seconds
             if final:
                 peers = sorted({i.peer for i in self._items if i.done != i.wire})
-                raise b._fail(seg.timeout_error(self._what, self._seconds, peers))
-            b._alarm(False)
+                raise st.fail(seg.timeout_error(self._what, self._seconds, peers))
+            st.alarm(False)

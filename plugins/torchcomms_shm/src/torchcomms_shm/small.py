@@ -1,4 +1,4 @@
-"""``ShmSmall``: small collectives without torch operators on the critical path.
+"""``SmallCollectives``: small collectives without torch operators on the critical path.
 
 A small collective costs little more than its waits, so what runs around them counts: a
 torch operator goes through the dispatcher (microseconds each), a ``ctypes.memmove`` asks
@@ -24,8 +24,13 @@ posts its next step), so the communicator's state is the same either way.
 Which calls take this path is decided from what every rank passes alike (the operation,
 its dtype, size and reduction), so every rank takes the same number of steps.
 
+It is a part of the backend: it takes the communicator's
+:class:`~torchcomms_shm.lockstep.Lockstep`; the backend's spec methods try it first (its
+methods answer ``False`` where a call is not small), and the backend's lean all-reduce
+makes the compiled call of a planned tensor itself, with this part's plans and calls.
+
 May import: torch, the standard library, ``torchcomms_core.plugin`` and this package's
-``collectives``, ``comm`` and ``segment``.
+``collectives`` (its fold), ``lockstep`` and ``native``.
 """
 
 from __future__ import annotations
@@ -37,10 +42,11 @@ from typing import Any
 
 import torch
 
-from torchcomms_core.plugin import CommInputError, RedOpType
+from torchcomms_core.plugin import CommInputError, RedOpType, Tuning
 
 from . import native
-from .collectives import _REDUCE, SMALL_BYTES, ShmCollectives, _fold
+from .collectives import _REDUCE, SMALL_BYTES, _fold
+from .lockstep import Lockstep
 
 #: The memoryview format of each dtype whose reductions fold in Python.
 _FORMATS: dict[torch.dtype, str] = {
@@ -153,16 +159,38 @@ class _Plan:
         self.one: tuple[native.Plan, Any, int] | None = None
 
 
-class ShmSmall(ShmCollectives):
-    """The memoryview path of small collectives (see the module docstring)."""
+class SmallCollectives:
+    """The memoryview and compiled paths of small collectives (see the module docstring)."""
 
-    def _init_state(self) -> None:
-        super()._init_state()
-        mapping = self._mapping
-        assert mapping is not None
-        lay = self._layout
+    def __init__(self, state: Lockstep) -> None:
+        self._st = state
         #: Bytes up to which the memoryview path runs (the hint, at most half a slot).
-        self._small = min(getattr(self, "_small_limit", SMALL_BYTES), lay.half)
+        self.limit = 0
+        self._slot_bytes: list[list[memoryview]] = []
+        #: (format, bytes, half) -> a memoryview per rank's slot.
+        self._slot_views: dict[tuple[str, int, int], list[memoryview]] = {}
+        #: id(tensor) -> (tensor, address, bytes, {format: memoryview}).
+        self._user_views: dict[int, tuple[torch.Tensor, int, int, dict[str, memoryview]]] = {}
+        #: id(tensor) -> the plan of its small all-reduce (``_all_reduce_plan``).
+        self.plans: dict[int, _Plan] = {}
+        #: (bytes, dtype code) -> the compiled plans of its pieces, shared by every tensor.
+        self._c_plans: dict[tuple[int, int], list[tuple[native.Plan, Any]]] = {}
+        #: The compiled small all-reduce (``torchcomms_shm.native``), or ``None``.
+        self.native: native.Library | None = None
+        #: ``tc_small_all_reduce`` (the lean all-reduce calls it inline), or a stand-in.
+        self.native_call: Callable[[Any], int] = _no_call
+        #: The same call as a CPython function (``fastcall.c``), or ``None``: ctypes serves.
+        self.fastcall: Callable[[int, int, int, int], int] | None = None
+
+    def reset(self, limit: int, native_wanted: bool) -> None:
+        """Views over the segment the lockstep was just bound to; ``limit``: the bytes up to
+        which the memoryview path runs (at most half a slot); ``native_wanted``: whether
+        small all-reduces may take the compiled call."""
+        st = self._st
+        mapping = st.mapping
+        assert mapping is not None
+        lay = st.layout
+        self.limit = min(limit, lay.half)
         whole = memoryview(mapping.map)
         self._slot_bytes = [
             [
@@ -173,30 +201,23 @@ class ShmSmall(ShmCollectives):
                 ]
                 for h in (0, 1)
             ]
-            for r in range(self._size)
+            for r in range(st.size)
         ]
-        #: (format, bytes, half) -> a memoryview per rank's slot.
-        self._slot_views: dict[tuple[str, int, int], list[memoryview]] = {}
-        #: id(tensor) -> (tensor, address, bytes, {format: memoryview}).
-        self._user_views: dict[int, tuple[torch.Tensor, int, int, dict[str, memoryview]]] = {}
-        #: id(tensor) -> the plan of its small all-reduce (``_all_reduce_plan``).
-        self._plans: dict[int, _Plan] = {}
-        #: (bytes, dtype code) -> the compiled plans of its pieces, shared by every tensor.
-        self._c_plans: dict[tuple[int, int], list[tuple[native.Plan, Any]]] = {}
-        #: The compiled small all-reduce (``torchcomms_shm.native``), or ``None``.
-        wanted = getattr(self, "_native_wanted", True) and self._size <= native.MAX_RANKS
-        self._native = native.load() if wanted else None
-        #: ``tc_small_all_reduce`` (the lean lane calls it inline), or a stand-in.
-        self._native_call = self._native.all_reduce if self._native is not None else _no_call
-        #: The same call as a CPython function (``fastcall.c``), or ``None``: ctypes serves.
-        self._fastcall = native.load_fastcall() if self._native is not None else None
+        self._slot_views = {}
+        self._user_views = {}
+        self.plans = {}
+        self._c_plans = {}
+        wanted = native_wanted and st.size <= native.MAX_RANKS
+        self.native = native.load() if wanted else None
+        self.native_call = self.native.all_reduce if self.native is not None else _no_call
+        self.fastcall = native.load_fastcall() if self.native is not None else None
         del whole
 
-    def _drop_views(self) -> None:
+    def drop_views(self) -> None:
         """Let go of every memoryview over the segment (before it is unmapped)."""
         self._slot_views = {}
         self._user_views = {}
-        self._plans = {}
+        self.plans = {}
         self._c_plans = {}
         self._slot_bytes = []
 
@@ -230,31 +251,32 @@ class ShmSmall(ShmCollectives):
             ]
         return views
 
-    def _all_reduce_plan(self, tensor: torch.Tensor, op: RedOpType) -> _Plan:
+    def _all_reduce_plan(self, tensor: torch.Tensor, op: RedOpType, tuning: Tuning) -> _Plan:
         """What a small all-reduce of ``tensor`` with ``op`` needs, worked out once (the
         checks, the tuner's choice, the memoryviews); cached per tensor."""
-        plans = self._plans
+        st = self._st
+        plans = self.plans
         if len(plans) >= _CACHED_TENSORS:
             plans.clear()
         nbytes, dtype = tensor.nbytes, tensor.dtype
         fmt = _FORMATS.get(dtype)
         one_step = (
-            self.tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step"
+            tuning.choose("all_reduce", nbytes, dtype).algorithm == "one_step"
             and nbytes > 0
-            and self._size > 1
+            and st.size > 1
         )
-        plan = _Plan(tensor, tensor.data_ptr(), nbytes, op, self.tuning)
-        lib = self._native
+        plan = _Plan(tensor, tensor.data_ptr(), nbytes, op, tuning)
+        lib = self.native
         code = native.DTYPES.get(str(dtype).removeprefix("torch."))
         if one_step and lib is not None and code is not None and op is RedOpType.SUM:
             # Compiled, at any size the tuner gives one step: a piece per half-slot.
             self._native_plan(plan, code)
-        elif one_step and fmt is not None and nbytes <= min(SMALL_BYTES, self._small):
+        elif one_step and fmt is not None and nbytes <= min(SMALL_BYTES, self.limit):
             plan.user = user = self._user_view(tensor, fmt)
             plan.slots = (self._slots_as(fmt, nbytes, 0), self._slots_as(fmt, nbytes, 1))
-            plan.py = len(user) * (self._size - 1) <= FOLD_OPS
+            plan.py = len(user) * (st.size - 1) <= FOLD_OPS
             plan.floats = dtype in _FLOATS
-        if nbytes <= self._chunk:
+        if nbytes <= st.chunk:
             # Cached (holding the tensor) only up to one piece: a plan saves a call's
             # checks, which count for small calls only, and the cache must not keep
             # large tensors alive after their owner dropped them.
@@ -264,13 +286,14 @@ class ShmSmall(ShmCollectives):
     def _native_plan(self, plan: _Plan, code: int) -> None:
         """Fill ``plan`` for the compiled path (a SUM of float32, float64, int32 or int64):
         one ``tc_plan`` per piece of at most half a slot, each a step of its own."""
-        mapping = self._mapping
+        st = self._st
+        mapping = st.mapping
         assert mapping is not None
-        lay = self._layout
+        lay = st.layout
         first = mapping.base + lay.arena
         flat = plan.tensor.view(-1)
         es = flat.element_size()
-        per = max(1, self._chunk // es)  # the pieces of the general path's one step
+        per = max(1, st.chunk // es)  # the pieces of the general path's one step
         parts = [flat[start : start + per] for start in range(0, flat.numel(), per)]
         # The C plans depend on the size and dtype only (the user's address is set at
         # each call): made once per size, shared by every tensor of that size.
@@ -289,27 +312,27 @@ class ShmSmall(ShmCollectives):
             # has a core, enough to cover a peer's copy of the piece; none where ranks
             # share cores.
             polls = (
-                self._fast_polls
-                if self._fast_polls <= 1
+                st.fast_polls
+                if st.fast_polls <= 1
                 else max(200, min(part.nbytes >> POLL_SHIFT, MAX_POLLS))
             )
             c, cref = native.make_plan(
                 user=part.data_ptr(),
                 slot_bases=(first, first + lay.half),
                 stride=lay.arena_bytes,
-                words=self._control_at,
-                my_step=self._my_step,
-                peer_steps=self._peer_steps,
-                sleep_words=self._sleep_words,
+                words=st.control_at,
+                my_step=st.my_step,
+                peer_steps=st.peer_steps,
+                sleep_words=st.sleep_words,
                 nbytes=part.nbytes,
                 count=part.numel(),
                 polls=polls,
-                rank=self._rank,
-                nranks=self._size,
+                rank=st.rank,
+                nranks=st.size,
                 dtype=code,
                 total=plan.nbytes,
-                my_size=self._my_size,
-                peer_sizes=self._peer_sizes,
+                my_size=st.my_size,
+                peer_sizes=st.peer_sizes,
             )
             pieces.append((c, cref, part))
         self._c_plans[key] = [(c, cref) for c, cref, _ in pieces]
@@ -317,19 +340,20 @@ class ShmSmall(ShmCollectives):
         if len(pieces) == 1:
             plan.one = (pieces[0][0], pieces[0][1], ctypes.addressof(pieces[0][0]))
 
-    def _small_all_reduce(self, tensor: torch.Tensor, op: RedOpType) -> bool:
-        """All-reduce a contiguous ``tensor`` in one step through memoryviews; ``False``
-        (nothing done) when it is not small or its dtype has no memoryview format."""
-        plan = self._plans.get(id(tensor))
+    def all_reduce(self, tensor: torch.Tensor, op: RedOpType, tuning: Tuning) -> bool:
+        """All-reduce a contiguous ``tensor`` in one step (compiled, or through
+        memoryviews); ``False`` (nothing done) when ``tuning`` gives it more than one
+        step or neither path takes its dtype and reduction."""
+        plan = self.plans.get(id(tensor))
         if (
             plan is None
             or plan.tensor is not tensor
             or plan.op is not op
-            or plan.tuning is not self.tuning
+            or plan.tuning is not tuning
             or plan.ptr != tensor.data_ptr()
             or plan.nbytes != tensor.nbytes
         ):
-            plan = self._all_reduce_plan(tensor, op)
+            plan = self._all_reduce_plan(tensor, op, tuning)
         if plan.pieces:  # compiled: stage, publish, poll and fold, a call per piece
             for c, cref, part in plan.pieces:
                 self._compiled_step(c, cref, part, op)
@@ -337,13 +361,14 @@ class ShmSmall(ShmCollectives):
         user = plan.user
         if user is None:
             return False
-        self._use += 1
-        h = self._use & 1
+        st = self._st
+        st.use += 1
+        h = st.use & 1
         slots = plan.slots[h]  # type: ignore[index]
-        slots[self._rank][:] = user
-        self._w[self._my_size[h]] = plan.nbytes
-        self._sync()
-        error = self._size_mismatch(h, plan.nbytes)
+        slots[st.rank][:] = user
+        st.words[st.my_size[h]] = plan.nbytes
+        st.sync()
+        error = st.size_mismatch(h, plan.nbytes)
         if error is not None:
             raise error
         if plan.py:
@@ -357,112 +382,119 @@ class ShmSmall(ShmCollectives):
     def _compiled_step(self, c: native.Plan, cref: Any, part: torch.Tensor, op: RedOpType) -> None:
         """One step of the compiled one-step all-reduce: ``part`` staged in the next half,
         the step published, the peers awaited, and every rank's copy folded into it."""
-        self._use += 1
-        self._step += 1
-        fast = self._fastcall
+        st = self._st
+        use = st.use = st.use + 1
+        step = st.step = st.step + 1
+        fast = self.fastcall
         if fast is not None:
-            done = fast(ctypes.addressof(c), self._use & 1, self._step, part.data_ptr())
+            done = fast(ctypes.addressof(c), use & 1, step, part.data_ptr())
         else:
-            c.half, c.step, c.user = self._use & 1, self._step, part.data_ptr()
-            done = self._native_call(cref)
-        self._compiled_rest(c, cref, part, op, done)
+            c.half, c.step, c.user = use & 1, step, part.data_ptr()
+            done = self.native_call(cref)
+        self.compiled_rest(c, cref, part, op, done)
 
-    def _compiled_rest(
+    def compiled_rest(
         self, c: native.Plan, cref: Any, part: torch.Tensor, op: RedOpType, done: int
     ) -> None:
         """What follows the C call of a step that returned ``done`` (``tc_small_all_reduce``'s
         bits): wake sleeping peers, wait with the waiter if the polls ran out, fold with
         torch where the C fold met a NaN."""
-        if done & 2:  # a peer sleeps on a step word: wake it, as _post does
-            self._waiter.futex.wake(self._my_step_at)  # type: ignore[union-attr]
+        st = self._st
+        if done & 2:  # a peer sleeps on a step word: wake it, as Lockstep.post does
+            st.waiter.futex.wake(st.my_step_at)  # type: ignore[union-attr]
         if done & 1:
             return
-        lib = self._native
+        lib = self.native
         assert lib is not None
         if not done & 12:
-            self._wait_peers()
+            st.wait_peers()
             folded = lib.fold(cref)
             if folded == 1:
                 return
             if folded == 2:
                 done |= 8
         if done & 8:  # a peer announced another size: nothing was folded
-            error = self._size_mismatch(c.half, c.total)
+            error = st.size_mismatch(c.half, c.total)
             raise (
                 error
                 if error is not None
-                else CommInputError(f"{self._op or 'all_reduce'}: the ranks passed different sizes")
+                else CommInputError(f"{st.op or 'all_reduce'}: the ranks passed different sizes")
             )
         self._torch_fold(part, op, c.half, part.nbytes)
 
     def _torch_fold(self, tensor: torch.Tensor, op: RedOpType, h: int, nbytes: int) -> bool:
         """Fold the staged copies of half ``h`` into ``tensor`` with torch's kernels."""
-        n = self._size
+        st = self._st
         dtype = tensor.dtype
         key = (dtype, tensor.numel(), h)
-        staged = self._views.get(key)
+        staged = st.views.get(key)
         if staged is None:
-            if len(self._views) > 64:
-                self._views.clear()
-            staged = self._views[key] = [self._slots[r][h][:nbytes].view(dtype) for r in range(n)]
+            if len(st.views) > 64:
+                st.views.clear()
+            staged = st.views[key] = [st.slots[r][h][:nbytes].view(dtype) for r in range(st.size)]
         _fold(_REDUCE[op], staged, tensor.view(-1))
         return True
 
-    def _small_broadcast(self, tensor: torch.Tensor, root: int) -> bool:
-        """Broadcast a contiguous ``tensor`` of at most half a slot in one step."""
+    def broadcast(self, tensor: torch.Tensor, root: int) -> bool:
+        """Broadcast a contiguous ``tensor`` of at most :attr:`limit` bytes in one step;
+        ``False`` (nothing done) when it is larger or empty."""
+        st = self._st
         nbytes = tensor.nbytes
-        if nbytes > self._small or self._size == 1 or not nbytes:
+        if nbytes > self.limit or st.size == 1 or not nbytes:
             return False
         user = self._user_view(tensor, "B")
-        slot = self._slot_bytes[root][self._half()]
-        if self._rank == root:
+        slot = self._slot_bytes[root][st.half()]
+        if st.rank == root:
             slot[:nbytes] = user
-            self._sync()
+            st.sync()
         else:
-            self._sync()
+            st.sync()
             user[:] = slot[:nbytes]
         return True
 
-    def _small_all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> bool:
-        """All-gather contiguous blocks of at most half a slot each in one step; ``outs``
-        are the output blocks (rank order), ``mine`` this rank's input (it may overlap
-        them: it is staged before any block is written)."""
-        c = self._small
-        if self._size == 1 or any(o.nbytes > c for o in outs) or not any(o.nbytes for o in outs):
+    def all_gather(self, outs: list[torch.Tensor], mine: torch.Tensor) -> bool:
+        """All-gather contiguous blocks of at most :attr:`limit` bytes each in one step;
+        ``outs`` are the output blocks (rank order), ``mine`` this rank's input (it may
+        overlap them: it is staged before any block is written). ``False`` (nothing done)
+        when a block is larger or all are empty."""
+        st = self._st
+        c = self.limit
+        if st.size == 1 or any(o.nbytes > c for o in outs) or not any(o.nbytes for o in outs):
             return False
-        h = self._half()
-        me = self._rank
+        h = st.half()
+        me = st.rank
         nbytes = mine.nbytes
         src = self._user_view(mine, "B") if nbytes else None
         if src is not None:
             self._slot_bytes[me][h][:nbytes] = src
-        self._post()
+        st.post()
         own = outs[me]
         if src is not None and own.data_ptr() != mine.data_ptr():
             self._user_view(own, "B")[:] = src
-        self._wait_peers()
-        for p in self._peers:
+        st.wait_peers()
+        for p in st.peers:
             m = outs[p].nbytes
             if m:
                 self._user_view(outs[p], "B")[:] = self._slot_bytes[p][h][:m]
         return True
 
-    def _small_all_gather_single(self, output: torch.Tensor, mine: torch.Tensor) -> bool:
-        """``_small_all_gather`` into one contiguous ``output`` of ``size`` equal blocks."""
+    def all_gather_single(self, output: torch.Tensor, mine: torch.Tensor) -> bool:
+        """:meth:`all_gather` into one contiguous ``output`` of ``size`` equal blocks."""
+        st = self._st
         nbytes = mine.nbytes
-        if self._size == 1 or not nbytes or nbytes > self._small:
+        if st.size == 1 or not nbytes or nbytes > self.limit:
             return False
-        h = self._half()
-        me = self._rank
+        h = st.half()
+        me = st.rank
         src = self._user_view(mine, "B")
         out = self._user_view(output, "B")
         self._slot_bytes[me][h][:nbytes] = src
-        self._post()
+        st.post()
         at = me * nbytes
         if output.data_ptr() + at != mine.data_ptr():
             out[at : at + nbytes] = src
-        self._wait_peers()
-        for p in self._peers:
+        st.wait_peers()
+        for p in st.peers:
             at = p * nbytes
             out[at : at + nbytes] = self._slot_bytes[p][h][:nbytes]
         return True

@@ -14,10 +14,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import threading
 import time
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -30,30 +29,20 @@ from torchcomms_core.plugin import (
 )
 
 from . import segment as seg
-
-
-class WindowHost(WindowPeers, Protocol):
-    """What a window uses of the shm backend that made it (``ShmBackend`` is one): rank,
-    size and barrier, its store and default timeout, and the waiting and timeout reporting
-    of its calls."""
-
-    _kv: Any
-    _default_s: float
-    _lock: threading.RLock
-    _op: str
-    _seconds: float
-    _waiter: seg.Waiter
-
-    def _alarm(self, final: bool) -> None: ...
+from .lockstep import Lockstep
 
 
 class ShmWindowEngine:
     """The ``WindowEngine`` of the shm backend (see the module docstring)."""
 
-    def __init__(self, backend: WindowHost, index: int) -> None:
-        self._b = backend
-        self._me = backend.get_rank()
-        self._size = backend.get_size()
+    def __init__(self, peers: WindowPeers, state: Lockstep, store: Any, index: int) -> None:
+        """``peers``: the backend (rank, size, barrier); ``state``: its lockstep (the
+        lock, waiting and timeout reporting of its calls); ``store``: its store."""
+        self._b = peers
+        self._st = state
+        self._kv = store
+        self._me = peers.get_rank()
+        self._size = peers.get_size()
         self._key = f"shm/window/{index}"
         self._epoch = 0
         self._files: list[SignalFile] = []
@@ -63,12 +52,12 @@ class ShmWindowEngine:
         self._waited = [0] * self._size
 
     def _timeout(self) -> timedelta:
-        return timedelta(seconds=self._b._default_s)
+        return timedelta(seconds=self._st.default_s)
 
     def register(self, tensor: torch.Tensor) -> list[int]:
         self._epoch += 1
         prefix = f"{self._key}/{self._epoch}"
-        store = self._b._kv
+        store = self._kv
         path = os.path.join(seg.SHM_DIR, seg.segment_name() + "-win")
         nbytes = tensor.numel() * tensor.element_size()
         store.set(f"{prefix}/{self._me}", json.dumps({"path": path, "numel": tensor.numel()}))
@@ -150,21 +139,21 @@ class _SignalWait:
         return bool(files) and files[self._e._me].words[self._peer] >= self._target
 
     def wait(self) -> bool:
-        e, b = self._e, self._e._b
+        e, st = self._e, self._e._st
         if not e._files:
             raise CommOperationError("wait_signal: the window was freed while waiting")
         words, peer, target = e._files[e._me].words, self._peer, self._target
 
         def alarm(final: bool) -> None:
-            with b._lock:
-                b._op, b._seconds = "wait_signal", self._seconds
+            with st.lock:
+                st.op, st.seconds = "wait_signal", self._seconds
                 if final:
                     raise seg.timeout_error(
                         f"wait_signal (rank {e._me} waiting for a signal from rank {peer})",
                         self._seconds,
                         [peer],
                     )
-                b._alarm(False)
+                st.alarm(False)
 
-        b._waiter.wait(lambda: words[peer] >= target, self._deadline, alarm)
+        st.waiter.wait(lambda: words[peer] >= target, self._deadline, alarm)
         return True
