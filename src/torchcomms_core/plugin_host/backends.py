@@ -15,8 +15,18 @@ from typing import Any
 
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import BackendLoadError, CommTypeError, TorchCommError
-from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry
-from torchcomms_core.spec import SPEC_VERSION, TorchCommBackend, backend_class_problems
+from torchcomms_core.plugin_host.registry import (
+    ClassCheck,
+    EntryPointRegistry,
+    PluginEntry,
+    runs_here,
+)
+from torchcomms_core.spec import (
+    SPEC_VERSION,
+    TorchCommBackend,
+    backend_class_problems,
+    method_support,
+)
 
 BACKENDS_GROUP = "torchcomms.backends"
 
@@ -38,17 +48,19 @@ BackendEntry = PluginEntry
 BACKENDS: EntryPointRegistry[TorchCommBackend] = EntryPointRegistry(
     group=BACKENDS_GROUP,
     kind="backend",
-    base=TorchCommBackend,
-    base_name="torchcomms.TorchCommBackend",
-    spec_version=SPEC_VERSION,
+    check=ClassCheck(
+        TorchCommBackend,
+        SPEC_VERSION,
+        base_name="torchcomms.TorchCommBackend",
+        problems=backend_class_problems,
+        docs="docs/writing-a-backend.md (required and optional methods)",
+    ),
     known_distributions=KNOWN_DISTRIBUTIONS,
     override_var=_env.BACKEND_OVERRIDE,
     read_overrides=_env.backend_overrides,
     alternative=(
         ", or register a class in-process with torchcomms.register_backend({name!r}, cls)"
     ),
-    problems=backend_class_problems,
-    docs="docs/writing-a-backend.md (required and optional methods)",
     caller="new_comm",
 )
 # The registry's own tables, by their old names (tests save and restore loaded classes).
@@ -95,6 +107,66 @@ def get_backend_class(name: str) -> type[TorchCommBackend]:
 
 def _not_found_message(name: str) -> str:
     return BACKENDS.not_found_message(name)
+
+
+def describe_backends() -> list[dict[str, Any]]:
+    """One record per backend name (entry points and in-process registrations), its plugin
+    imported to ask it: where it comes from, other distributions that register the name,
+    and the class's spec, devices, whether it runs here, its operations, hint keys and
+    algorithms; a backend that fails to load is ``broken``, with the reason."""
+    from torchcomms_core.spec import DERIVABLE_METHODS, OPTIONAL_METHODS, REQUIRED_METHODS
+
+    spec_ops = {*REQUIRED_METHODS, *DERIVABLE_METHODS, *OPTIONAL_METHODS}
+
+    def about(name: str, entry: BackendEntry | None) -> dict[str, Any]:
+        return {
+            # Other distributions registering the same name, and what is done about it.
+            "also_registered_by": [e.provider for e in entry.others] if entry else [],
+            "conflict": (
+                conflict_message(entry)
+                if entry and (entry.others or entry.choice != "only")
+                else ""
+            ),
+        }
+
+    def loaded(cls: type[TorchCommBackend]) -> dict[str, Any]:
+        runnable, reason = runs_here(cls)
+        support = method_support(cls)
+        return {
+            "broken": False,
+            "spec_version": cls.spec_version,
+            "devices": list(cls.devices),
+            "runnable": runnable,
+            "reason": "" if runnable else reason,
+            "native": sorted(m for m, v in support.items() if v == "native" and m in spec_ops),
+            "derived": sorted(m for m, v in support.items() if v == "derived" and m in spec_ops),
+            # Collectives that plugins add: the backend's own method, or the plugin's.
+            "plugin_collectives": {m: v for m, v in support.items() if m not in spec_ops},
+            # The hint keys the backend reads (``None``: it does not declare them).
+            "hint_keys": list(cls.hint_keys) if cls.hint_keys is not None else None,
+            # The algorithms it declares per operation, with their default rule (#45).
+            "algorithms": {
+                op: {k: v for k, v in entry.items() if k != "support"}
+                for op, entry in method_support(cls, algorithms=True).items()
+                if isinstance(entry, dict)
+            },
+        }
+
+    def failed(exc: Exception) -> dict[str, Any]:
+        return {
+            "spec_version": "?",
+            "devices": [],
+            "runnable": False,
+            "broken": True,
+            "reason": f"failed to load: {exc}",
+            "native": [],
+            "derived": [],
+            "plugin_collectives": {},
+            "hint_keys": None,
+            "algorithms": {},
+        }
+
+    return BACKENDS.describe(loaded, failed, about=about)
 
 
 # -- the reference's top-level helpers ----------------------------------------------------

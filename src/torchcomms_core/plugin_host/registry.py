@@ -1,12 +1,15 @@
 """One registry of plugin classes found by name: in-process registrations, then entry points.
 
 :class:`EntryPointRegistry` serves every group the core loads classes from by name:
-``torchcomms.backends`` (:mod:`.backends`) and ``torchcomms.transports``
-(:mod:`.transports`). It reads installed entry points lazily (distribution metadata only;
-a plugin is imported when its name is first asked for), settles names that several
-distributions register, checks the loaded class and its declared spec version once, and
-raises one family of errors: a not-found error (``BackendNotFoundError`` or its subclass)
-and :class:`~torchcomms_core.foundation.errors.BackendLoadError`.
+``torchcomms.backends`` (:mod:`.backends`), ``torchcomms.transports`` (:mod:`.transports`)
+and ``torchcomms.tuners`` (:mod:`.tuners`). It reads installed entry points lazily
+(distribution metadata only; a plugin is imported when its name is first asked for),
+settles names that several distributions register, validates the loaded class once (a
+:class:`ClassCheck`: its base and declared spec version), lists every name with where it
+comes from and whether it loads (:meth:`EntryPointRegistry.describe`, what the command
+line prints), and raises one family of errors: a not-found error
+(``BackendNotFoundError`` or its subclass) and
+:class:`~torchcomms_core.foundation.errors.BackendLoadError`.
 
 Imports ``foundation`` only.
 """
@@ -28,6 +31,8 @@ from torchcomms_core.foundation.errors import (
 from torchcomms_core.foundation.spec_version import check_spec_version
 
 __all__ = [
+    "IN_PROCESS",
+    "ClassCheck",
     "EntryPointRegistry",
     "PluginEntry",
     "check_spec_version",
@@ -65,6 +70,11 @@ def normalized(dist: str | None) -> str:
     return re.sub(r"[-_.]+", "-", dist or "").lower()
 
 
+#: What :meth:`EntryPointRegistry.describe` gives as the distribution of a name registered
+#: in-process (no entry point), with an empty version.
+IN_PROCESS = "(registered in-process)"
+
+
 def runs_here(cls: Any) -> tuple[bool, str]:
     """A plugin class's ``is_available()``, with an exception it raises reported as the reason."""
     try:
@@ -74,6 +84,38 @@ def runs_here(cls: Any) -> tuple[bool, str]:
     return bool(ok), str(reason)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClassCheck:
+    """The validation of a plugin class, loaded or registered: a subclass of ``base`` that
+    declares a spec version this core's ``spec_version`` runs, and in which ``problems``
+    finds nothing (each problem is one string; ``docs`` says where the spec's required
+    methods are described). Messages name ``base`` as ``base_name``, by default its module
+    and name."""
+
+    base: type[Any]
+    spec_version: str
+    base_name: str = ""
+    problems: Callable[[type[Any]], list[str]] | None = None
+    docs: str = ""
+
+    def __call__(self, cls: Any, who: str, kind: str) -> None:
+        """Raise :class:`BackendLoadError` unless ``cls`` passes; ``who`` and ``kind`` (the
+        plugin kind, ``"backend"``) name it in the message."""
+        if not (isinstance(cls, type) and issubclass(cls, self.base)):
+            base_name = self.base_name or f"{self.base.__module__}.{self.base.__qualname__}"
+            raise BackendLoadError(
+                f"{who} is {cls!r}, not a subclass of {base_name}; the entry point must "
+                f"name the {kind} class"
+            )
+        check_spec_version(getattr(cls, "spec_version", "0.0"), self.spec_version, who, kind)
+        problems = self.problems(cls) if self.problems is not None else []
+        if problems:
+            raise BackendLoadError(
+                f"{who}: class {cls.__module__}.{cls.__qualname__} does not meet the "
+                f"{kind} spec: " + "; ".join(problems) + f". See {self.docs}"
+            )
+
+
 @dataclasses.dataclass(eq=False, kw_only=True)
 class EntryPointRegistry(Generic[P]):
     """The plugin classes of one entry-point group, by name.
@@ -81,9 +123,8 @@ class EntryPointRegistry(Generic[P]):
     Fields (keywords only):
         group: the entry-point group (``"torchcomms.backends"``).
         kind: what a plugin of the group is called in messages (``"backend"``).
-        base: the class every plugin class must subclass (``P``, which may be abstract);
-            ``base_name`` is how messages name it.
-        spec_version: the version of the spec this core implements for the group.
+        check: the validation of every class registered or loaded (a :class:`ClassCheck`,
+            or any callable ``(cls, who, kind)`` that raises :class:`BackendLoadError`).
         known_distributions: the distribution that provides each built-in name; it wins
             when several distributions register that name.
         override_var: the environment variable that picks a distribution for a name
@@ -91,23 +132,17 @@ class EntryPointRegistry(Generic[P]):
         alternative: the end of a not-found message after the install hint: another way
             to get ``name``, formatted with ``name``.
         not_found: the error a missing name raises (a :class:`BackendNotFoundError`).
-        problems: further checks of a loaded class; each problem found is one string.
-        docs: where the spec's required methods are described, for ``problems``.
         caller: the user call an ambiguous name is refused in (``"new_comm"``).
     """
 
     group: str
     kind: str
-    base: type[Any]
-    base_name: str
-    spec_version: str
+    check: Callable[[Any, str, str], None]
     known_distributions: dict[str, str]
     override_var: str | None = None
     read_overrides: Callable[[], dict[str, str]] | None = None
     alternative: str = ""
     not_found: type[BackendNotFoundError] = BackendNotFoundError
-    problems: Callable[[type[P]], list[str]] | None = None
-    docs: str = ""
     caller: str = ""
     _lock: threading.Lock = dataclasses.field(
         default_factory=threading.Lock, init=False, repr=False
@@ -286,20 +321,50 @@ class EntryPointRegistry(Generic[P]):
         return cast(type[P], loaded)
 
     def check_class(self, cls: Any, who: str) -> None:
-        """Raise :class:`BackendLoadError` unless ``cls`` subclasses ``base``, declares a
-        compatible spec version and passes ``problems``."""
-        if not (isinstance(cls, type) and issubclass(cls, self.base)):
-            raise BackendLoadError(
-                f"{who} is {cls!r}, not a subclass of {self.base_name}; the entry point must "
-                f"name the {self.kind} class"
-            )
-        check_spec_version(getattr(cls, "spec_version", "0.0"), self.spec_version, who, self.kind)
-        problems = self.problems(cast(type[P], cls)) if self.problems is not None else []
-        if problems:
-            raise BackendLoadError(
-                f"{who}: class {cls.__module__}.{cls.__qualname__} does not meet the "
-                f"{self.kind} spec: " + "; ".join(problems) + f". See {self.docs}"
-            )
+        """Raise :class:`BackendLoadError` unless ``cls`` passes ``check``."""
+        self.check(cls, who, self.kind)
+
+    # -- listing ------------------------------------------------------------------------
+
+    def describe(
+        self,
+        loaded: Callable[[type[P]], dict[str, Any]],
+        failed: Callable[[Exception], dict[str, Any]],
+        *,
+        about: Callable[[str, PluginEntry | None], dict[str, Any]] | None = None,
+        in_process: Callable[[str], tuple[str, str]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """One record per name (:meth:`names`), each plugin imported to ask it.
+
+        A record starts with where the name comes from: ``name``, ``distribution``,
+        ``version`` and ``entry_point`` (for a name registered in-process: ``in_process``'s
+        ``(distribution, version)`` of the name, by default ``(IN_PROCESS, "")``, and no
+        entry point); then come what ``about`` adds for the name and its entry, and what
+        ``loaded`` says of the class, or ``failed`` of the exception that kept it from
+        loading or describing: other names are listed all the same.
+        """
+        entries = self.entry_points()
+        rows = []
+        for name in self.names():
+            entry = entries.get(name)
+            if entry is not None:
+                source = (entry.distribution, entry.version or "")
+            else:
+                source = in_process(name) if in_process is not None else (IN_PROCESS, "")
+            row: dict[str, Any] = {
+                "name": name,
+                "distribution": source[0],
+                "version": source[1],
+                "entry_point": entry.value if entry else "",
+            }
+            if about is not None:
+                row.update(about(name, entry))
+            try:
+                row.update(loaded(self.get(name)))
+            except Exception as exc:  # report it; the other plugins keep working
+                row.update(failed(exc))
+            rows.append(row)
+        return rows
 
     def not_found_message(self, name: str) -> str:
         """Why ``name`` is not found, what is installed, and what to install."""

@@ -14,7 +14,12 @@ from typing import Any
 
 from torchcomms_core.foundation import env as _env
 from torchcomms_core.foundation.errors import CommStateError, TransportNotFoundError
-from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry, runs_here
+from torchcomms_core.plugin_host.registry import (
+    ClassCheck,
+    EntryPointRegistry,
+    PluginEntry,
+    runs_here,
+)
 from torchcomms_core.spec.transport import TRANSPORT_SPEC_VERSION, TransportProvider
 
 __all__ = [
@@ -55,9 +60,7 @@ TransportEntry = PluginEntry
 TRANSPORTS: EntryPointRegistry[TransportProvider] = EntryPointRegistry(
     group=TRANSPORTS_GROUP,
     kind="transport",
-    base=TransportProvider,
-    base_name="torchcomms_core.spec.transport.TransportProvider",
-    spec_version=TRANSPORT_SPEC_VERSION,
+    check=ClassCheck(TransportProvider, TRANSPORT_SPEC_VERSION),
     known_distributions=KNOWN_TRANSPORT_DISTRIBUTIONS,
     alternative=f", or pick another with {_env.TRANSPORT}",
     not_found=TransportNotFoundError,
@@ -87,19 +90,12 @@ def transport_entry_points() -> dict[str, TransportEntry]:
     return TRANSPORTS.entry_points()
 
 
-def available_transports() -> list[str]:
-    """Names of the transports registered in-process or installed as plugins."""
-    return TRANSPORTS.names()
-
-
-def get_transport_class(name: str) -> type[TransportProvider]:
-    """The provider class of transport ``name``, importing only its plugin.
-
-    Raises:
-        TransportNotFoundError: no transport has that name.
-        BackendLoadError: its plugin fails to import or is incompatible.
-    """
-    return TRANSPORTS.get(name, stacklevel=4)
+#: Names of the transports registered in-process or installed as plugins.
+available_transports = TRANSPORTS.names
+#: The provider class of transport ``name``, importing only its plugin; raises
+#: ``TransportNotFoundError`` where no transport has that name, ``BackendLoadError`` where
+#: its plugin fails to import or is incompatible.
+get_transport_class = TRANSPORTS.get
 
 
 def selected_transport() -> str | None:
@@ -144,29 +140,26 @@ def provider(where: str) -> TransportProvider:
 
 
 def describe_transports() -> list[dict[str, Any]]:
-    """One record per transport: distribution, version, devices, whether it runs here."""
-    entries = transport_entry_points()
+    """One record per transport: distribution, version, devices, whether it runs here, and
+    whether it is the one in use (``selected``)."""
     chosen = selected_transport()
-    rows = []
-    for name in available_transports():
-        entry = entries.get(name)
-        row: dict[str, Any] = {
-            "name": name,
-            "distribution": entry.distribution if entry else "(registered in-process)",
-            "version": (entry.version or "") if entry else "",
-            "entry_point": entry.value if entry else "",
-            "selected": name == chosen,
+
+    def loaded(cls: type[TransportProvider]) -> dict[str, Any]:
+        runnable, reason = runs_here(cls)
+        return {
+            "spec_version": cls.spec_version,
+            "devices": list(cls.devices),
+            "runnable": runnable,
+            "reason": "" if runnable else reason,
         }
-        try:
-            cls = get_transport_class(name)
-            runnable, reason = runs_here(cls)
-            row.update(
-                spec_version=cls.spec_version,
-                devices=list(cls.devices),
-                runnable=runnable,
-                reason="" if runnable else reason,
-            )
-        except Exception as exc:  # report it; other transports keep working
-            row.update(spec_version="?", devices=[], runnable=False, reason=f"failed: {exc}")
-        rows.append(row)
-    return rows
+
+    return TRANSPORTS.describe(
+        loaded,
+        lambda exc: {
+            "spec_version": "?",
+            "devices": [],
+            "runnable": False,
+            "reason": f"failed: {exc}",
+        },
+        about=lambda name, entry: {"selected": name == chosen},
+    )

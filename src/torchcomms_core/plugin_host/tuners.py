@@ -33,10 +33,15 @@ from typing import Any
 import torch
 
 from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import TorchCommError
 from torchcomms_core.foundation.version import __version__
 from torchcomms_core.plugin_host.backends import backend_version
-from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry, runs_here
+from torchcomms_core.plugin_host.registry import (
+    IN_PROCESS,
+    ClassCheck,
+    EntryPointRegistry,
+    PluginEntry,
+    runs_here,
+)
 from torchcomms_core.plugin_host.tuning_table import TableTuner
 from torchcomms_core.spec.tuning import (
     TUNER_SPEC_VERSION,
@@ -72,12 +77,11 @@ NO_TUNER = "none"
 TUNERS: EntryPointRegistry[Tuner] = EntryPointRegistry(
     group=TUNERS_GROUP,
     kind="tuner",
-    base=Tuner,
-    base_name="torchcomms_core.plugin.Tuner",
-    spec_version=TUNER_SPEC_VERSION,
+    check=ClassCheck(
+        Tuner, TUNER_SPEC_VERSION, "torchcomms_core.plugin.Tuner", docs="docs/writing-a-tuner.md"
+    ),
     known_distributions={BUILTIN_TUNER: "torchcomms-core"},
     alternative=f", or set {_env.TUNER}={BUILTIN_TUNER} (the measured table) or {NO_TUNER}",
-    docs="docs/writing-a-tuner.md",
     caller="new_comm",
 )
 TUNERS.register(BUILTIN_TUNER, TableTuner)
@@ -93,19 +97,12 @@ def unregister_tuner(name: str) -> None:
     TUNERS.unregister(name)
 
 
-def available_tuners() -> list[str]:
-    """Names of the tuners registered in-process or installed as plugins."""
-    return TUNERS.names()
-
-
-def get_tuner_class(name: str) -> type[Tuner]:
-    """The class of tuner ``name``, importing only its plugin.
-
-    Raises:
-        BackendNotFoundError: no tuner has that name.
-        BackendLoadError: its plugin fails to import or is incompatible.
-    """
-    return TUNERS.get(name, stacklevel=4)
+#: Names of the tuners registered in-process or installed as plugins.
+available_tuners = TUNERS.names
+#: The class of tuner ``name``, importing only its plugin; raises ``BackendNotFoundError``
+#: where no tuner has that name, ``BackendLoadError`` where its plugin fails to import or is
+#: incompatible.
+get_tuner_class = TUNERS.get
 
 
 def selected_tuner(hints: dict[str, str] | None = None) -> str:
@@ -317,25 +314,21 @@ def _disagree(
 
 
 def describe_tuners() -> list[dict[str, Any]]:
-    """One record per tuner: name, distribution, version, whether it is selected."""
+    """One record per tuner: name, distribution, version, whether it runs here and whether
+    it is the one communicators ask (``selected``)."""
     chosen = selected_tuner()
-    entries = TUNERS.entry_points()
-    rows = []
-    for name in available_tuners():
-        entry = entries.get(name)
-        row: dict[str, Any] = {
-            "name": name,
-            "distribution": entry.distribution
-            if entry
-            else ("torchcomms-core" if name == BUILTIN_TUNER else "(registered in-process)"),
-            "version": (entry.version or "") if entry else __version__,
-            "entry_point": entry.value if entry else "",
-            "selected": name == chosen,
-        }
-        try:
-            runnable, reason = runs_here(get_tuner_class(name))
-            row.update(runnable=runnable, reason="" if runnable else reason)
-        except TorchCommError as exc:
-            row.update(runnable=False, reason=f"failed: {exc}")
-        rows.append(row)
-    return rows
+
+    def loaded(cls: type[Tuner]) -> dict[str, Any]:
+        runnable, reason = runs_here(cls)
+        return {"runnable": runnable, "reason": "" if runnable else reason}
+
+    return TUNERS.describe(
+        loaded,
+        lambda exc: {"runnable": False, "reason": f"failed: {exc}"},
+        about=lambda name, entry: {"selected": name == chosen},
+        # In-process tuners come with the core's version; ``table`` is the core's own.
+        in_process=lambda name: (
+            "torchcomms-core" if name == BUILTIN_TUNER else IN_PROCESS,
+            __version__,
+        ),
+    )
