@@ -118,10 +118,28 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
         self._size = -1
         self._settings = HierSettings()
         self._levels: HierLevels | None = None
+        #: The hosts, their ids and backends (``None`` before ``init``).
+        self.topology: Topology | None = None
+        #: The ranks of this host.
+        self.local: TorchComm | None = None
+        #: This rank's rail (even hosts): the ranks of its local index on every host.
+        self.rail: TorchComm | None = None
+        #: Local rank 0 of every host (uneven hosts only; with even hosts rail 0 plays it).
+        self.leaders: TorchComm | None = None
+        #: Every rank on the global backend, for point-to-point between hosts.
+        self.global_comm: TorchComm | None = None
 
     def _attach(self, levels: HierLevels) -> None:
-        """Take ``levels`` and make the collectives' part on them."""
+        """Take ``levels`` (also as the attributes above) and make the collectives' part on
+        them."""
         self._levels = levels
+        self.topology, self.local, self.rail, self.leaders, self.global_comm = (
+            levels.topology,
+            levels.local,
+            levels.rail,
+            levels.leaders,
+            levels.global_comm,
+        )
         self._collectives = HierCollectives(
             levels, self._settings, self._rank, self._size, self.tuning.choose
         )
@@ -130,33 +148,6 @@ class HierBackend(StoredRankAndSize, TorchCommBackend):
     def _ready(self) -> HierLevels:
         assert self._levels is not None, "HierBackend used before init"
         return self._levels
-
-    # -- the levels, as attributes ------------------------------------------------------
-
-    @property
-    def topology(self) -> Topology | None:
-        """The hosts, their ids and backends (``None`` before ``init``)."""
-        return None if self._levels is None else self._levels.topology
-
-    @property
-    def local(self) -> TorchComm | None:
-        """The ranks of this host."""
-        return None if self._levels is None else self._levels.local
-
-    @property
-    def rail(self) -> TorchComm | None:
-        """This rank's rail (even hosts): the ranks of its local index on every host."""
-        return None if self._levels is None else self._levels.rail
-
-    @property
-    def leaders(self) -> TorchComm | None:
-        """Local rank 0 of every host (uneven hosts only; with even hosts rail 0 plays it)."""
-        return None if self._levels is None else self._levels.leaders
-
-    @property
-    def global_comm(self) -> TorchComm | None:
-        """Every rank on the global backend, for point-to-point between hosts."""
-        return None if self._levels is None else self._levels.global_comm
 
     # -- lifecycle --------------------------------------------------------------------
 
