@@ -11,11 +11,10 @@ Each row says how a c10d call on a ``_BackendWrapper`` runs:
 * **the general path**: ``run`` converts the arguments (``c10d_args``) and issues the
   operation on the ``TorchComm``, its hooks and checks included; the result is a
   ``CommWork`` over the communicator's work;
-* **profiler records**, in both: the dispatcher op's record (``record``, with
-  ``record_inputs``) while the call is issued and the engine's work record
-  (``<engine>:<work>`` with ``work_inputs``; ``per_input``: one per input tensor), ended on
-  another thread when the work completes, as c10d's engines record them. In the engine lane
-  the engine writes its own work record.
+* **profiler records**, in both: the dispatcher op's record (``record``, ``record_inputs``)
+  while the call is issued, and the engine's work record (``<engine>:<work>`` with
+  ``work_inputs``; ``per_input``: one per input tensor), ended on another thread when the
+  work completes, as c10d's engines record them (the engine lane's engine writes its own).
 
 ``run`` functions take the group (:class:`Group`) and c10d's arguments, as c10d passes them.
 """
