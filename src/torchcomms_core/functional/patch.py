@@ -276,7 +276,7 @@ def patch_torchcomm() -> None:
     from torchcomms_core.comm.operations import TorchComm
 
     for spec in OPS:
-        current = TorchComm.__dict__[spec.method]
+        current = getattr(TorchComm, spec.method)  # Face's method, or our wrapper of it
         if getattr(current, _WRAPPED, None) is not None:
             continue
         ORIGINALS[spec.method] = current
