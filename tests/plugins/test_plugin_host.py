@@ -131,6 +131,36 @@ def test_plugin_that_fails_to_import_is_contained(tmp_path: Path) -> None:
     assert backend == "GlooBackend"
 
 
+def test_an_entry_point_naming_the_hook_function_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # A common slip: the entry point names the hook function, not the module holding it.
+    # pluggy would register the function and find no hook on it: the collective would be
+    # silently missing. The plugin host's registry refuses it, saying what to write.
+    fake_dist(tmp_path, "tc-fn", "1.2", "tc_fn", COLLECTIVE_PLUGIN.format(coll="fn_reduce"))
+    info = tmp_path / "tc_fn-1.2.dist-info" / "entry_points.txt"
+    info.write_text("[torchcomms.plugins]\ntc_fn = tc_fn:torchcomms_register_collectives\n")
+    res = run_python(
+        """
+        import warnings, json, torchcomms
+        from torchcomms_core.plugin_host.manager import plugin_records
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            listing = torchcomms.list_collectives()
+        records = {r.name: [r.status, r.error] for r in plugin_records()}
+        print(json.dumps([[str(w.message) for w in caught], records, listing]))
+    """,
+        tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    warned, records, listing = json.loads(res.stdout)
+    status, error = records["tc_fn"]
+    assert status == "failed"
+    assert "tc-fn 1.2" in error and "registers no hook" in error
+    assert "must name the module" in error
+    assert any("registers no hook" in w for w in warned), warned
+    assert "fn_reduce" not in listing
+    assert "all_reduce_coalesced" in listing  # the built-in plugin still loads
+
+
 def test_two_plugins_with_one_collective_name_name_both_distributions(tmp_path: Path) -> None:
     fake_dist(tmp_path, "tc-alpha", "1.0", "tc_alpha", COLLECTIVE_PLUGIN.format(coll="same"))
     fake_dist(tmp_path, "tc-beta", "2.0", "tc_beta", COLLECTIVE_PLUGIN.format(coll="same"))

@@ -1,5 +1,8 @@
 """The plugin manager: built-ins first, then ``torchcomms.plugins`` entry points.
 
+The entry points are found, settled (one name, several distributions) and imported by the
+host's one registry (:data:`COLLECTIVE_PLUGINS`, an ``EntryPointRegistry`` as for
+backends, transports and tuners); pluggy then registers each plugin's hooks.
 ``TORCHCOMM_DISABLE_PLUGIN_AUTOLOAD=1`` skips entry points; ``TORCHCOMM_PLUGINS=a,b``
 loads only the named ones. Collectives are collected once and installed on
 ``TorchComm``; no operation goes through pluggy.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata as metadata
+import inspect
 import threading
 import warnings
 from collections.abc import Callable
@@ -17,14 +21,37 @@ from typing import Any
 import pluggy
 
 from torchcomms_core.foundation import env as _env
-from torchcomms_core.foundation.errors import TorchCommError
+from torchcomms_core.foundation.errors import BackendLoadError, TorchCommError
 from torchcomms_core.operations.table import OPS
 from torchcomms_core.plugin_host import hookspecs
 from torchcomms_core.plugin_host.collective import Collective
+from torchcomms_core.plugin_host.registry import EntryPointRegistry, PluginEntry
 from torchcomms_core.spec import set_collective_source
 
 PLUGINS_GROUP = "torchcomms.plugins"
 BUILTIN = "torchcomms-core"
+
+
+def _plugin_object(plugin: Any, who: str, kind: str) -> None:
+    """A collective plugin is what holds its ``@hookimpl`` functions: a module, a class or
+    an instance. An entry point naming one of the functions itself would register no hook
+    (pluggy looks for hooks among the object's attributes), so it is refused."""
+    if inspect.isfunction(plugin) or inspect.isbuiltin(plugin) or inspect.ismethod(plugin):
+        raise BackendLoadError(
+            f"{who} is the function {getattr(plugin, '__qualname__', plugin)!r}, which "
+            f"registers no hook; the entry point must name the module (or object) that "
+            f"holds the @hookimpl functions, e.g. 'name = package.plugin'"
+        )
+
+
+#: The ``torchcomms.plugins`` entry points, in the plugin host's one registry.
+COLLECTIVE_PLUGINS: EntryPointRegistry[Any] = EntryPointRegistry(
+    group=PLUGINS_GROUP,
+    kind="plugin",
+    check=_plugin_object,
+    known_distributions={"quantized": "torchcomms-quantized"},
+    caller="load_plugins",
+)
 
 
 class PluginError(TorchCommError):
@@ -88,40 +115,36 @@ def _load_all() -> None:
 
     pm = get_plugin_manager()
     _register(pm, builtins, "builtins", BUILTIN, _core_version())
+    entries = COLLECTIVE_PLUGINS.entry_points()
     if _env.plugin_autoload_disabled():
-        for ep in metadata.entry_points(group=PLUGINS_GROUP):
-            dist, version = _dist_of(ep)
-            _records[ep.name] = PluginRecord(ep.name, dist, version, "disabled")
+        for name, entry in entries.items():
+            _records[name] = PluginRecord(name, *_source(entry), "disabled")
     else:
         allowed = _env.plugin_allow_list()
-        for ep in metadata.entry_points(group=PLUGINS_GROUP):
-            dist, version = _dist_of(ep)
-            if allowed is not None and ep.name not in allowed:
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "not allowed")
+        for name, entry in entries.items():
+            dist, version = _source(entry)
+            if allowed is not None and name not in allowed:
+                _records[name] = PluginRecord(name, dist, version, "not allowed")
                 continue
-            if pm.has_plugin(ep.name):
+            if pm.has_plugin(name):
                 continue
             try:
-                plugin = ep.load()
-            except Exception as exc:  # contained: other plugins and backends keep working
-                message = (
-                    f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
-                    f"import ({type(exc).__name__}: {exc}); it is skipped. Reinstall "
-                    f"or uninstall {dist}"
-                )
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=message)
+                plugin = COLLECTIVE_PLUGINS.get(name, stacklevel=4)
+            except TorchCommError as exc:  # contained: other plugins and backends keep working
+                message = f"torchcomms {exc}; it is skipped"
+                _records[name] = PluginRecord(name, dist, version, "failed", error=message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
                 continue
             try:
-                _register(pm, plugin, ep.name, dist, version)
+                _register(pm, plugin, name, dist, version)
             except PluginHookError as exc:  # contained like a failed import
                 message = (
-                    f"torchcomms plugin {ep.name!r} from {dist} {version} failed to "
+                    f"torchcomms plugin {name!r} from {dist} {version} failed to "
                     f"register: {exc}. It is skipped; other plugins and backends "
                     f"keep working. Upgrade, fix or uninstall {dist}, or leave it "
                     f"out with {_env.PLUGINS}=<plugins to load>"
                 )
-                _records[ep.name] = PluginRecord(ep.name, dist, version, "failed", error=message)
+                _records[name] = PluginRecord(name, dist, version, "failed", error=message)
                 warnings.warn(message, RuntimeWarning, stacklevel=3)
     pm.check_pending()
 
@@ -271,11 +294,9 @@ def call_lifecycle(hook: str, **kwargs: Any) -> None:
         )
 
 
-def _dist_of(ep: metadata.EntryPoint) -> tuple[str, str]:
-    dist = getattr(ep, "dist", None)
-    if dist is None:
-        return "an unknown distribution", ""
-    return dist.metadata["Name"], dist.version
+def _source(entry: PluginEntry) -> tuple[str, str]:
+    """``(distribution, version)`` of a registry entry, as the records show them."""
+    return entry.distribution or "an unknown distribution", entry.version or ""
 
 
 def _core_version() -> str:
