@@ -225,6 +225,74 @@ def body_sync_timeout(seconds: float) -> dict:
     return result
 
 
+def body_tags_and_any_source(numel: int) -> dict:
+    """c10d's tags and receives from any source through the bridge, matched by MPI: two
+    messages sent under different tags land in receives posted in the opposite order; a
+    receive without a source names each sender; a tagged one takes only its tag."""
+    import torch.distributed as dist
+    from torchcomms.device_mesh import _create_torchcomm_process_group
+
+    comm = _comm()
+    pg = _create_torchcomm_process_group(comm, unique_name("mpitags"))
+    me, n = comm.get_rank(), comm.get_size()
+    out: dict = {}
+    if me == 0:
+        a, b = torch.full((numel,), 1.0), torch.full((numel,), 2.0)
+        for w in [dist.isend(a, 1, group=pg, tag=7), dist.isend(b, 1, group=pg, tag=9)]:
+            w.wait()
+    elif me == 1:
+        first, second = torch.zeros(numel), torch.zeros(numel)
+        for w in [dist.irecv(first, 0, group=pg, tag=9), dist.irecv(second, 0, group=pg, tag=7)]:
+            w.wait()
+        out["crossed"] = [first.unique().tolist(), second.unique().tolist()]
+    if me == 0:
+        senders = []
+        for _ in range(n - 1):
+            t = torch.zeros(4)
+            src = dist.recv(t, group=pg)  # from any source: returns the sender
+            senders.append([src, t.unique().tolist()])
+        out["senders"] = sorted(senders)
+    else:
+        dist.send(torch.full((4,), float(me)), 0, group=pg)
+    if me == 1:
+        dist.send(torch.full((2,), 5.0), 0, group=pg, tag=11)
+        dist.send(torch.full((2,), 6.0), 0, group=pg, tag=12)
+    elif me == 0:
+        x, y = torch.zeros(2), torch.zeros(2)
+        wy = pg.recv_anysource([y], 12)  # from any rank, but only tag 12
+        wx = pg.recv_anysource([x], 11)
+        wy.wait()
+        wx.wait()
+        out["tagged"] = [y[0].item(), x[0].item(), wy._source_rank()]
+    comm.barrier()
+    comm.finalize()
+    return out
+
+
+def body_any_source_timeout(seconds: float) -> dict:
+    """A receive from any source nobody answers raises a timeout instead of hanging, and a
+    tag past MPI_TAG_UB is refused before anything is posted."""
+    from torchcomms_core.comm.anysource import recv_anysource
+
+    comm = _comm()
+    result: dict = {}
+    if comm.get_rank() == 0:
+        upper = int(comm.get_backend_impl().engine.Get_attr(__import__("mpi4py.MPI").MPI.TAG_UB))
+        try:
+            comm.get_backend_impl().send_tagged(torch.ones(1), 1, upper + 1, False)
+        except torchcomms.CommInputError as exc:
+            result["tag"] = str(exc)
+        start = time.monotonic()
+        try:
+            recv_anysource(comm, torch.empty(1), timeout=timedelta(seconds=seconds))
+        except torchcomms.CommTimeoutError as exc:
+            result.update(message=str(exc), seconds=time.monotonic() - start)
+    else:
+        time.sleep(seconds + 0.5)
+    comm.abort()
+    return result
+
+
 def body_lean_calls_reuse_buffers_safely() -> dict:
     """The backend's lean calls keep MPI buffer specs by address, size and dtype; every
     result stays right when tensors come and go, share memory or pass the blocking limit."""
@@ -300,6 +368,28 @@ def test_ranks_may_mix_sync_and_async_calls(mpi_pool) -> None:
 
 def test_results_land_in_the_callers_tensors(mpi_pool) -> None:
     mpi_pool.run(body_zero_copy_layouts, timeout=60)
+
+
+@pytest.mark.parametrize("numel", [5, 1 << 20])  # eager, and MPICH's rendezvous protocol
+def test_tags_and_receives_from_any_source_match_as_mpi_does(mpi_pool, numel: int) -> None:
+    from torchcomms_core.spec import method_support
+    from torchcomms_mpi import MpiBackend
+
+    support = method_support(MpiBackend)
+    assert support["send_tagged"] == support["recv_tagged"] == "native"
+    assert support["recv_anysource"] == "native"
+    results = mpi_pool.run(body_tags_and_any_source, numel, timeout=120)
+    n = len(results)
+    assert results[1]["crossed"] == [[2.0], [1.0]]  # tag 9's message first, as posted
+    assert results[0]["senders"] == [[r, [float(r)]] for r in range(1, n)]
+    assert results[0]["tagged"] == [6.0, 5.0, 1]
+
+
+def test_a_receive_from_any_source_times_out_instead_of_hanging(mpi_pool) -> None:
+    first = mpi_pool.run(body_any_source_timeout, 1.0, timeout=60)[0]
+    assert "MPI_TAG_UB" in first["tag"], first
+    assert "recv did not complete within 1 s" in first["message"], first
+    assert 1.0 <= first["seconds"] < 5.0, first
 
 
 def test_lean_calls_reuse_buffer_specs_safely(mpi_pool) -> None:

@@ -164,6 +164,66 @@ class MpiBackend(MpiComm):
             "recv", async_op, timeout, self._comm.Irecv(self._b.buf(tensor), src), tensor
         )
 
+    def send_tagged(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """:meth:`send` under ``tag``, which MPI matches with the receive's (MPI tags)."""
+        req = self._comm.Isend(self._b.buf(tensor), dst, self._mpi_tag(tag))
+        return self._finish("send", async_op, timeout, req, tensor)
+
+    def recv_tagged(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """:meth:`recv` of the message ``src`` sent under ``tag``."""
+        req = self._comm.Irecv(self._b.buf(tensor), src, self._mpi_tag(tag))
+        return self._finish("recv", async_op, timeout, req, tensor)
+
+    def recv_anysource(
+        self,
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+        tag: int = 0,
+    ) -> Any:
+        """Receive the first matching message from any rank (``MPI_ANY_SOURCE``, under
+        ``tag``); the work's ``source_rank()`` names the sender once it completed."""
+        from .work import AnySourceWork
+
+        any_source = self._MPI.ANY_SOURCE
+        req = self._comm.Irecv(self._b.buf(tensor), any_source, self._mpi_tag(tag))
+        work = AnySourceWork(req, self._seconds(timeout), tensor, self._pending)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _mpi_tag(self, tag: int) -> int:
+        """``tag`` as an MPI tag, refused past the MPI library's ``MPI_TAG_UB``."""
+        upper = self._tag_ub
+        if upper is None:
+            upper = self._tag_ub = int(self._comm.Get_attr(self._MPI.TAG_UB))
+        if not 0 <= tag <= upper:
+            raise CommInputError(
+                f"tag={tag}: this MPI library takes tags from 0 to {upper} (MPI_TAG_UB); "
+                f"pass a tag in that range"
+            )
+        return tag
+
     def batch_op_issue(
         self,
         ops: Sequence[BatchOp],

@@ -93,6 +93,8 @@ class MpiComm(StoredRankAndSize, TorchCommBackend):
         self._ts = 0.0
         self._complete = work.complete
         self._test = MPI.Request.Test
+        # The largest MPI tag of this library (MPI_TAG_UB), read on the first tagged call.
+        self._tag_ub: int | None = None
         self._windows: list[Any] = []
         # Collectives on at most this many bytes per rank are blocking MPI calls; the
         # watchdog reads ``_watch``, ``(operation, seconds)`` while one runs.

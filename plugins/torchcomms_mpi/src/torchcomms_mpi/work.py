@@ -27,15 +27,16 @@ _BUSY_S = 2.0
 _NAP_S = 0.0002
 
 
-def complete(reqs: list[Any], seconds: float, what: str) -> None:
-    """Poll ``reqs`` until all finished; raise :class:`CommTimeoutError` after ``seconds``."""
-    if _testall(reqs):
+def complete(reqs: list[Any], seconds: float, what: str, statuses: list[Any] | None = None) -> None:
+    """Poll ``reqs`` until all finished; raise :class:`CommTimeoutError` after ``seconds``.
+    ``statuses``: one ``MPI.Status`` per request, filled once they finish."""
+    if _testall(reqs, statuses):
         return
     start = _monotonic()
     busy_until, deadline = start + _BUSY_S, start + seconds
     while True:
         for _ in range(_BATCH):
-            if _testall(reqs):
+            if _testall(reqs, statuses):
                 return
         now = _monotonic()
         if now > deadline:
@@ -52,7 +53,7 @@ def complete(reqs: list[Any], seconds: float, what: str) -> None:
 class MpiWork:
     """Requests of one operation; ``wait()`` completes them within the operation's timeout."""
 
-    __slots__ = ("_reqs", "_seconds", "_what", "_keep", "_owner", "_then", "_done")
+    __slots__ = ("_reqs", "_seconds", "_what", "_keep", "_owner", "_then", "_done", "_statuses")
 
     def __init__(
         self,
@@ -70,10 +71,12 @@ class MpiWork:
         self._owner = owner
         self._then = then
         self._done = False
+        #: ``MPI.Status`` objects the requests fill on completion (``None``: not kept).
+        self._statuses: list[Any] | None = None
         owner.add(self)
 
     def is_completed(self) -> bool:
-        if not self._done and _testall(self._reqs):
+        if not self._done and _testall(self._reqs, self._statuses):
             self._complete()
         return self._done
 
@@ -81,7 +84,7 @@ class MpiWork:
         if self._done:
             return True
         try:
-            complete(self._reqs, self._seconds, self._what)
+            complete(self._reqs, self._seconds, self._what, self._statuses)
         except CommTimeoutError:
             self.cancel()
             raise
@@ -111,3 +114,22 @@ class MpiWork:
                 req.Cancel()
             except MPI.Exception:  # already complete, or not cancellable: nothing to undo
                 pass
+
+
+class AnySourceWork(MpiWork):
+    """A receive from any source (``MPI_ANY_SOURCE``): ``source_rank()`` names the sender
+    once the receive completed."""
+
+    __slots__ = ()
+
+    def __init__(self, req: Any, seconds: float, keep: Any, owner: set[MpiWork]) -> None:
+        super().__init__([req], seconds, "recv", keep, owner)
+        self._statuses = [MPI.Status()]
+
+    def source_rank(self) -> int:
+        if not self._done or self._statuses is None:
+            raise RuntimeError(
+                "recv from any source: the sender is known only once the receive completed; "
+                "call wait() first"
+            )
+        return int(self._statuses[0].Get_source())
