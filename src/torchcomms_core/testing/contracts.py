@@ -73,6 +73,12 @@ RULES: dict[str, str] = {
         "mark its work TIMEDOUT and refuse later operations"
     ),
     "bad_input": "invalid calls are refused before communicating",
+    "tags": (
+        "a nonzero tag is matched or refused, never dropped: a backend with native "
+        "send_tagged/recv_tagged lands two messages sent under different tags in receives "
+        "posted in the opposite order, one without refuses the tag with NotImplementedError; "
+        "a native recv_anysource names every sender and takes only its tag"
+    ),
     "device_exchange": (
         "a Triton kernel's put_block + signal lands every row exactly in every peer's window "
         "before the signal, and counts its counter once the source may be reused "
@@ -345,6 +351,64 @@ def body_batch_ring(backend: str, device: str, count: int) -> None:
     check("batch from left", got_left.cpu(), torch.full((count,), float(left)))
     check("batch from right", got_right.cpu(), torch.full((count,), float(right)))
     comm.finalize()
+
+
+def body_tags_and_any_source(backend: str, device: str, count: int) -> dict[str, Any]:
+    """Tags crossed between ranks 0 and 1, then receives from any source on rank 0, each
+    where the backend declares it native; a nonzero tag refused where it does not."""
+    from torchcomms_core.comm import anysource, tagged
+
+    comm = new_comm(backend, device, name=unique_name("contract-tags"))
+    dev = comm.get_device()
+    r, n = comm.get_rank(), comm.get_size()
+    support = comm.method_support()
+    out: dict[str, Any] = {
+        "tags": support["send_tagged"] == support["recv_tagged"] == "native",
+        "any": support["recv_anysource"] == "native",
+    }
+    if not out["tags"]:
+        try:
+            tagged.send(comm, torch.ones(1, device=dev), (r + 1) % n, 5)
+        except NotImplementedError as exc:
+            out["refused"] = "tag=5" in str(exc)
+        comm.finalize()
+        return out
+    if r == 0:
+        a, b = torch.full((count,), 1.0, device=dev), torch.full((count,), 2.0, device=dev)
+        for w in [tagged.send(comm, a, 1, 7, True), tagged.send(comm, b, 1, 9, True)]:
+            w.wait()
+    elif r == 1:
+        first, second = torch.zeros(count, device=dev), torch.zeros(count, device=dev)
+        for w in [tagged.recv(comm, first, 0, 9, True), tagged.recv(comm, second, 0, 7, True)]:
+            w.wait()
+        check("tag 9 received first", first.cpu(), torch.full((count,), 2.0))
+        check("tag 7 received second", second.cpu(), torch.full((count,), 1.0))
+    if out["any"]:
+        if r == 0:
+            senders = []
+            for _ in range(n - 1):
+                got = torch.zeros(count, device=dev)
+                work, source = anysource.recv_anysource(comm, got, True)
+                work.wait()
+                check("any source", got.cpu(), torch.full((count,), float(source())))
+                senders.append(source())
+            out["senders"] = sorted(senders)
+            x, y = torch.zeros(2, device=dev), torch.zeros(2, device=dev)
+            wy, source_y = anysource.recv_anysource(comm, y, True, tag=12)
+            wx, _ = anysource.recv_anysource(comm, x, True, tag=11)
+            wy.wait()
+            wx.wait()
+            out["tagged_any"] = [y[0].item(), x[0].item(), source_y()]
+        else:
+            comm.send(torch.full((count,), float(r), device=dev), 0)
+            if r == n - 1:
+                five, six = torch.full((2,), 5.0, device=dev), torch.full((2,), 6.0, device=dev)
+                sends = [tagged.send(comm, five, 0, 11, True), tagged.send(comm, six, 0, 12, True)]
+                for w in sends:
+                    w.wait()
+    comm.barrier()
+    comm.finalize()
+    return out
 
 
 def body_timeout(

@@ -228,6 +228,28 @@ def test_unanswered_receive_times_out(
     assert first.get("after") == "refused", f"{rule}: {first}"
 
 
+@pytest.mark.usefixtures("numerical")
+def test_tags_are_matched_or_refused_and_any_source_names_the_sender(
+    contract: Contract, torchcomms_backend: str, torchcomms_device: str
+) -> None:
+    rule = contracts.RULES["tags"]
+    for r, seen in enumerate(
+        contract(
+            "tags",
+            contracts.body_tags_and_any_source,
+            torchcomms_backend,
+            torchcomms_device,
+            contracts.LARGE_MESSAGE_BYTES // 4 + 3,
+        )
+    ):
+        if not seen["tags"]:
+            assert seen.get("refused") is True, f"{rule}: rank {r}: {seen}"
+        elif seen["any"] and r == 0:
+            n = len(seen["senders"]) + 1
+            assert seen["senders"] == list(range(1, n)), f"{rule}: {seen}"
+            assert seen["tagged_any"] == [6.0, 5.0, n - 1], f"{rule}: {seen}"
+
+
 def test_bad_input_is_refused_before_communication(
     contract: Contract, torchcomms_backend: str, torchcomms_device: str
 ) -> None:
