@@ -308,6 +308,119 @@ def test_point_to_point_larger_than_the_rings(pool: RankPool) -> None:
     assert "expects 16 bytes but rank 0 sent 20" in results[1][0]
 
 
+def body_tags_and_any_source(big: int) -> dict:
+    """Tags and receives from any source through 64 KiB rings: messages that block a posted
+    receive are read out of the way (``big`` float32, past the ring), receives posted while
+    such a message is read still take it, every sender of an any-source receive is named."""
+    from torchcomms_core.comm import anysource, tagged
+
+    comm = _comm("tags", p2p_bytes=str(64 << 10))
+    r, n = comm.get_rank(), comm.get_size()
+    out: dict = {}
+    if r == 0:
+        works = [
+            tagged.send(comm, _vals(7, 8 * big), 1, 7, True),  # read aside on rank 1
+            tagged.send(comm, _vals(8, 5), 1, 8, True),
+            tagged.send(comm, _vals(9, 5), 1, 9, True),
+            comm.send(_vals(0, big), 1, True),  # tag 0, behind them
+        ]
+        for w in works:
+            w.wait()
+    elif r == 1:
+        nine, eight = torch.zeros(5), torch.zeros(5)
+        w9 = tagged.recv(comm, nine, 0, 9, True)  # posted first: the tag 7 and 8 ones block it
+        p2p = comm.get_backend_impl()._p2p  # its channel state, to time the next receive
+        deadline = time.monotonic() + BOUND_S
+        while p2p._incoming[0] is None and time.monotonic() < deadline:
+            w9.is_completed()  # advances the channel: tag 7's message starts being read aside
+        out["read_aside"] = p2p._incoming[0] is not None and p2p._incoming[0].tag == 7
+        seven = torch.zeros(8 * big)
+        w7 = tagged.recv(comm, seven, 0, 7, True)  # so this one takes it once it is read
+        w9.wait()
+        tagged.recv(comm, eight, 0, 8)
+        w7.wait()
+        plain = torch.zeros(big)
+        comm.recv(plain, 0)
+        out["tags"] = [
+            torch.equal(nine, _vals(9, 5)),
+            torch.equal(eight, _vals(8, 5)),
+            torch.equal(seven, _vals(7, 8 * big)),
+            torch.equal(plain, _vals(0, big)),
+        ]
+    comm.barrier()
+    if r == 0:
+        got = {}
+        for _ in range(n - 1):
+            t = torch.zeros(big)
+            work, source = anysource.recv_anysource(comm, t, True)
+            work.wait()
+            got[source()] = torch.equal(t, _vals(source(), big))
+        late = torch.zeros(3)
+        work, source = anysource.recv_anysource(comm, late, True, tag=12)
+        early = torch.zeros(3)
+        tagged.recv(comm, early, n - 1, 11)
+        work.wait()
+        out["any"] = got
+        out["tagged_any"] = [source(), late.tolist(), early.tolist()]
+    else:
+        comm.send(_vals(r, big), 0)
+        if r == n - 1:
+            tagged.send(comm, torch.full((3,), 11.0), 0, 11)
+            tagged.send(comm, torch.full((3,), 12.0), 0, 12)
+    comm.barrier()
+    if r == 0:  # an unexpected message of another size: refused with both sizes
+        tagged.send(comm, torch.ones(4), 1, 3)
+        tagged.send(comm, torch.ones(2), 1, 4)
+    elif r == 1:
+        try:
+            tagged.recv(comm, torch.zeros(2), 0, 4)
+            tagged.recv(comm, torch.zeros(5), 0, 3)
+        except torchcomms.CommInputError as exc:
+            out["mismatch"] = str(exc)
+    comm.abort()
+    return out
+
+
+def test_tags_and_receives_from_any_source(pool: RankPool) -> None:
+    from torchcomms_core.spec import method_support
+    from torchcomms_shm import ShmBackend
+
+    support = method_support(ShmBackend)
+    assert support["send_tagged"] == support["recv_tagged"] == support["recv_anysource"]
+    assert support["recv_anysource"] == "native"
+    big = (300 << 10) // 4 + 3  # past the 64 KiB ring, an odd tail
+    results = pool.run(body_tags_and_any_source, big, timeout=300)
+    n = len(results)
+    assert results[1]["tags"] == [True, True, True, True]
+    assert results[1]["read_aside"] is True  # the receive of tag 7 came while it was read
+    assert results[0]["any"] == {k: True for k in range(1, n)}
+    assert results[0]["tagged_any"] == [n - 1, [12.0] * 3, [11.0] * 3]
+    assert "expects 20 bytes but rank 0 sent 16" in results[1]["mismatch"]
+
+
+def body_any_source_timeout() -> dict:
+    from torchcomms_core.comm.anysource import recv_anysource
+
+    comm = _comm("anytimeout")
+    out: dict = {}
+    if comm.get_rank() == 0:
+        start = time.monotonic()
+        try:
+            recv_anysource(comm, torch.zeros(2), timeout=timedelta(seconds=1))
+        except torchcomms.CommTimeoutError as exc:
+            out = {"message": str(exc), "seconds": time.monotonic() - start}
+    else:
+        time.sleep(1.5)
+    comm.abort()
+    return out
+
+
+def test_a_receive_from_any_source_nobody_answers_times_out(pool2: RankPool) -> None:
+    first = pool2.run(body_any_source_timeout, timeout=60)[0]
+    assert "timed out after 1 s" in first["message"], first
+    assert 1.0 <= first["seconds"] < BOUND_S, first
+
+
 # -- windows -----------------------------------------------------------------------------
 
 

@@ -57,7 +57,7 @@ def require_tags(comm: TorchComm, tag: int, what: str) -> None:
             f"{comm.get_name()!r} cannot match messages by tag (its messages between two "
             f"ranks match in the order they are posted), and dropping the tag could "
             f"deliver a message to the wrong receive; pass tag=0 and post sends and "
-            f"receives in the same order, or use a backend that matches by tag (gloo, mpi)"
+            f"receives in the same order, or use a backend that matches by tag (gloo, mpi, shm)"
         )
 
 

@@ -145,10 +145,69 @@ class ShmBackend(ShmComm):
         timeout: timedelta | None = None,
         hints: dict[str, str] | None = None,
     ) -> Any:
+        what = "batch_op_issue" if len(ops) > 1 else ops[0][0] if ops else "batch"
+        return self._post(what, ops, async_op, timeout)
+
+    def send_tagged(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """:meth:`send` under ``tag`` (matched as ``torchcomms_shm.p2p`` says)."""
+        return self._post("send", [("send", tensor, dst)], async_op, timeout, tag)
+
+    def recv_tagged(
+        self,
+        tensor: torch.Tensor,
+        src: int,
+        tag: int,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+    ) -> Any:
+        """:meth:`recv` of the first message ``src`` sent under ``tag``."""
+        return self._post("recv", [("recv", tensor, src)], async_op, timeout, tag)
+
+    def recv_anysource(
+        self,
+        tensor: torch.Tensor,
+        async_op: bool,
+        *,
+        timeout: timedelta | None = None,
+        hints: dict[str, str] | None = None,
+        tag: int = 0,
+    ) -> Any:
+        """Receive the first message under ``tag`` from any rank; the work's
+        ``source_rank()`` names the sender once it completed."""
         st, p2p = self._lockstep, self._p2p
         with st.lock:
-            st.begin("batch_op_issue" if len(ops) > 1 else ops[0][0] if ops else "batch", timeout)
-            posted = p2p.post(ops)
+            st.begin("recv", timeout)
+            posted = p2p.post([("recv", tensor, -1)], tag)
+        work = p2p.work(posted, any_source=True)
+        if not async_op:
+            work.wait()
+        return work
+
+    def _post(
+        self,
+        what: str,
+        ops: Sequence[BatchOp],
+        async_op: bool,
+        timeout: timedelta | None,
+        tag: int = 0,
+    ) -> Any:
+        """Post ``ops`` under ``tag`` and return their work, or wait for it (``async_op``
+        false) and return ``None``."""
+        st, p2p = self._lockstep, self._p2p
+        with st.lock:
+            st.begin(what, timeout)
+            posted = p2p.post(ops, tag)
         work = p2p.work(posted)
         if async_op:
             return work
