@@ -230,6 +230,7 @@ def body_tags_and_any_source(numel: int) -> dict:
     messages sent under different tags land in receives posted in the opposite order; a
     receive without a source names each sender; a tagged one takes only its tag."""
     import torch.distributed as dist
+
     from torchcomms.device_mesh import _create_torchcomm_process_group
 
     comm = _comm()
