@@ -22,6 +22,7 @@ May import: torch, the standard library, ``torchcomms_core.plugin`` and this pac
 
 from __future__ import annotations
 
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -34,8 +35,9 @@ from . import segment as seg
 from .copying import as_u8, copy_to
 from .lockstep import Lockstep
 
-#: Bytes of a message's header on the wire: its byte count and its tag.
-HEADER = 16
+#: A message's header on the wire: its byte count and its tag.
+_HEADER = struct.Struct("<qq")
+HEADER = _HEADER.size
 
 
 class PointToPoint:
@@ -62,6 +64,8 @@ class PointToPoint:
         #: order they arrived.
         self._posted = 0
         self._arrived = 0
+        #: Unexpected messages held now (over every channel).
+        self._nunexpected = 0
 
     def reset(self) -> None:
         """Empty rings and queues for the segment the lockstep was just bound to."""
@@ -72,6 +76,7 @@ class PointToPoint:
         self._any_q = deque()
         self._incoming = [None] * n
         self._unexpected = [deque() for _ in range(n)]
+        self._nunexpected = 0
         self._sent = [0] * n  # bytes this rank wrote into channel me -> p
         self._got = [0] * n  # bytes this rank read from channel p -> me
         self.npending = 0
@@ -95,7 +100,7 @@ class PointToPoint:
             else:
                 self._posted += 1
                 item.order = self._posted
-                if not self._take_unexpected(item):
+                if not (self._nunexpected and self._take_unexpected(item)):
                     (self._any_q if peer < 0 else self._recv_q[peer]).append(item)
             if item.done != item.wire:
                 self.npending += 1
@@ -161,8 +166,7 @@ class PointToPoint:
             if item.done == 0:
                 if free < HEADER:
                     break
-                header = item.total.to_bytes(8, "little") + item.tag.to_bytes(8, "little")
-                mapping.map[base + pos : base + pos + HEADER] = header
+                _HEADER.pack_into(mapping.map, base + pos, item.total, item.tag)
                 head += HEADER
                 item.done = HEADER
                 continue
@@ -196,11 +200,12 @@ class PointToPoint:
             if item is None:
                 if head - tail < HEADER or not (self._recv_q[p] or self._any_q):
                     break  # nothing has come, or nobody asks for this channel yet
-                pos = tail % size
-                header = mapping.map[base + pos : base + pos + HEADER]
-                total = int.from_bytes(header[:8], "little")
-                tag = int.from_bytes(header[8:], "little")
-                item = self._match(p, tag)
+                total, tag = _HEADER.unpack_from(mapping.map, base + tail % size)
+                q = self._recv_q[p]
+                if q and q[0].tag == tag and not self._any_q:
+                    item = q.popleft()  # the common case: the first receive posted takes it
+                else:
+                    item = self._match(p, tag)
                 if item is None:  # a posted receive waits behind it: read it out of the way
                     item = _P2P(False, torch.empty(total, dtype=torch.uint8), p, tag)
                     item.order = 0
@@ -243,6 +248,7 @@ class PointToPoint:
                 self._arrived += 1
                 item.order = -self._arrived
                 self._unexpected[p].append(item)
+                self._nunexpected += 1
         if tail != self._got[p]:
             self._got[p] = tail
             w[lay.tail_word(p, me)] = tail
@@ -275,6 +281,7 @@ class PointToPoint:
         if found is None:
             return False
         self._unexpected[found.peer].remove(found)
+        self._nunexpected -= 1
         self._deliver(found, item)
         return True
 
